@@ -1,0 +1,100 @@
+// Command vipd is the per-node service load-balancer daemon. "vipd run" (the
+// default) serves the vipd.v1 API and programs the kernel; "vipd version"
+// prints the version. This file only parses flags; internal/daemon does the work.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/spf13/cobra"
+	"github.com/vipd/vipd/internal/daemon"
+	"github.com/vipd/vipd/internal/version"
+	"github.com/vipd/vipd/server"
+	"github.com/vipd/vipd/server/validation"
+)
+
+func main() {
+	if err := rootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "vipd:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCommand() *cobra.Command {
+	run := runCommand()
+	root := &cobra.Command{
+		Use:           "vipd",
+		Short:         "vipd programs the kernel to load-balance service VIPs to backends",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE:          run.RunE,
+	}
+	root.Flags().AddFlagSet(run.Flags())
+	root.AddCommand(run, &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), version.String()) },
+	})
+	return root
+}
+
+func runCommand() *cobra.Command {
+	var (
+		cfg        daemon.Config
+		cidrs      []string
+		logLevel   string
+		logJSON    bool
+		socketMode string
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon (the default)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, c := range cidrs {
+				p, err := netip.ParsePrefix(c)
+				if err != nil {
+					return fmt.Errorf("--service-cidr %q: %w", c, err)
+				}
+				cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, p.Masked())
+			}
+			mode, err := strconv.ParseUint(socketMode, 8, 32)
+			if err != nil {
+				return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", socketMode)
+			}
+			cfg.SocketMode = os.FileMode(mode)
+			level := hclog.LevelFromString(logLevel)
+			if level == hclog.NoLevel {
+				return fmt.Errorf("--log-level %q: use trace, debug, info, warn or error", logLevel)
+			}
+			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Level: level, JSONFormat: logJSON, Output: os.Stderr})
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return daemon.Run(ctx, log, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Socket, "socket", "/run/vipd/vipd.sock", "Unix socket to serve the API on")
+	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal")
+	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/vipd", "directory that persists the desired state")
+	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or fake (fake programs nothing; for tests and demos)")
+	f.StringVar(&cfg.NetNS, "netns", "", "program the network namespace at this path instead of the current one")
+	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have")
+	f.StringSliceVar(&cidrs, "service-cidr", nil, "allowed VIP range (repeatable); unset allows any unicast VIP")
+	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
+	f.DurationVar(&cfg.ResyncPeriod, "resync-period", 0, "re-apply the whole state this often (0 disables)")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
+	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
+	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
+	return cmd
+}

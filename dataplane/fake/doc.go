@@ -1,0 +1,6 @@
+// Package fake is an in-process Dataplane for tests and demos. It programs no
+// kernel: it records every State it is asked to apply, applies each one
+// transactionally to its own copy (kept only on success), honours its
+// declared capabilities like a real dataplane, and lets tests inject failures
+// or block an Apply to observe batching.
+package fake

@@ -1,0 +1,137 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/version"
+	"github.com/vipd/vipd/server"
+	"github.com/vipd/vipd/server/reconcile"
+	"github.com/vipd/vipd/server/store"
+	"github.com/vipd/vipd/server/validation"
+	"github.com/vishvananda/netns"
+)
+
+// Config is everything vipd run is told on its command line.
+type Config struct {
+	// Socket is the Unix socket path; SocketMode its file mode.
+	Socket     string
+	SocketMode os.FileMode
+	// StateDir holds the persisted desired state.
+	StateDir string
+	// Dataplane is auto, ebpf, iptables or fake.
+	Dataplane string
+	// NetNS, when set, is the network namespace to program instead of the current one.
+	NetNS string
+	// MaxBackends bounds the backends of one service.
+	MaxBackends int
+	// ServiceCIDRs, when set, are the only ranges VIPs may come from.
+	ServiceCIDRs []netip.Prefix
+	// MaxRecvMsgSize bounds a request's size in bytes.
+	MaxRecvMsgSize int
+	// ResyncPeriod re-applies the whole state periodically; zero disables it.
+	ResyncPeriod time.Duration
+	// ShutdownTimeout bounds the graceful stop of the gRPC server.
+	ShutdownTimeout time.Duration
+}
+
+// Dataplane names accepted by Config.Dataplane.
+const (
+	DataplaneAuto     = "auto"
+	DataplaneEBPF     = "ebpf"
+	DataplaneIPTables = "iptables"
+	DataplaneFake     = fake.Name
+)
+
+// Run runs vipd until ctx ends, then shuts down gracefully, leaving the
+// dataplane programmed. It returns an error if vipd cannot start, including
+// when the state file is corrupt: vipd never starts empty over a state it
+// cannot read.
+func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
+	dir, err := store.OpenDir(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	snap, err := dir.Load()
+	if errors.Is(err, store.ErrCorrupt) {
+		return fmt.Errorf("refusing to start: %w. vipd does not start with an empty state over a state file it cannot read, "+
+			"because that would remove every service from the kernel. Restore the file from a backup, or move it away "+
+			"to start empty and let the control plane re-sync", err)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("state restored", "path", dir.Path(), "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
+
+	dp, err := openDataplane(log.Named("dataplane"), cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := dp.Close(); err != nil {
+			log.Error("close dataplane", "error", err)
+		}
+	}()
+	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
+
+	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap, reconcile.WithResyncPeriod(cfg.ResyncPeriod))
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, ServiceCIDRs: cfg.ServiceCIDRs}
+	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String())
+	srv, err := server.New(log, api,
+		server.WithUnixSocket(cfg.Socket, cfg.SocketMode),
+		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize))
+	if err != nil {
+		return err
+	}
+
+	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Run(recCtx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- srv.Serve() }()
+
+	var runErr error
+	select {
+	case <-rec.Ready():
+		srv.MarkReady()
+		log.Info("ready")
+		select {
+		case <-ctx.Done():
+		case runErr = <-serveDone:
+		}
+	case <-ctx.Done():
+	case runErr = <-serveDone:
+	}
+
+	log.Info("shutting down; the dataplane stays programmed")
+	srv.Shutdown(cfg.ShutdownTimeout)
+	stopRec()
+	<-recDone
+	return runErr
+}
+
+func openDataplane(log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
+	if cfg.NetNS != "" {
+		h, err := netns.GetFromPath(cfg.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("open network namespace %s: %w", cfg.NetNS, err)
+		}
+		h.Close()
+	}
+	switch cfg.Dataplane {
+	case DataplaneFake:
+		log.Warn("using the fake dataplane: nothing is programmed into the kernel")
+		return fake.New(), nil
+	case DataplaneAuto, DataplaneEBPF, DataplaneIPTables:
+		return nil, fmt.Errorf("dataplane %q is not available in this build yet; use --dataplane=fake", cfg.Dataplane)
+	}
+	return nil, fmt.Errorf("unknown dataplane %q; use auto, ebpf, iptables or fake", cfg.Dataplane)
+}

@@ -1,0 +1,359 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/reconcile"
+	"github.com/vipd/vipd/server/store"
+	"github.com/vipd/vipd/server/validation"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// API implements the vipd.v1 gRPC services: it validates each request, turns
+// it into a mutation for the reconciler, and maps the outcome to a status.
+// It never touches the kernel itself.
+type API struct {
+	vipdv1.UnimplementedLoadBalancerServiceServer
+	vipdv1.UnimplementedStatusServiceServer
+
+	log       hclog.Logger
+	rec       *reconcile.Reconciler
+	dataplane string
+	caps      dataplane.Capabilities
+	limits    validation.Limits
+	version   string
+}
+
+// NewAPI returns the API over rec, for a dataplane named dpName with caps.
+func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dataplane.Capabilities, limits validation.Limits, version string) *API {
+	return &API{log: log, rec: rec, dataplane: dpName, caps: caps, limits: limits, version: version}
+}
+
+// Register adds the API's services to s.
+func (a *API) Register(s grpc.ServiceRegistrar) {
+	vipdv1.RegisterLoadBalancerServiceServer(s, a)
+	vipdv1.RegisterStatusServiceServer(s, a)
+}
+
+// validService validates svc, named field in the request, and checks that the
+// dataplane can honour it.
+func (a *API) validService(svc *vipdv1.Service, field string) (*vipdv1.Service, *dataplane.Service, error) {
+	out, dp, v := validation.Service(svc, a.limits, field)
+	if len(v) > 0 {
+		return nil, nil, v
+	}
+	if err := a.caps.Check(dp); err != nil {
+		return nil, nil, err
+	}
+	return out, dp, nil
+}
+
+// put stages svc unless the stored service already has the same spec. It
+// copies svc and dp, because a mutation may run more than once. It reports
+// whether anything changed.
+func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
+	if old, ok := tx.Get(svc.Name); ok && old.SameSpec(svc) {
+		return old.Service, false, nil
+	}
+	dpCopy := *dp
+	e, err := tx.Put(proto.Clone(svc).(*vipdv1.Service), &dpCopy)
+	if err != nil {
+		return nil, false, err
+	}
+	return e.Service, true, nil
+}
+
+func checkGeneration(tx *store.Txn, name string, expected uint64) error {
+	if expected == 0 {
+		return nil
+	}
+	var have uint64
+	if e, ok := tx.Get(name); ok {
+		have = e.Service.Generation
+	}
+	if have != expected {
+		return generationMismatch(name, expected, have)
+	}
+	return nil
+}
+
+// UpsertService implements vipdv1.LoadBalancerServiceServer.
+func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceRequest) (*vipdv1.UpsertServiceResponse, error) {
+	svc, dp, err := a.validService(req.GetService(), "service")
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	v, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		if err := checkGeneration(tx, svc.Name, req.ExpectedGeneration); err != nil {
+			return nil, err
+		}
+		stored, _, err := put(tx, svc, dp)
+		return stored, err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &vipdv1.UpsertServiceResponse{Service: v.(*vipdv1.Service)}, nil
+}
+
+// DeleteService implements vipdv1.LoadBalancerServiceServer.
+func (a *API) DeleteService(ctx context.Context, req *vipdv1.DeleteServiceRequest) (*vipdv1.DeleteServiceResponse, error) {
+	if v := validation.Name(req.Name, "name"); len(v) > 0 {
+		return nil, toStatus(v)
+	}
+	_, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		if err := checkGeneration(tx, req.Name, req.ExpectedGeneration); err != nil {
+			return nil, err
+		}
+		if !tx.Delete(req.Name) {
+			return nil, notFound(req.Name)
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &vipdv1.DeleteServiceResponse{}, nil
+}
+
+// GetService implements vipdv1.LoadBalancerServiceServer.
+func (a *API) GetService(_ context.Context, req *vipdv1.GetServiceRequest) (*vipdv1.GetServiceResponse, error) {
+	if v := validation.Name(req.Name, "name"); len(v) > 0 {
+		return nil, toStatus(v)
+	}
+	e, ok := a.rec.Snapshot().Get(req.Name)
+	if !ok {
+		return nil, notFound(req.Name)
+	}
+	return &vipdv1.GetServiceResponse{Service: e.Service}, nil
+}
+
+// ListServices implements vipdv1.LoadBalancerServiceServer.
+func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (*vipdv1.ListServicesResponse, error) {
+	if req.Owner != "" {
+		if v := validation.Name(req.Owner, "owner"); len(v) > 0 {
+			return nil, toStatus(v)
+		}
+	}
+	entries := a.rec.Snapshot().List(req.Owner)
+	resp := &vipdv1.ListServicesResponse{Services: make([]*vipdv1.Service, len(entries))}
+	for i, e := range entries {
+		resp.Services[i] = e.Service
+	}
+	return resp, nil
+}
+
+// SyncServices implements vipdv1.LoadBalancerServiceServer.
+func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
+	var v validation.Violations
+	v = append(v, validation.Name(req.Owner, "owner")...)
+	type desired struct {
+		svc *vipdv1.Service
+		dp  *dataplane.Service
+	}
+	want := make([]desired, 0, len(req.Services))
+	index := map[string]int{}
+	for i, in := range req.Services {
+		field := fmt.Sprintf("services[%d]", i)
+		if in != nil && in.Owner != "" && in.Owner != req.Owner {
+			v = append(v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, req.Owner)})
+			continue
+		}
+		if in != nil && in.Owner == "" {
+			in = proto.Clone(in).(*vipdv1.Service)
+			in.Owner = req.Owner
+		}
+		svc, dp, vs := validation.Service(in, a.limits, field)
+		if len(vs) > 0 {
+			v = append(v, vs...)
+			continue
+		}
+		if j, dup := index[svc.Name]; dup {
+			v = append(v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
+			continue
+		}
+		index[svc.Name] = i
+		want = append(want, desired{svc, dp})
+	}
+	if len(v) > 0 {
+		return nil, toStatus(v)
+	}
+	for _, d := range want {
+		if err := a.caps.Check(d.dp); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+
+	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		resp := &vipdv1.SyncServicesResponse{}
+		for _, name := range tx.Names(req.Owner) {
+			if _, listed := index[name]; !listed {
+				tx.Delete(name)
+				resp.Deleted = append(resp.Deleted, name)
+			}
+		}
+		// Release the claims of every service that is about to change before
+		// any is written, so that services of this owner may swap VIPs or
+		// ports in one call without a spurious conflict.
+		var changes []desired
+		for _, d := range want {
+			old, exists := tx.Get(d.svc.Name)
+			switch {
+			case !exists:
+				resp.Created = append(resp.Created, d.svc.Name)
+			case old.Service.Owner != req.Owner:
+				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.svc.Name, old.Service.Owner, req.Owner)
+			case old.SameSpec(d.svc):
+				resp.Unchanged = append(resp.Unchanged, d.svc.Name)
+				continue
+			default:
+				resp.Updated = append(resp.Updated, d.svc.Name)
+				tx.Delete(d.svc.Name)
+			}
+			changes = append(changes, d)
+		}
+		for _, d := range changes {
+			if _, _, err := put(tx, d.svc, d.dp); err != nil {
+				return nil, err
+			}
+		}
+		for _, l := range [][]string{resp.Created, resp.Updated, resp.Deleted, resp.Unchanged} {
+			slices.Sort(l)
+		}
+		return resp, nil
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return res.(*vipdv1.SyncServicesResponse), nil
+}
+
+// UpdateBackends implements vipdv1.LoadBalancerServiceServer.
+func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequest) (*vipdv1.UpdateBackendsResponse, error) {
+	if v := validation.Name(req.Name, "name"); len(v) > 0 {
+		return nil, toStatus(v)
+	}
+	var v validation.Violations
+	remove := map[netip.Addr]bool{}
+	for i, s := range req.Remove {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			v = append(v, validation.Violation{Field: fmt.Sprintf("remove[%d]", i), Description: fmt.Sprintf("%q is not an IP address", s)})
+			continue
+		}
+		remove[ip.Unmap()] = true
+	}
+	if len(v) > 0 {
+		return nil, toStatus(v)
+	}
+	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		old, ok := tx.Get(req.Name)
+		if !ok {
+			return nil, notFound(req.Name)
+		}
+		if err := checkGeneration(tx, req.Name, req.ExpectedGeneration); err != nil {
+			return nil, err
+		}
+		merged, err := a.mergeBackends(old, req.Upsert, remove)
+		if err != nil {
+			return nil, err
+		}
+		svc, dp, err := a.validService(merged, "service")
+		if err != nil {
+			return nil, err
+		}
+		stored, _, err := put(tx, svc, dp)
+		return stored, err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &vipdv1.UpdateBackendsResponse{Service: res.(*vipdv1.Service)}, nil
+}
+
+// mergeBackends returns a copy of e's service with the backends in remove
+// taken out and upsert written over it, each upsert validated against the
+// service and named "upsert[i]" in violations.
+func (a *API) mergeBackends(e *store.Entry, upsert []*vipdv1.Backend, remove map[netip.Addr]bool) (*vipdv1.Service, error) {
+	var v validation.Violations
+	ctx := validation.NewBackendContext(e.Dataplane)
+	byIP := map[netip.Addr]*vipdv1.Backend{}
+	for i, in := range upsert {
+		field := fmt.Sprintf("upsert[%d]", i)
+		b, _ := proto.Clone(in).(*vipdv1.Backend)
+		db, vs := validation.Backend(b, ctx, field)
+		if len(vs) > 0 {
+			v = append(v, vs...)
+			continue
+		}
+		switch {
+		case byIP[db.IP] != nil:
+			v = append(v, validation.Violation{Field: field + ".ip", Description: fmt.Sprintf("%s is listed twice in upsert", db.IP)})
+		case remove[db.IP]:
+			v = append(v, validation.Violation{Field: field + ".ip", Description: fmt.Sprintf("%s is also in remove", db.IP)})
+		default:
+			byIP[db.IP] = b
+		}
+	}
+	if len(v) > 0 {
+		return nil, v
+	}
+	merged := proto.Clone(e.Service).(*vipdv1.Service)
+	merged.Backends = slices.DeleteFunc(merged.Backends, func(b *vipdv1.Backend) bool {
+		ip := netip.MustParseAddr(b.Ip)
+		return remove[ip] || byIP[ip] != nil
+	})
+	for _, b := range byIP {
+		merged.Backends = append(merged.Backends, b)
+	}
+	return merged, nil
+}
+
+// GetStatus implements vipdv1.StatusServiceServer.
+func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetStatusResponse, error) {
+	st := a.rec.Status()
+	resp := &vipdv1.GetStatusResponse{
+		Dataplane:         a.dataplane,
+		Services:          uint32(st.Services),
+		Backends:          uint32(st.Backends),
+		AppliedGeneration: st.AppliedGeneration,
+		LastSyncDuration:  durationpb.New(st.LastSyncDuration),
+		Version:           a.version,
+		Ready:             st.Ready,
+	}
+	if !st.LastSync.IsZero() {
+		resp.LastSyncTime = timestamppb.New(st.LastSync)
+	}
+	if st.LastError != nil {
+		resp.LastError = st.LastError.Error()
+	}
+	for _, lb := range a.caps.LoadBalancing {
+		resp.SupportedLoadBalancing = append(resp.SupportedLoadBalancing, loadBalancingToProto[lb])
+	}
+	for _, p := range a.caps.Protocols {
+		resp.SupportedProtocols = append(resp.SupportedProtocols, protocolToProto[p])
+	}
+	return resp, nil
+}
+
+var loadBalancingToProto = map[dataplane.LoadBalancing]vipdv1.LoadBalancing{
+	dataplane.LoadBalancingRandom: vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM,
+	dataplane.LoadBalancingMaglev: vipdv1.LoadBalancing_LOAD_BALANCING_MAGLEV,
+}
+
+var protocolToProto = map[dataplane.Protocol]vipdv1.Protocol{
+	dataplane.TCP:  vipdv1.Protocol_PROTOCOL_TCP,
+	dataplane.UDP:  vipdv1.Protocol_PROTOCOL_UDP,
+	dataplane.SCTP: vipdv1.Protocol_PROTOCOL_SCTP,
+}

@@ -1,0 +1,10 @@
+// Package reconcile turns desired-state changes into one ordered stream of
+// dataplane applies. Callers submit mutations; a single goroutine runs them,
+// in order, against the current snapshot, merges whatever is queued into one
+// apply, saves the result, and only then tells each caller. A change that
+// the dataplane or the state file refuses is rolled back, so the published
+// snapshot is always the one the kernel has.
+//
+// It owns no gRPC types and no kernel handles: the server maps its errors to
+// status codes, and the dataplane does the programming.
+package reconcile

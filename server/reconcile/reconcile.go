@@ -1,0 +1,306 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/server/store"
+)
+
+// Mutation stages one caller's change in tx and returns the caller's result.
+// It may be run more than once, each time on a fresh tx, so it must not have
+// side effects outside tx. An error drops everything the mutation staged.
+type Mutation func(tx *store.Txn) (any, error)
+
+// Persister saves a snapshot durably; *store.Dir is one.
+type Persister interface {
+	Save(*store.Snapshot) error
+}
+
+// ApplyError is returned to callers whose change the dataplane refused. The
+// change was rolled back.
+type ApplyError struct{ Err error }
+
+func (e *ApplyError) Error() string { return "dataplane apply: " + e.Err.Error() }
+func (e *ApplyError) Unwrap() error { return e.Err }
+
+// SaveError is returned to callers whose change could not be saved. The
+// change was rolled back, in the dataplane too.
+type SaveError struct{ Err error }
+
+func (e *SaveError) Error() string { return "save state: " + e.Err.Error() }
+func (e *SaveError) Unwrap() error { return e.Err }
+
+// ErrStopped is returned for changes submitted after Run has returned.
+var ErrStopped = errors.New("reconciler stopped")
+
+// Status describes the last dataplane sync.
+type Status struct {
+	// Ready is true once the initial state has been applied.
+	Ready bool
+	// AppliedGeneration is the revision of the snapshot the dataplane has.
+	AppliedGeneration uint64
+	// LastSync is when the last successful apply finished, and LastSyncDuration how long it took.
+	LastSync         time.Time
+	LastSyncDuration time.Duration
+	// LastError is the error of the last apply, or nil if it succeeded.
+	LastError error
+	// Services and Backends count the applied snapshot.
+	Services, Backends int
+}
+
+// Reconciler serializes changes into dataplane applies. Create it with New
+// and start it with Run.
+type Reconciler struct {
+	log      hclog.Logger
+	dp       dataplane.Dataplane
+	persist  Persister
+	resync   time.Duration
+	maxBatch int
+
+	current atomic.Pointer[store.Snapshot]
+	queue   chan *request
+	ready   chan struct{}
+	stopped chan struct{}
+
+	mu     sync.Mutex
+	status Status
+}
+
+type request struct {
+	ctx    context.Context
+	mutate Mutation
+	done   chan result
+}
+
+type result struct {
+	value any
+	err   error
+}
+
+// Option configures a Reconciler.
+type Option func(*Reconciler)
+
+// WithResyncPeriod re-applies the whole state every d, telling the dataplane
+// to diff everything (State.Changed is nil). Zero disables it.
+func WithResyncPeriod(d time.Duration) Option { return func(r *Reconciler) { r.resync = d } }
+
+// WithMaxBatch bounds how many queued changes are merged into one apply.
+func WithMaxBatch(n int) Option { return func(r *Reconciler) { r.maxBatch = n } }
+
+// New returns a reconciler whose desired state starts as initial. Nothing is
+// applied until Run.
+func New(log hclog.Logger, dp dataplane.Dataplane, p Persister, initial *store.Snapshot, opts ...Option) *Reconciler {
+	r := &Reconciler{
+		log:      log,
+		dp:       dp,
+		persist:  p,
+		maxBatch: 1024,
+		queue:    make(chan *request, 1024),
+		ready:    make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	r.current.Store(initial)
+	r.status.Services, r.status.Backends = initial.Len(), initial.BackendCount()
+	return r
+}
+
+// Snapshot returns the current desired state, which is also the state the
+// dataplane has applied once Ready is closed.
+func (r *Reconciler) Snapshot() *store.Snapshot { return r.current.Load() }
+
+// Ready is closed once the initial state has been applied.
+func (r *Reconciler) Ready() <-chan struct{} { return r.ready }
+
+// Status returns the last sync's status.
+func (r *Reconciler) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Do submits m and waits until its change is applied and saved, or refused.
+// If ctx ends before m has run, m never runs; once m has run, Do waits for
+// the outcome, which callers then see in full.
+func (r *Reconciler) Do(ctx context.Context, m Mutation) (any, error) {
+	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1)}
+	select {
+	case r.queue <- q:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-r.stopped:
+		return nil, ErrStopped
+	}
+	select {
+	case res := <-q.done:
+		return res.value, res.err
+	case <-r.stopped:
+		return nil, ErrStopped
+	}
+}
+
+// Run applies the initial state, retrying with backoff until it succeeds,
+// then processes changes until ctx ends. It returns ctx's error. Run must be
+// called once.
+func (r *Reconciler) Run(ctx context.Context) error {
+	defer close(r.stopped)
+	if err := r.applyInitial(ctx); err != nil {
+		return err
+	}
+	close(r.ready)
+
+	var tick <-chan time.Time
+	if r.resync > 0 {
+		t := time.NewTicker(r.resync)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			r.resyncAll(ctx)
+		case q := <-r.queue:
+			batch := []*request{q}
+		drain:
+			for len(batch) < r.maxBatch {
+				select {
+				case q := <-r.queue:
+					batch = append(batch, q)
+				default:
+					break drain
+				}
+			}
+			r.process(ctx, batch)
+		}
+	}
+}
+
+func (r *Reconciler) applyInitial(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		snap := r.current.Load()
+		err := r.apply(ctx, snap, nil)
+		if err == nil {
+			r.log.Info("initial state applied", "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
+			return nil
+		}
+		r.log.Error("apply initial state; retrying", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func (r *Reconciler) resyncAll(ctx context.Context) {
+	snap := r.current.Load()
+	if err := r.apply(ctx, snap, nil); err != nil {
+		r.log.Error("periodic resync", "error", err)
+	}
+}
+
+// apply hands snap to the dataplane and records the outcome in the status.
+func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []string) error {
+	start := time.Now()
+	err := r.dp.Apply(ctx, snap.DataplaneState(changed))
+	elapsed := time.Since(start)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.LastError = err
+	if err != nil {
+		return err
+	}
+	r.status.Ready = true
+	r.status.AppliedGeneration = snap.Revision()
+	r.status.LastSync = time.Now()
+	r.status.LastSyncDuration = elapsed
+	r.status.Services, r.status.Backends = snap.Len(), snap.BackendCount()
+	r.log.Debug("applied", "generation", snap.Revision(), "changed", len(changed), "elapsed", elapsed)
+	return nil
+}
+
+// process runs a batch of mutations in order on one transaction, applies and
+// saves the result once, and answers every request. If the dataplane refuses
+// the merged change, each request is retried on its own so that one bad
+// change cannot fail its neighbours.
+func (r *Reconciler) process(ctx context.Context, batch []*request) {
+	base := r.current.Load()
+	tx := base.Begin()
+	var staged []*request
+	var values []any
+	for _, q := range batch {
+		if err := q.ctx.Err(); err != nil {
+			q.done <- result{err: err}
+			continue
+		}
+		sub := tx.Sub()
+		v, err := q.mutate(sub)
+		if err != nil {
+			q.done <- result{err: err}
+			continue
+		}
+		sub.Merge()
+		staged = append(staged, q)
+		values = append(values, v)
+	}
+	if len(staged) == 0 {
+		return
+	}
+	changed := tx.Changed()
+	if len(changed) == 0 {
+		for i, q := range staged {
+			q.done <- result{value: values[i]}
+		}
+		return
+	}
+	next := tx.Commit()
+	err := r.commit(ctx, base, next, changed)
+	if err == nil {
+		for i, q := range staged {
+			q.done <- result{value: values[i]}
+		}
+		return
+	}
+	var applyErr *ApplyError
+	if len(staged) > 1 && errors.As(err, &applyErr) {
+		r.log.Warn("merged apply failed; retrying changes one by one", "changes", len(staged), "error", err)
+		for _, q := range staged {
+			r.process(ctx, []*request{q})
+		}
+		return
+	}
+	for _, q := range staged {
+		q.done <- result{err: err}
+	}
+}
+
+// commit applies next, saves it and publishes it. On any error the dataplane
+// and the published snapshot are left at base.
+func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string) error {
+	if err := r.apply(ctx, next, changed); err != nil {
+		r.log.Error("dataplane apply failed; change rolled back", "generation", next.Revision(), "error", err)
+		return &ApplyError{Err: err}
+	}
+	if err := r.persist.Save(next); err != nil {
+		r.log.Error("saving state failed; rolling the dataplane back", "generation", next.Revision(), "error", err)
+		if rerr := r.apply(ctx, base, changed); rerr != nil {
+			r.log.Error("roll back dataplane", "error", rerr)
+		}
+		return &SaveError{Err: fmt.Errorf("generation %d: %w", next.Revision(), err)}
+	}
+	r.current.Store(next)
+	return nil
+}

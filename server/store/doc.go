@@ -1,0 +1,10 @@
+// Package store holds vipd's desired state: the services, their generations,
+// the index of which service claims each VIP:port/protocol, and the state file
+// that makes it all survive restarts.
+//
+// A Snapshot is immutable and safe to share between goroutines. Changes are
+// staged in a Txn on top of a Snapshot and become a new Snapshot on Commit;
+// nothing is visible to readers until the caller publishes that Snapshot.
+// The store never talks to a dataplane: the reconciler decides when a
+// Snapshot is applied and saved.
+package store

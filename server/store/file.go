@@ -1,0 +1,211 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/validation"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// The state file is one header followed by the payload:
+//
+//	magic     [8]byte  "vipdstat"
+//	version   uint32   formatVersion
+//	reserved  uint32   0
+//	revision  uint64   the snapshot's revision
+//	count     uint64   number of service records
+//	length    uint64   payload length in bytes
+//	checksum  uint32   CRC-32C of the header's first 44 bytes and the payload
+//	payload   count × (uvarint length, deterministic protobuf vipd.v1.Service)
+//
+// All integers are little-endian. The checksum and the exact length make any
+// truncation or corrupted byte detectable.
+const (
+	magic         = "vipdstat"
+	formatVersion = 1
+	headerSize    = 48
+	stateFileName = "state"
+	lockFileName  = "lock"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrCorrupt is wrapped by every error about a state file that exists but
+// cannot be trusted. vipd refuses to start on it rather than start empty.
+var ErrCorrupt = errors.New("state file is corrupt")
+
+// Dir is a state directory: the state file and a lock that keeps a second
+// vipd from using the same directory.
+type Dir struct {
+	path string
+	lock *os.File
+}
+
+// OpenDir creates path if needed and locks it for this process. Close releases it.
+func OpenDir(path string) (*Dir, error) {
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(path, lockFileName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open state dir lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock state dir %s (is another vipd using it?): %w", path, err)
+	}
+	return &Dir{path: path, lock: f}, nil
+}
+
+// Path is the state file's path.
+func (d *Dir) Path() string { return filepath.Join(d.path, stateFileName) }
+
+// Close releases the lock.
+func (d *Dir) Close() error { return d.lock.Close() }
+
+// Load reads the state file. A missing file is an empty store. A file that
+// is truncated, corrupt, of an unknown version, or whose services do not
+// validate is an error wrapping ErrCorrupt.
+func (d *Dir) Load() (*Snapshot, error) {
+	data, err := os.ReadFile(d.Path())
+	if errors.Is(err, fs.ErrNotExist) {
+		return Empty(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state file: %w", err)
+	}
+	s, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", d.Path(), ErrCorrupt, err)
+	}
+	return s, nil
+}
+
+func decode(data []byte) (*Snapshot, error) {
+	if len(data) < headerSize {
+		return nil, fmt.Errorf("%d bytes is shorter than the %d-byte header", len(data), headerSize)
+	}
+	if string(data[:8]) != magic {
+		return nil, errors.New("not a vipd state file (bad magic)")
+	}
+	le := binary.LittleEndian
+	if v := le.Uint32(data[8:]); v != formatVersion {
+		return nil, fmt.Errorf("format version %d is not supported (this vipd reads version %d)", v, formatVersion)
+	}
+	revision := le.Uint64(data[16:])
+	count := le.Uint64(data[24:])
+	length := le.Uint64(data[32:])
+	if uint64(len(data)-headerSize) != length {
+		return nil, fmt.Errorf("payload is %d bytes, header says %d (truncated or extended)", len(data)-headerSize, length)
+	}
+	sum := crc32.Update(crc32.Checksum(data[:44], castagnoli), castagnoli, data[headerSize:])
+	if want := le.Uint32(data[44:]); sum != want {
+		return nil, fmt.Errorf("checksum %08x does not match the stored %08x", sum, want)
+	}
+	payload := data[headerSize:]
+	entries := make([]*Entry, 0, min(count, uint64(len(payload))))
+	for i := uint64(0); i < count; i++ {
+		n, k := binary.Uvarint(payload)
+		if k <= 0 || n > uint64(len(payload)-k) {
+			return nil, fmt.Errorf("record %d: bad length", i)
+		}
+		rec := payload[k : k+int(n)]
+		payload = payload[k+int(n):]
+		e, err := decodeEntry(rec)
+		if err != nil {
+			return nil, fmt.Errorf("record %d: %w", i, err)
+		}
+		entries = append(entries, e)
+	}
+	if len(payload) != 0 {
+		return nil, fmt.Errorf("%d bytes follow the last record", len(payload))
+	}
+	return build(revision, entries)
+}
+
+func decodeEntry(rec []byte) (*Entry, error) {
+	stored := &vipdv1.Service{}
+	if err := proto.Unmarshal(rec, stored); err != nil {
+		return nil, fmt.Errorf("decode service: %w", err)
+	}
+	// Limits are not applied: flags may have changed since the state was
+	// written, and refusing to start over that would break running traffic.
+	svc, dp, v := validation.Service(stored, validation.Limits{}, "service")
+	if len(v) > 0 {
+		return nil, fmt.Errorf("service %q does not validate: %w", stored.Name, v)
+	}
+	if stored.Generation == 0 {
+		return nil, fmt.Errorf("service %s has no generation", svc.Name)
+	}
+	return NewEntry(svc, dp, stored.Generation)
+}
+
+// Save writes s atomically: a temporary file is written and synced, then
+// renamed over the state file, and the directory is synced. On error the
+// previous state file is intact.
+func (d *Dir) Save(s *Snapshot) error {
+	payloadLen := 0
+	for _, e := range s.services {
+		payloadLen += uvarintLen(uint64(len(e.encoded))) + len(e.encoded)
+	}
+	buf := make([]byte, headerSize, headerSize+payloadLen)
+	copy(buf, magic)
+	le := binary.LittleEndian
+	le.PutUint32(buf[8:], formatVersion)
+	le.PutUint64(buf[16:], s.revision)
+	le.PutUint64(buf[24:], uint64(len(s.services)))
+	le.PutUint64(buf[32:], uint64(payloadLen))
+	for _, e := range s.services {
+		buf = binary.AppendUvarint(buf, uint64(len(e.encoded)))
+		buf = append(buf, e.encoded...)
+	}
+	le.PutUint32(buf[44:], crc32.Update(crc32.Checksum(buf[:44], castagnoli), castagnoli, buf[headerSize:]))
+	return writeAtomic(d.Path(), buf)
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("write state file: %w", err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write state file: %w", err)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("sync state dir: %w", err)
+	}
+	defer dir.Close()
+	if err := dir.Sync(); err != nil {
+		return fmt.Errorf("sync state dir: %w", err)
+	}
+	return nil
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
