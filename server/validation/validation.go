@@ -244,10 +244,11 @@ func ports(v *Violations, out *vipdv1.Service, field string) []dataplane.Port {
 			v.add(f+".port", "%d is out of range; 1 to 65535 are allowed", p.Port)
 			ok = false
 		}
-		if p.TargetPort == 0 {
+		explicitTarget := p.TargetPort != 0
+		if !explicitTarget {
 			p.TargetPort = p.Port
 		}
-		if p.TargetPort > 65535 {
+		if explicitTarget && p.TargetPort > 65535 {
 			v.add(f+".target_port", "%d is out of range; 1 to 65535 are allowed, or 0 for the same as port", p.TargetPort)
 			ok = false
 		}
@@ -311,7 +312,8 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	ip, ok := unicast(v, b.Ip, field+".ip")
 	if ok {
 		b.Ip = ip.String()
-		if ip.Is4() && !ctx.has4 || ip.Is6() && !ctx.has6 {
+		// Without a valid VIP the family is unknown; the VIP violation says enough.
+		if (ctx.has4 || ctx.has6) && (ip.Is4() && !ctx.has4 || ip.Is6() && !ctx.has6) {
 			v.add(field+".ip", "%s is %s, but the service has no VIP of that family", ip, family(ip))
 		}
 	}
