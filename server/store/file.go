@@ -23,8 +23,11 @@ import (
 //	revision  uint64   the snapshot's revision
 //	count     uint64   number of service records
 //	length    uint64   payload length in bytes
+//	reserved  uint32   0
 //	checksum  uint32   CRC-32C of the header's first 44 bytes and the payload
 //	payload   count × (uvarint length, deterministic protobuf vipd.v1.Service)
+//
+// Save writes the records sorted by service name; Load accepts any order.
 //
 // All integers are little-endian. The checksum and the exact length make any
 // truncation or corrupted byte detectable.
@@ -152,8 +155,11 @@ func decodeEntry(rec []byte) (*Entry, error) {
 // renamed over the state file, and the directory is synced. On error the
 // previous state file is intact.
 func (d *Dir) Save(s *Snapshot) error {
+	// Records go in name order, so that a snapshot always saves to the same
+	// bytes; map order would make every save of it differ.
+	entries := s.List("")
 	payloadLen := 0
-	for _, e := range s.services {
+	for _, e := range entries {
 		payloadLen += uvarintLen(uint64(len(e.encoded))) + len(e.encoded)
 	}
 	buf := make([]byte, headerSize, headerSize+payloadLen)
@@ -161,9 +167,9 @@ func (d *Dir) Save(s *Snapshot) error {
 	le := binary.LittleEndian
 	le.PutUint32(buf[8:], formatVersion)
 	le.PutUint64(buf[16:], s.revision)
-	le.PutUint64(buf[24:], uint64(len(s.services)))
+	le.PutUint64(buf[24:], uint64(len(entries)))
 	le.PutUint64(buf[32:], uint64(payloadLen))
-	for _, e := range s.services {
+	for _, e := range entries {
 		buf = binary.AppendUvarint(buf, uint64(len(e.encoded)))
 		buf = append(buf, e.encoded...)
 	}

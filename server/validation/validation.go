@@ -2,6 +2,7 @@ package validation
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -318,7 +319,9 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 		}
 	}
 	var ports map[string]uint16
-	for name, port := range b.Ports {
+	// Sorted, so that the same input always gives the same violations.
+	for _, name := range slices.Sorted(maps.Keys(b.Ports)) {
+		port := b.Ports[name]
 		f := fmt.Sprintf("%s.ports[%q]", field, name)
 		if !slices.ContainsFunc(ctx.ports, func(p dataplane.Port) bool { return p.Name == name && name != "" }) {
 			v.add(f, "names no port of the service")
@@ -417,7 +420,8 @@ func labels(v *Violations, out *vipdv1.Service, field string) {
 	if len(out.Labels) > MaxLabels {
 		v.add(field+".labels", "has %d labels; at most %d are allowed", len(out.Labels), MaxLabels)
 	}
-	for k, val := range out.Labels {
+	for _, k := range slices.Sorted(maps.Keys(out.Labels)) {
+		val := out.Labels[k]
 		f := fmt.Sprintf("%s.labels[%q]", field, k)
 		if k == "" || len(k) > MaxLabelLength {
 			v.add(f, "keys must be 1 to %d characters long", MaxLabelLength)

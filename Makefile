@@ -1,0 +1,37 @@
+# vipd build, test and demo entry points. Tools (buf, protoc plugins, grpcurl)
+# are pinned in tools/go.mod and run with `go tool`, so nothing is downloaded
+# outside the Go module proxy.
+GO       ?= go
+TOOL     := $(GO) tool -modfile=$(CURDIR)/tools/go.mod
+BIN      := $(CURDIR)/bin
+GOTEST   ?= $(GO) test
+TESTARGS ?= -count=1 -race -timeout 20m
+
+.PHONY: all build test generate lint demo clean deps
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+$(BIN)/grpcurl: tools/go.mod tools/go.sum
+	$(GO) build -modfile=$(CURDIR)/tools/go.mod -o $(BIN)/grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl
+
+deps:
+	./scripts/install-deps.sh
+
+test: deps build
+	$(GOTEST) $(TESTARGS) ./...
+
+generate:
+	cd proto && $(TOOL) buf generate
+
+lint:
+	$(GO) vet ./...
+	cd proto && $(TOOL) buf lint
+
+demo: deps build $(BIN)/grpcurl
+	./scripts/demo.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,271 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Client talks to one vipd. It is safe for concurrent use. Every mutating
+// vipd call returns only after the kernel has applied the change, and a call
+// that fails changes nothing; that is why the client may retry any call,
+// mutating or not, that vipd answers with Unavailable (for example while it
+// restarts).
+//
+// Errors are gRPC status errors, returned as gRPC returns them: use
+// status.Code(err), IsNotFound and FieldViolations on them. (When retries
+// run out, gRPC wraps the last status with a "max retries exhausted" note;
+// those three still see it.)
+type Client struct {
+	conn   *grpc.ClientConn
+	lb     vipdv1.LoadBalancerServiceClient
+	status vipdv1.StatusServiceClient
+	health healthpb.HealthClient
+}
+
+// New returns a client for the vipd at target, which is one of
+//
+//	unix:///run/vipd/vipd.sock   a Unix socket
+//	/run/vipd/vipd.sock          an absolute path, also a Unix socket
+//	host:port                    TCP (plaintext)
+//
+// Other gRPC target URIs with "://" (dns:///host:port) are passed through.
+// New does not connect: the connection is made by the first call and remade
+// after a failure, so New succeeds while vipd is down. The caller must Close
+// the client.
+func New(target string, opts ...Option) (*Client, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("vipd client: %w", err)
+		}
+	}
+	grpcTarget, err := dialTarget(target)
+	if err != nil {
+		return nil, fmt.Errorf("vipd client: %w", err)
+	}
+	sc, err := serviceConfig(cfg.maxAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("vipd client: %w", err)
+	}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(cfg.creds),
+		// The service config comes from us, never from DNS, so that the
+		// retry policy is the one documented here.
+		grpc.WithDisableServiceConfig(),
+		grpc.WithDefaultServiceConfig(sc),
+		grpc.WithMaxCallAttempts(cfg.maxAttempts),
+		// vipd is local (or at least near): reconnect quickly once it is
+		// back, instead of gRPC's default backoff of up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   2 * time.Second,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(MaxMessageSize),
+			grpc.MaxCallSendMsgSize(MaxMessageSize),
+			// A request larger than the replay buffer is not retried.
+			grpc.MaxRetryRPCBufferSize(MaxMessageSize),
+		),
+		grpc.WithChainUnaryInterceptor(defaultTimeout(cfg.timeout)),
+	}
+	conn, err := grpc.NewClient(grpcTarget, append(dialOpts, cfg.dialOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("vipd client for %s: %w", target, err)
+	}
+	return &Client{
+		conn:   conn,
+		lb:     vipdv1.NewLoadBalancerServiceClient(conn),
+		status: vipdv1.NewStatusServiceClient(conn),
+		health: healthpb.NewHealthClient(conn),
+	}, nil
+}
+
+// dialTarget turns a vipd target into a gRPC target URI.
+func dialTarget(target string) (string, error) {
+	switch {
+	case target == "":
+		return "", fmt.Errorf("empty target")
+	case strings.HasPrefix(target, "/"):
+		return "unix://" + target, nil
+	case strings.HasPrefix(target, "unix:"), strings.HasPrefix(target, "unix-abstract:"),
+		strings.Contains(target, "://"):
+		return target, nil
+	}
+	if _, _, err := net.SplitHostPort(target); err != nil {
+		return "", fmt.Errorf("target %q is neither an absolute socket path, unix:///path, nor host:port", target)
+	}
+	return "dns:///" + target, nil
+}
+
+// retryPolicy and methodConfig are the parts of gRPC's service config
+// (https://github.com/grpc/grpc/blob/master/doc/service_config.md) we set.
+type retryPolicy struct {
+	MaxAttempts          int      `json:"maxAttempts"`
+	InitialBackoff       string   `json:"initialBackoff"`
+	MaxBackoff           string   `json:"maxBackoff"`
+	BackoffMultiplier    float64  `json:"backoffMultiplier"`
+	RetryableStatusCodes []string `json:"retryableStatusCodes"`
+}
+
+type methodConfig struct {
+	Name        []map[string]string `json:"name"`
+	RetryPolicy *retryPolicy        `json:"retryPolicy,omitempty"`
+}
+
+// serviceConfig is the JSON service config that retries every vipd call on
+// Unavailable, up to maxAttempts tries in all, with exponential backoff.
+// gRPC waits a random time of up to 0.25 s, 0.5 s, 1 s, 2 s, 2 s, ... before
+// each retry, so the default five attempts wait up to 3.75 s in all, within
+// the default 10 s deadline.
+func serviceConfig(maxAttempts int) (string, error) {
+	mc := methodConfig{Name: []map[string]string{
+		{"service": vipdv1.LoadBalancerService_ServiceDesc.ServiceName},
+		{"service": vipdv1.StatusService_ServiceDesc.ServiceName},
+		{"service": healthpb.Health_ServiceDesc.ServiceName},
+	}}
+	// gRPC rejects a retry policy with fewer than two attempts.
+	if maxAttempts > 1 {
+		mc.RetryPolicy = &retryPolicy{
+			MaxAttempts:          maxAttempts,
+			InitialBackoff:       "0.25s",
+			MaxBackoff:           "2s",
+			BackoffMultiplier:    2,
+			RetryableStatusCodes: []string{"UNAVAILABLE"},
+		}
+	}
+	b, err := json.Marshal(map[string]any{"methodConfig": []methodConfig{mc}})
+	if err != nil {
+		return "", fmt.Errorf("encode service config: %w", err)
+	}
+	return string(b), nil
+}
+
+// defaultTimeout gives a unary call a deadline of d when its context has
+// none. The deadline is set outside gRPC's retries, so it bounds them all.
+func defaultTimeout(d time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := ctx.Deadline(); !ok && d > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}
+
+// Close closes the connection. Calls in flight fail with Canceled.
+func (c *Client) Close() error {
+	return c.conn.Close()
+}
+
+// Conn is the underlying connection, for services this package does not wrap.
+// It carries the client's deadline and retry behaviour.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// LoadBalancerClient is the generated client of vipd.v1.LoadBalancerService,
+// sharing this client's connection, default deadline and retries.
+func (c *Client) LoadBalancerClient() vipdv1.LoadBalancerServiceClient { return c.lb }
+
+// StatusClient is the generated client of vipd.v1.StatusService, sharing this
+// client's connection, default deadline and retries.
+func (c *Client) StatusClient() vipdv1.StatusServiceClient { return c.status }
+
+// HealthClient is the generated client of grpc.health.v1.Health, sharing this
+// client's connection. Its unary Check gets the default deadline; Watch, a
+// stream, does not.
+func (c *Client) HealthClient() healthpb.HealthClient { return c.health }
+
+// UpsertService creates svc or fully replaces the service of that name, and
+// returns it as stored, with defaults filled in and its new generation. An
+// expectedGeneration of 0 writes unconditionally; otherwise the call fails
+// with Aborted unless the stored service has that generation. A VIP:port that
+// another service uses fails with AlreadyExists.
+func (c *Client) UpsertService(ctx context.Context, svc *vipdv1.Service, expectedGeneration uint64) (*vipdv1.Service, error) {
+	resp, err := c.lb.UpsertService(ctx, &vipdv1.UpsertServiceRequest{Service: svc, ExpectedGeneration: expectedGeneration})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetService(), nil
+}
+
+// DeleteService removes the named service; it fails with NotFound if there is
+// none, and with Aborted if expectedGeneration is nonzero and differs from
+// the stored one.
+func (c *Client) DeleteService(ctx context.Context, name string, expectedGeneration uint64) error {
+	_, err := c.lb.DeleteService(ctx, &vipdv1.DeleteServiceRequest{Name: name, ExpectedGeneration: expectedGeneration})
+	return err
+}
+
+// GetService returns the named service; it fails with NotFound if there is none.
+func (c *Client) GetService(ctx context.Context, name string) (*vipdv1.Service, error) {
+	resp, err := c.lb.GetService(ctx, &vipdv1.GetServiceRequest{Name: name})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetService(), nil
+}
+
+// ListServices returns the services of owner, or every service when owner is
+// empty, sorted by name.
+func (c *Client) ListServices(ctx context.Context, owner string) ([]*vipdv1.Service, error) {
+	resp, err := c.lb.ListServices(ctx, &vipdv1.ListServicesRequest{Owner: owner})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetServices(), nil
+}
+
+// SyncServices atomically makes owner's services exactly svcs: it creates,
+// updates and deletes as needed, never touches other owners' services, and
+// reports which names fell in each class. Services with an empty owner get
+// owner; a service with another owner is InvalidArgument.
+func (c *Client) SyncServices(ctx context.Context, owner string, svcs []*vipdv1.Service) (*vipdv1.SyncServicesResponse, error) {
+	return c.lb.SyncServices(ctx, &vipdv1.SyncServicesRequest{Owner: owner, Services: svcs})
+}
+
+// UpdateBackends changes part of the named service's backend set: it adds
+// the upsert backends or replaces those with the same IP, removes the remove
+// IPs (ignoring absent ones), and returns the service as stored.
+// expectedGeneration works as in UpsertService.
+func (c *Client) UpdateBackends(ctx context.Context, name string, upsert []*vipdv1.Backend, remove []string, expectedGeneration uint64) (*vipdv1.Service, error) {
+	resp, err := c.lb.UpdateBackends(ctx, &vipdv1.UpdateBackendsRequest{
+		Name:               name,
+		Upsert:             upsert,
+		Remove:             remove,
+		ExpectedGeneration: expectedGeneration,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetService(), nil
+}
+
+// Status reports the dataplane, counts, version and the last sync.
+func (c *Client) Status(ctx context.Context) (*vipdv1.GetStatusResponse, error) {
+	return c.status.GetStatus(ctx, &vipdv1.GetStatusRequest{})
+}
+
+// Health reports vipd's overall health (the "" service of grpc.health.v1):
+// NOT_SERVING until the restored state has been applied, and again while it
+// shuts down.
+func (c *Client) Health(ctx context.Context) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	resp, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return healthpb.HealthCheckResponse_UNKNOWN, err
+	}
+	return resp.GetStatus(), nil
+}

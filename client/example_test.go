@@ -1,0 +1,54 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/vipd/vipd/client"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+)
+
+func Example() {
+	// A stand-in for vipd on a temporary Unix socket. A control plane would
+	// use vipd's default, "unix:///run/vipd/vipd.sock".
+	sock, stop, err := serveUnix(newMemServer())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stop()
+
+	c, err := client.New("unix://" + sock)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+
+	// UpsertService returns once the kernel forwards the service.
+	svc, err := c.UpsertService(ctx, &vipdv1.Service{
+		Name:  "default/web",
+		Owner: "my-controller",
+		Vips:  []string{"10.96.0.10"},
+		Ports: []*vipdv1.Port{{Name: "http", Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: 8080}},
+		Backends: []*vipdv1.Backend{
+			{Ip: "10.0.1.5"},
+			{Ip: "10.0.2.7", State: vipdv1.BackendState_BACKEND_STATE_TERMINATING},
+		},
+	}, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("stored %s at generation %d\n", svc.GetName(), svc.GetGeneration())
+
+	svcs, err := c.ListServices(ctx, "my-controller")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range svcs {
+		fmt.Printf("%s %v with %d backends\n", s.GetName(), s.GetVips(), len(s.GetBackends()))
+	}
+	// Output:
+	// stored default/web at generation 1
+	// default/web [10.96.0.10] with 2 backends
+}

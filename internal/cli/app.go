@@ -1,0 +1,178 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/vipd/vipd/client"
+)
+
+// DefaultSocket is where vipd listens unless told otherwise.
+const DefaultSocket = "/run/vipd/vipd.sock"
+
+// SocketEnv names the environment variable that replaces DefaultSocket as
+// the default of --socket.
+const SocketEnv = "VIPD_SOCKET"
+
+// Streams are the standard streams of a run.
+type Streams struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+// App is one run of vipctl: the command tree with its flag values.
+type App struct {
+	streams Streams
+	root    *cobra.Command
+
+	socket  string
+	server  string
+	output  string
+	timeout time.Duration
+
+	// ran is set when cobra has accepted the command line and runs a
+	// command; errors before that are usage errors.
+	ran bool
+}
+
+// New builds vipctl's command tree, reading SocketEnv for the default of
+// --socket. An App runs once.
+func New(s Streams) *App {
+	a := &App{streams: s}
+	socket := DefaultSocket
+	if v := os.Getenv(SocketEnv); v != "" {
+		socket = v
+	}
+	root := &cobra.Command{
+		Use:   "vipctl",
+		Short: "Control vipd, the node's service load balancer",
+		Long: `vipctl controls vipd, the node's service load balancer, through its gRPC API.
+
+Every change returns only once the kernel has applied it, and a change that
+fails changes nothing. Output is a table by default; -o json and -o yaml print
+vipd's answers in the API's form, which "vipctl apply -f" reads back.
+
+Environment:
+  ` + SocketEnv + `  the default of --socket
+
+` + exitCodesHelp,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if !slices.Contains(outputFormats, a.output) {
+				return usageErrorf("unknown output format %q (want %s)", a.output, strings.Join(outputFormats, ", "))
+			}
+			return nil
+		},
+	}
+	root.SetIn(s.In)
+	root.SetOut(s.Out)
+	root.SetErr(s.Err)
+	f := root.PersistentFlags()
+	f.StringVar(&a.socket, "socket", socket, "vipd's Unix socket (env "+SocketEnv+")")
+	f.StringVar(&a.server, "server", "", "vipd's TCP address, host:port, instead of --socket")
+	f.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
+	f.DurationVar(&a.timeout, "timeout", client.DefaultTimeout, "deadline of each call to vipd, retries included; 0 for none")
+	root.MarkFlagsMutuallyExclusive("socket", "server")
+
+	root.AddCommand(
+		a.serviceCommand(),
+		a.applyCommand(),
+		a.backendsCommand(),
+		a.statusCommand(),
+		a.versionCommand(),
+	)
+	a.root = root
+	return a
+}
+
+// Command is the root command, for documentation generators and completion.
+func (a *App) Command() *cobra.Command { return a.root }
+
+// Run runs the command line args (without the program name), writes any
+// error to the error stream, and returns the exit code.
+func (a *App) Run(ctx context.Context, args []string) int {
+	a.root.SetArgs(args)
+	cmd, err := a.root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var usage *usageError
+	if !a.ran && !errors.As(err, &usage) {
+		err = &usageError{err: err}
+	}
+	writeError(a.streams.Err, err)
+	if errors.As(err, &usage) && cmd != nil {
+		fmt.Fprintf(a.streams.Err, "Run '%s --help' for usage.\n", cmd.CommandPath())
+	}
+	return ExitCode(err)
+}
+
+// run adapts a command's body to cobra, marking that the command line was
+// accepted.
+func (a *App) run(body func(ctx context.Context, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		a.ran = true
+		return body(cmd.Context(), args)
+	}
+}
+
+// group is a command that only holds subcommands; run without one, it is a
+// usage error.
+func (a *App) group(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
+	cmd.AddCommand(subs...)
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		var names []string
+		for _, c := range cmd.Commands() {
+			names = append(names, c.Name())
+		}
+		return usageErrorf("%s needs a subcommand: %s", cmd.CommandPath(), strings.Join(names, ", "))
+	}
+	return cmd
+}
+
+// printer writes to standard output in the -o format.
+func (a *App) printer() printer {
+	return printer{w: a.streams.Out, format: a.output}
+}
+
+// dial connects to vipd as the global flags say. The caller closes the client.
+func (a *App) dial() (*client.Client, error) {
+	target := a.server
+	if target == "" {
+		target = a.socket
+		// A relative path is made absolute here, where the working
+		// directory is the user's; client.New takes absolute paths only.
+		if !strings.HasPrefix(target, "unix:") && !strings.HasPrefix(target, "unix-abstract:") {
+			abs, err := filepath.Abs(target)
+			if err != nil {
+				return nil, usageErrorf("--socket %s: %w", target, err)
+			}
+			target = abs
+		}
+	}
+	c, err := client.New(target, client.WithTimeout(a.timeout))
+	if err != nil {
+		return nil, &usageError{err: err}
+	}
+	return c, nil
+}
+
+// withClient runs f with a client for vipd, and closes it.
+func (a *App) withClient(f func(*client.Client) error) error {
+	c, err := a.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return f(c)
+}

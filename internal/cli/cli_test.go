@@ -1,0 +1,437 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/protobuf/testing/protocmp"
+)
+
+// result is what one vipctl run printed and returned.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// vipctl runs the command line args against the vipd at sock, with stdin as
+// standard input.
+func vipctl(t *testing.T, sock, stdin string, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	app := New(Streams{In: strings.NewReader(stdin), Out: &out, Err: &errb})
+	if sock != "" {
+		args = append([]string{"--socket", sock}, args...)
+	}
+	code := app.Run(context.Background(), args)
+	return result{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+// check compares a run with the expected output and exit code.
+func (r result) check(t *testing.T, wantStdout, wantStderr string, wantCode int) {
+	t.Helper()
+	if r.code != wantCode {
+		t.Errorf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, wantCode, r.stdout, r.stderr)
+	}
+	if diff := cmp.Diff(wantStdout, r.stdout); diff != "" {
+		t.Errorf("stdout (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantStderr, r.stderr); diff != "" {
+		t.Errorf("stderr (-want +got):\n%s", diff)
+	}
+}
+
+// checkCode checks only the exit code, for runs whose messages are checked
+// elsewhere or depend on the system.
+func (r result) checkCode(t *testing.T, want int) {
+	t.Helper()
+	if r.code != want {
+		t.Errorf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, want, r.stdout, r.stderr)
+	}
+}
+
+// writeFile writes a file in a temporary directory and returns its path.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const twoServices = `
+name: default/web
+vips: [10.96.0.10]
+ports:
+- {name: http, protocol: tcp, port: 80, target_port: 8080}
+- {name: dns, protocol: udp, port: 53}
+backends:
+- {ip: 10.0.1.5, zone: z1, ports: {http: 8081}}
+- {ip: 10.0.2.7, state: terminating, weight: 3, node_local: true}
+session_affinity: {mode: client_ip, timeout_seconds: 600}
+labels: {app: web}
+---
+name: kube-system/dns
+owner: kube
+vips: [10.96.0.53]
+ports: [{port: 53, protocol: udp}]
+`
+
+func TestApplyListGetDelete(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	file := writeFile(t, "svc.yaml", twoServices)
+
+	vipctl(t, sock, "", "service", "list").check(t,
+		"NAME  OWNER  VIPS  PORTS  BACKENDS  AFFINITY  GEN\n", "", ExitOK)
+
+	vipctl(t, sock, "", "apply", "-f", file).check(t, `service/default/web configured (generation 1)
+service/kube-system/dns configured (generation 2)
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "service", "list").check(t, `NAME             OWNER    VIPS        PORTS               BACKENDS  AFFINITY        GEN
+default/web      default  10.96.0.10  80/TCP→8080,53/UDP  1/2       client_ip:600s  1
+kube-system/dns  kube     10.96.0.53  53/UDP              0/0       none            2
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "svc", "ls", "--owner", "kube").check(t, `NAME             OWNER  VIPS        PORTS   BACKENDS  AFFINITY  GEN
+kube-system/dns  kube   10.96.0.53  53/UDP  0/0       none      2
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "service", "get", "default/web").check(t, `Name:                     default/web
+Owner:                    default
+Generation:               1
+VIPs:                     10.96.0.10
+Ports:                    http 80/TCP→8080, dns 53/UDP
+Session affinity:         client_ip:600s
+Internal traffic policy:  cluster
+Load balancing:           random
+Labels:                   app=web
+Backends:                 1 ready of 2
+  IP        STATE        WEIGHT  NODE-LOCAL  ZONE  PORTS
+  10.0.1.5  ready        1       false       z1    http=8081
+  10.0.2.7  terminating  3       true        -     -
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "service", "get", "nope").check(t, "",
+		"Error: NotFound: service nope not found\n", ExitNotFound)
+
+	vipctl(t, sock, "", "service", "delete", "default/web", "--expected-generation", "9").check(t, "",
+		"Error: Aborted: service default/web: expected generation 9, have 1\n", ExitConflict)
+	vipctl(t, sock, "", "service", "delete", "default/web", "--expected-generation", "1").check(t,
+		"service/default/web deleted\n", "", ExitOK)
+	vipctl(t, sock, "", "service", "delete", "default/web").check(t, "",
+		"Error: NotFound: service default/web not found\n", ExitNotFound)
+}
+
+func TestApplyOwnerAndGeneration(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	file := writeFile(t, "svc.yaml", "name: a\ngeneration: 42\nvips: [10.96.0.1]\n---\nname: b\nowner: ctl\nvips: [10.96.0.2]\n")
+
+	vipctl(t, sock, "", "apply", "-f", file, "--owner", "ctl").check(t,
+		"service/a configured (generation 1)\nservice/b configured (generation 2)\n", "", ExitOK)
+	want := []*vipdv1.Service{
+		{Name: "a", Owner: "ctl", Vips: []string{"10.96.0.1"}},
+		{Name: "b", Owner: "ctl", Vips: []string{"10.96.0.2"}},
+	}
+	if diff := cmp.Diff(want, f.upserts, protocmp.Transform()); diff != "" {
+		t.Errorf("upserts (-want +got):\n%s", diff)
+	}
+
+	vipctl(t, sock, "", "apply", "-f", file, "--owner", "other").check(t, "",
+		"Error: service \"b\" has owner \"ctl\", not --owner \"other\"\n", ExitInvalid)
+
+	vipctl(t, sock, "", "apply", "-f", file, "-f", file).check(t, "",
+		"Error: service \"a\" appears more than once in the files\n", ExitInvalid)
+}
+
+func TestApplyErrors(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+
+	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.1]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\n")
+	vipctl(t, sock, "", "apply", "-f", bad).check(t,
+		"service/good configured (generation 1)\n",
+		`Error: apply service bad: InvalidArgument: invalid service
+  service.vips[1]: "10.0.0.256" is not an IP address
+  service.vips[2]: "not-an-ip" is not an IP address
+`, ExitInvalid)
+
+	conflict := writeFile(t, "conflict.yaml", `
+- {name: a, vips: [10.96.0.9], ports: [{port: 80}]}
+- {name: b, vips: [10.96.0.9], ports: [{port: 80}]}
+`)
+	vipctl(t, sock, "", "apply", "-f", conflict).check(t,
+		"service/a configured (generation 2)\n",
+		"Error: apply service b: AlreadyExists: 10.96.0.9:80 is used by service a\n", ExitConflict)
+
+	unknown := writeFile(t, "unknown.yaml", "name: c\nvips: [10.96.0.1]\nports: [{port: 80, protcol: tcp}]\n")
+	before := len(f.upserts)
+	vipctl(t, sock, "", "apply", "-f", unknown).check(t, "",
+		"Error: "+unknown+": document 1: ports[0].protcol: unknown field\n", ExitInvalid)
+	if len(f.upserts) != before {
+		t.Errorf("a bad file reached vipd")
+	}
+
+	vipctl(t, sock, "", "apply", "-f", filepath.Join(t.TempDir(), "missing.yaml")).checkCode(t, ExitError)
+	vipctl(t, sock, "", "apply", "-f", unknown, "--prune").check(t, "",
+		"Error: --prune needs --owner, whose services not in the files it deletes\nRun 'vipctl apply --help' for usage.\n", ExitUsage)
+	vipctl(t, sock, "", "apply").check(t, "",
+		"Error: required flag(s) \"filename\" not set\nRun 'vipctl apply --help' for usage.\n", ExitUsage)
+}
+
+func TestApplyPrune(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	first := writeFile(t, "first.yaml", `services:
+- {name: a, vips: [10.96.0.1]}
+- {name: b, vips: [10.96.0.2]}
+- {name: c, vips: [10.96.0.3]}
+`)
+	vipctl(t, sock, "name: x\nvips: [10.96.0.100]\n", "apply", "-f", "-", "--owner", "other").check(t,
+		"service/x configured (generation 1)\n", "", ExitOK)
+	vipctl(t, sock, "", "apply", "-f", first, "--prune", "--owner", "ctl").check(t, `service/a created
+service/b created
+service/c created
+owner ctl: 3 created, 0 updated, 0 deleted, 0 unchanged
+`, "", ExitOK)
+
+	second := writeFile(t, "second.json", `[{"name": "a", "vips": ["10.96.0.1"]}, {"name": "b", "vips": ["10.96.0.22"]}, {"name": "d", "vips": ["10.96.0.4"]}]`)
+	vipctl(t, sock, "", "apply", "-f", second, "--prune", "--owner", "ctl").check(t, `service/d created
+service/b updated
+service/c deleted
+service/a unchanged
+owner ctl: 1 created, 1 updated, 1 deleted, 1 unchanged
+`, "", ExitOK)
+	if f.get("x") == nil {
+		t.Errorf("prune deleted another owner's service")
+	}
+
+	vipctl(t, sock, "", "-o", "json", "apply", "-f", second, "--prune", "--owner", "ctl").check(t, `{
+  "unchanged": [
+    "a",
+    "b",
+    "d"
+  ]
+}
+`, "", ExitOK)
+
+	bad := writeFile(t, "bad.yaml", "- {name: a, vips: [10.96.0.1]}\n- {name: b, vips: [nope]}\n")
+	vipctl(t, sock, "", "apply", "-f", bad, "--prune", "--owner", "ctl").check(t, "",
+		`Error: sync services of owner ctl: InvalidArgument: invalid service
+  services[1].vips[0]: "nope" is not an IP address
+`, ExitInvalid)
+}
+
+func TestBackends(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", "name: web\nvips: [10.96.0.10]\nports: [{name: http, port: 80}]\n")).checkCode(t, ExitOK)
+
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "10.0.0.2",
+		"--weight", "3", "--state", "not-serving", "--node-local", "--zone", "z1", "--port", "http=8080", "--expected-generation", "1").check(t,
+		"service/web backends 10.0.0.1, 10.0.0.2 added or replaced (generation 2)\n", "", ExitOK)
+	want := []*vipdv1.Backend{
+		{Ip: "10.0.0.1", Weight: 3, State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, NodeLocal: true, Zone: "z1", Ports: map[string]uint32{"http": 8080}},
+		{Ip: "10.0.0.2", Weight: 3, State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, NodeLocal: true, Zone: "z1", Ports: map[string]uint32{"http": 8080}},
+	}
+	if diff := cmp.Diff(want, f.get("web").GetBackends(), protocmp.Transform()); diff != "" {
+		t.Errorf("backends (-want +got):\n%s", diff)
+	}
+
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.3").checkCode(t, ExitOK)
+	vipctl(t, sock, "", "backends", "list", "web").check(t, `IP        STATE        WEIGHT  NODE-LOCAL  ZONE  PORTS
+10.0.0.1  not_serving  3       true        z1    http=8080
+10.0.0.2  not_serving  3       true        z1    http=8080
+10.0.0.3  ready        1       false       -     -
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "backends", "remove", "web", "10.0.0.1", "10.0.0.9").check(t,
+		"service/web backends 10.0.0.1, 10.0.0.9 removed (generation 4)\n", "", ExitOK)
+	vipctl(t, sock, "", "-o", "json", "backends", "list", "web").check(t, `{
+  "backends": [
+    {
+      "ip": "10.0.0.2",
+      "node_local": true,
+      "ports": {
+        "http": 8080
+      },
+      "state": "BACKEND_STATE_NOT_SERVING",
+      "weight": 3,
+      "zone": "z1"
+    },
+    {
+      "ip": "10.0.0.3",
+      "state": "BACKEND_STATE_READY",
+      "weight": 1
+    }
+  ]
+}
+`, "", ExitOK)
+
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--expected-generation", "1").check(t, "",
+		"Error: Aborted: service web: expected generation 1, have 4\n", ExitConflict)
+	vipctl(t, sock, "", "backends", "add", "nope", "10.0.0.1").check(t, "",
+		"Error: NotFound: service nope not found\n", ExitNotFound)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--state", "up").check(t, "",
+		"Error: --state: unknown value \"up\" (want ready, terminating, not_serving)\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--port", "http").check(t, "",
+		"Error: --port \"http\": want NAME=PORT\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--port", "http=70000").check(t, "",
+		"Error: --port \"http=70000\": \"70000\" is not a port number 1-65535\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+	vipctl(t, sock, "", "backends", "add", "web").check(t, "",
+		"Error: requires at least 2 arg(s), only received 1\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+}
+
+func TestStatusAndVersion(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	vipctl(t, sock, "", "status").check(t, `Dataplane:           fake
+Version:             v0.1.0
+Ready:               true
+Services:            0
+Backends:            0
+Applied generation:  0
+Last sync:           2025-03-01T12:00:00Z (took 1.5ms)
+Last error:          -
+Load balancing:      random, maglev
+Protocols:           TCP, UDP
+`, "", ExitOK)
+
+	r := vipctl(t, sock, "", "-o", "yaml", "status")
+	// Zero values are left out, as protojson does.
+	r.check(t, `dataplane: fake
+last_sync_duration: 0.001500s
+last_sync_time: "2025-03-01T12:00:00Z"
+ready: true
+supported_load_balancing:
+- LOAD_BALANCING_RANDOM
+- LOAD_BALANCING_MAGLEV
+supported_protocols:
+- PROTOCOL_TCP
+- PROTOCOL_UDP
+version: v0.1.0
+`, "", ExitOK)
+
+	r = vipctl(t, sock, "", "version")
+	if r.code != ExitOK || !strings.Contains(r.stdout, "Client version:") || !strings.Contains(r.stdout, "Server version:  v0.1.0\n") {
+		t.Errorf("version: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = vipctl(t, "", "", "version", "--client", "-o", "json")
+	if r.code != ExitOK || !strings.Contains(r.stdout, `"client_version"`) || strings.Contains(r.stdout, "server_version") {
+		t.Errorf("version --client: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestRoundTrip checks that what "service get" and "service list" print as
+// JSON and YAML is what "apply -f" reads back.
+func TestRoundTrip(t *testing.T) {
+	for _, format := range []string{outputJSON, outputYAML} {
+		t.Run(format, func(t *testing.T) {
+			f := newFakeVipd()
+			sock := f.start(t)
+			vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", twoServices)).checkCode(t, ExitOK)
+			before := f.get("default/web")
+
+			got := vipctl(t, sock, "", "-o", format, "service", "get", "default/web")
+			got.checkCode(t, ExitOK)
+			vipctl(t, sock, "", "service", "delete", "default/web").checkCode(t, ExitOK)
+			vipctl(t, sock, got.stdout, "apply", "-f", "-").check(t, "service/default/web configured (generation 3)\n", "", ExitOK)
+			after := f.get("default/web")
+			if diff := cmp.Diff(before, after, protocmp.Transform(), protocmp.IgnoreFields(&vipdv1.Service{}, "generation")); diff != "" {
+				t.Errorf("service get -o %s | apply -f - changed the service (-before +after):\n%s", format, diff)
+			}
+
+			list := vipctl(t, sock, "", "-o", format, "service", "list")
+			list.checkCode(t, ExitOK)
+			applied := vipctl(t, sock, list.stdout, "-o", format, "apply", "-f", "-")
+			applied.checkCode(t, ExitOK)
+			// apply prints the stored services like service list does, with new generations.
+			relisted := vipctl(t, sock, "", "-o", format, "service", "list")
+			if applied.stdout != relisted.stdout {
+				t.Errorf("apply -o %s printed\n%s\nwant what service list prints:\n%s", format, applied.stdout, relisted.stdout)
+			}
+		})
+	}
+}
+
+func TestJSONOutput(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", "name: a\nvips: [10.96.0.1]\nports: [{port: 80, target_port: 8080}]\n")).checkCode(t, ExitOK)
+	vipctl(t, sock, "", "-o", "json", "service", "list").check(t, `{
+  "services": [
+    {
+      "name": "a",
+      "owner": "default",
+      "vips": [
+        "10.96.0.1"
+      ],
+      "ports": [
+        {
+          "protocol": "PROTOCOL_TCP",
+          "port": 80,
+          "target_port": 8080
+        }
+      ],
+      "session_affinity": {
+        "mode": "SESSION_AFFINITY_NONE"
+      },
+      "internal_traffic_policy": "TRAFFIC_POLICY_CLUSTER",
+      "load_balancing": "LOAD_BALANCING_RANDOM",
+      "generation": "1"
+    }
+  ]
+}
+`, "", ExitOK)
+	vipctl(t, sock, "", "-o", "json", "service", "delete", "a").check(t, "{}\n", "", ExitOK)
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		wantStderr string
+	}{
+		{[]string{"bogus"}, "Error: unknown command \"bogus\" for \"vipctl\"\nRun 'vipctl --help' for usage.\n"},
+		{[]string{"service"}, "Error: vipctl service needs a subcommand: delete, get, list\nRun 'vipctl service --help' for usage.\n"},
+		{[]string{"service", "get"}, "Error: accepts 1 arg(s), received 0\nRun 'vipctl service get --help' for usage.\n"},
+		{[]string{"service", "list", "--bogus"}, "Error: unknown flag: --bogus\nRun 'vipctl service list --help' for usage.\n"},
+		{[]string{"-o", "xml", "status"}, "Error: unknown output format \"xml\" (want table, json, yaml)\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--timeout", "soon", "status"}, "Error: invalid argument \"soon\" for \"--timeout\" flag: time: invalid duration \"soon\"\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "localhost", "status"}, "Error: vipd client: target \"localhost\" is neither an absolute socket path, unix:///path, nor host:port\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "127.0.0.1:1", "--socket", "/tmp/x.sock", "status"}, "Error: if any flags in the group [socket server] are set none of the others can be; [server socket] were all set\nRun 'vipctl status --help' for usage.\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			vipctl(t, "", "", tc.args...).check(t, "", tc.wantStderr, ExitUsage)
+		})
+	}
+}
+
+func TestSocketFromEnvironment(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	t.Setenv(SocketEnv, sock)
+	vipctl(t, "", "", "status").checkCode(t, ExitOK)
+}
+
+func TestUnavailable(t *testing.T) {
+	r := vipctl(t, filepath.Join(t.TempDir(), "none.sock"), "", "--timeout", "2s", "service", "list")
+	if r.code != ExitUnavailable || !strings.HasPrefix(r.stderr, "Error: ") || !strings.Contains(r.stderr, "Unavailable") && !strings.Contains(r.stderr, "DeadlineExceeded") {
+		t.Errorf("with no vipd: code %d, stderr:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestRelativeSocket(t *testing.T) {
+	f := newFakeVipd()
+	sock := f.start(t)
+	t.Chdir(filepath.Dir(sock))
+	vipctl(t, "./"+filepath.Base(sock), "", "status").checkCode(t, ExitOK)
+	vipctl(t, "unix://"+sock, "", "status").checkCode(t, ExitOK)
+}

@@ -1,0 +1,18 @@
+// Package cli is vipctl: the cobra command tree, its flags, the output
+// formats (tables, JSON, YAML) and the mapping of errors to exit codes.
+//
+// vipctl exits with a code that scripts can rely on:
+//
+//	0  success
+//	1  any other error
+//	2  usage error: bad flags or arguments
+//	3  NotFound: no such service
+//	4  InvalidArgument: vipd rejected the input, or an input file is invalid
+//	5  conflict: AlreadyExists, Aborted (expected generation mismatch), FailedPrecondition
+//	6  vipd unavailable: Unavailable or DeadlineExceeded
+//
+// It owns presentation and argument handling only: it talks to vipd through
+// package client and reads files through package manifest. It must not
+// validate services (vipd does; apply checks only what its own flags
+// promise, such as --owner) or keep state between runs.
+package cli

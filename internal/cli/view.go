@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vipd/vipd/internal/manifest"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// servicesView is the table of "service list".
+func servicesView(svcs []*vipdv1.Service) func(*table) {
+	return func(t *table) {
+		t.row("NAME", "OWNER", "VIPS", "PORTS", "BACKENDS", "AFFINITY", "GEN")
+		for _, s := range svcs {
+			ports := make([]string, len(s.GetPorts()))
+			for i, p := range s.GetPorts() {
+				ports[i] = portString(p)
+			}
+			t.row(s.GetName(), s.GetOwner(), strings.Join(s.GetVips(), ","), strings.Join(ports, ","),
+				fmt.Sprintf("%d/%d", readyBackends(s), len(s.GetBackends())),
+				affinityString(s.GetSessionAffinity()), strconv.FormatUint(s.GetGeneration(), 10))
+		}
+	}
+}
+
+// serviceView is the detail view of "service get".
+func serviceView(s *vipdv1.Service) func(*table) {
+	return func(t *table) {
+		ports := make([]string, len(s.GetPorts()))
+		for i, p := range s.GetPorts() {
+			ports[i] = strings.TrimSpace(p.GetName() + " " + portString(p))
+		}
+		t.field("Name", s.GetName())
+		t.field("Owner", s.GetOwner())
+		t.field("Generation", strconv.FormatUint(s.GetGeneration(), 10))
+		t.field("VIPs", strings.Join(s.GetVips(), ", "))
+		t.field("Ports", strings.Join(ports, ", "))
+		t.field("Session affinity", affinityString(s.GetSessionAffinity()))
+		t.field("Internal traffic policy", enumString(s.GetInternalTrafficPolicy()))
+		t.field("Load balancing", enumString(s.GetLoadBalancing()))
+		t.field("Labels", mapString(s.GetLabels()))
+		t.field("Backends", fmt.Sprintf("%d ready of %d", readyBackends(s), len(s.GetBackends())))
+		if len(s.GetBackends()) > 0 {
+			t.section()
+			backendRows(t, s.GetBackends(), "  ")
+		}
+	}
+}
+
+// backendsView is the table of "backends list".
+func backendsView(backends []*vipdv1.Backend) func(*table) {
+	return func(t *table) { backendRows(t, backends, "") }
+}
+
+// backendRows writes a table of backends, each row starting with indent.
+func backendRows(t *table, backends []*vipdv1.Backend, indent string) {
+	t.row(indent+"IP", "STATE", "WEIGHT", "NODE-LOCAL", "ZONE", "PORTS")
+	for _, b := range backends {
+		t.row(indent+b.GetIp(), enumString(b.GetState()), strconv.FormatUint(uint64(b.GetWeight()), 10),
+			strconv.FormatBool(b.GetNodeLocal()), b.GetZone(), mapString(b.GetPorts()))
+	}
+}
+
+// statusView is the key/value view of "status".
+func statusView(st *vipdv1.GetStatusResponse) func(*table) {
+	return func(t *table) {
+		lastSync := "never"
+		if st.GetLastSyncTime() != nil {
+			lastSync = st.GetLastSyncTime().AsTime().UTC().Format(time.RFC3339)
+			if st.GetLastSyncDuration() != nil {
+				lastSync += fmt.Sprintf(" (took %v)", st.GetLastSyncDuration().AsDuration())
+			}
+		}
+		lb := make([]string, len(st.GetSupportedLoadBalancing()))
+		for i, x := range st.GetSupportedLoadBalancing() {
+			lb[i] = enumString(x)
+		}
+		protocols := make([]string, len(st.GetSupportedProtocols()))
+		for i, x := range st.GetSupportedProtocols() {
+			protocols[i] = protocolString(x)
+		}
+		t.field("Dataplane", st.GetDataplane())
+		t.field("Version", st.GetVersion())
+		t.field("Ready", strconv.FormatBool(st.GetReady()))
+		t.field("Services", strconv.FormatUint(uint64(st.GetServices()), 10))
+		t.field("Backends", strconv.FormatUint(uint64(st.GetBackends()), 10))
+		t.field("Applied generation", strconv.FormatUint(st.GetAppliedGeneration(), 10))
+		t.field("Last sync", lastSync)
+		t.field("Last error", st.GetLastError())
+		t.field("Load balancing", strings.Join(lb, ", "))
+		t.field("Protocols", strings.Join(protocols, ", "))
+	}
+}
+
+// portString is a port as "80/TCP→8080", or "53/UDP" when the target port
+// is the same.
+func portString(p *vipdv1.Port) string {
+	s := fmt.Sprintf("%d/%s", p.GetPort(), protocolString(p.GetProtocol()))
+	if tp := p.GetTargetPort(); tp != 0 && tp != p.GetPort() {
+		s += fmt.Sprintf("→%d", tp)
+	}
+	return s
+}
+
+func protocolString(p vipdv1.Protocol) string {
+	return strings.ToUpper(enumString(p))
+}
+
+// affinityString is "none", or "client_ip:10800s" with the timeout.
+func affinityString(a *vipdv1.SessionAffinityConfig) string {
+	s := enumString(a.GetMode())
+	if a.GetTimeoutSeconds() != 0 {
+		s += fmt.Sprintf(":%ds", a.GetTimeoutSeconds())
+	}
+	return s
+}
+
+// enumString is the short name that vipctl also accepts as input, such as
+// "not_serving". vipd fills in defaults, so the zero value, shown as
+// "unspecified", is rare.
+func enumString(e protoreflect.Enum) string {
+	return manifest.ShortEnumName(e.Descriptor(), e.Number())
+}
+
+// readyBackends counts the backends that get new connections.
+func readyBackends(s *vipdv1.Service) int {
+	n := 0
+	for _, b := range s.GetBackends() {
+		switch b.GetState() {
+		case vipdv1.BackendState_BACKEND_STATE_READY, vipdv1.BackendState_BACKEND_STATE_UNSPECIFIED:
+			n++
+		}
+	}
+	return n
+}
+
+// mapString is a map as "k1=v1,k2=v2", sorted by key.
+func mapString[V any](m map[string]V) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%v", k, m[k]))
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# install-deps.sh installs the Debian packages that vipd's tests and demo need,
+# and only those that are missing. It needs root when something is missing.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have ip || need+=(iproute2)
+
+if ((${#need[@]} == 0)); then
+	exit 0
+fi
+if [[ $(id -u) != 0 ]]; then
+	echo "install-deps: missing packages: ${need[*]}; install them or run as root" >&2
+	exit 1
+fi
+echo "install-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
