@@ -1,0 +1,60 @@
+// Package netlab builds throwaway test networks out of named network
+// namespaces: the conformance suite, the demo and the benchmarks run vipd in a
+// "node" namespace and talk to echo servers in "pod" namespaces.
+//
+// netlab owns everything it creates and nothing else. It must never change
+// the root network namespace: every link, address, route and sysctl is
+// written through a netlink socket or a thread that lives inside a lab
+// namespace, and veth pairs are created inside the node namespace with the
+// peer placed directly into the other namespace, so no link ever exists in
+// the root namespace, even briefly. No lab namespace has a route out of the
+// machine.
+//
+// # Topology
+//
+//	pod ──veth── node1 ──fabric── upstream ──fabric── node2 ──veth── pod
+//
+// The upstream namespace is a router with one fabric link per node and no
+// other links. It routes each node's pod range to that node and has no
+// default route, so anything else dies there with an ICMP unreachable.
+// Each node has a default route (IPv4 and IPv6) to upstream, forwarding
+// enabled, one route per local pod, and an unreachable route for the rest of
+// its pod range (so an unassigned pod address fails fast instead of
+// looping between node and router).
+//
+// A pod has one interface, eth0, the peer of the node's host-side veth
+// "veth<pod>" (the eBPF dataplane attaches to veth* interfaces). As in
+// Calico, the pod's default routes point at link-local gateways: 169.254.1.1
+// (answered by proxy ARP on the host veth, with proxy_delay 0) and fe80::1
+// (assigned to every host veth). The node has no address in the pod range.
+//
+// Every namespace has IPv6 duplicate address detection and ICMP rate
+// limiting off, so that addresses work at once and a rejected or unroutable
+// connection fails with an ICMP error rather than a timeout. Build and
+// Node.AddPod return only once every link is up and every address usable
+// (its local route exists); until then the kernel would drop the first
+// packets and cost a retransmit.
+//
+// # Address plan
+//
+// Nodes are numbered k = 1..MaxNodes; all addresses lie in 198.18.0.0/16 and
+// fd00:198::/32. netlab never assigns 198.19.0.0/16, which is kept for VIPs.
+//
+//	fabric link k, IPv4   198.18.0.2k/31 (upstream) and 198.18.0.2k+1/31 (node k)
+//	fabric link k, IPv6   fd00:198:0:k::1/64 (upstream) and fd00:198:0:k::2/64 (node k)
+//	pods of node k        198.18.k.0/24 and fd00:198:k::/64
+//	pod with host number h  198.18.k.h/32 and fd00:198:k::h/128
+//
+// k and h are written in hex in IPv6 addresses (node 10 owns fd00:198:a::/64).
+// Host numbers start at 10 and are never reused within a lab, so a removed
+// pod's address does not come back as a different pod.
+//
+// # Names and cleanup
+//
+// Namespaces are bind-mounted under /run/netns, so `ip netns exec NAME` and
+// `vipd --netns /run/netns/NAME` work. Their names start with
+// "vl<pid>-<random>-", which lets Sweep delete the namespaces of a process
+// that died without cleaning up (a go test timeout, a kill -9). Build sweeps
+// before it creates anything, tears down what it created when it fails, and
+// Lab.Close removes the rest; New registers Close with tb.Cleanup.
+package netlab
