@@ -1,0 +1,20 @@
+// Package iptables is vipd's iptables dataplane. This part is pure: it turns a
+// dataplane.State into vipd-owned iptables chains (Render), computes the
+// `iptables-restore --noflush` input that moves the kernel from one rendering
+// to the next (Payload), and follows a packet through rendered rule text
+// (Tracer) so that tests check the rules themselves.
+//
+// It never executes anything and never touches the kernel. The applier that
+// runs iptables-restore/ip6tables-restore, installs the Hooks and deletes
+// conntrack entries is a thin layer on top of these functions.
+//
+// Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
+//
+//	nat    PREROUTING, OUTPUT -> VIPD-SERVICES    prefix trie over VIPs (VIPD-D4-*/VIPD-D6-*)
+//	                                              -> VIPD-SVC-* (weighted choice, affinity)
+//	                                              -> VIPD-SEP-* (hairpin mark, DNAT)
+//	nat    POSTROUTING        -> VIPD-POSTROUTING MASQUERADE of marked (hairpin) packets
+//	filter INPUT, FORWARD, OUTPUT (ctstate NEW) -> VIPD-REJECT
+//	                                              prefix trie (VIPD-R4-*/VIPD-R6-*) over
+//	                                              ports of services without backends
+package iptables

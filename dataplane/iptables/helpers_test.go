@@ -1,0 +1,104 @@
+package iptables
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/dataplane"
+)
+
+// service builds a ClusterIP-style service with the defaults validation fills in.
+func service(name string, vips []string, ports []dataplane.Port, backends ...dataplane.Backend) *dataplane.Service {
+	s := &dataplane.Service{
+		Name: name, Owner: "default", Generation: 1,
+		Ports:         ports,
+		Backends:      slices.Clone(backends),
+		TrafficPolicy: dataplane.TrafficPolicyCluster,
+		LoadBalancing: dataplane.LoadBalancingRandom,
+	}
+	for _, v := range vips {
+		s.VIPs = append(s.VIPs, netip.MustParseAddr(v))
+	}
+	slices.SortFunc(s.Backends, func(a, b dataplane.Backend) int { return a.IP.Compare(b.IP) })
+	return s
+}
+
+func port(name string, proto dataplane.Protocol, p, target uint16) dataplane.Port {
+	return dataplane.Port{Name: name, Protocol: proto, Port: p, TargetPort: target}
+}
+
+func tcp(p, target uint16) []dataplane.Port {
+	return []dataplane.Port{port("", dataplane.TCP, p, target)}
+}
+
+func backend(ip string, st dataplane.BackendState, weight uint16) dataplane.Backend {
+	return dataplane.Backend{IP: netip.MustParseAddr(ip), State: st, Weight: weight}
+}
+
+func ready(ip string) dataplane.Backend { return backend(ip, dataplane.BackendReady, 1) }
+
+func local(b dataplane.Backend) dataplane.Backend { b.NodeLocal = true; return b }
+
+func state(svcs ...*dataplane.Service) *dataplane.State {
+	s := &dataplane.State{Generation: 1, Services: map[string]*dataplane.Service{}}
+	for _, svc := range svcs {
+		s.Services[svc.Name] = svc
+	}
+	return s
+}
+
+func mustRender(t testing.TB, s *dataplane.State, opts Options) *Ruleset {
+	t.Helper()
+	rs, err := Render(s, opts, nil)
+	if err != nil {
+		t.Fatalf("Render: %v", err)
+	}
+	return rs
+}
+
+// kernel returns a Tracer for family f that has applied payloads in order.
+func kernel(t testing.TB, f Family, payloads ...[]byte) *Tracer {
+	t.Helper()
+	tr := NewTracer(f)
+	for _, p := range payloads {
+		if err := tr.Restore(p); err != nil {
+			t.Fatalf("%s: %v\n%s", f, err, p)
+		}
+	}
+	return tr
+}
+
+// tracer renders s and loads it, in full, into a Tracer for family f.
+func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
+	t.Helper()
+	return kernel(t, f, Payload(nil, mustRender(t, s, opts), true, nil)[f].Restore)
+}
+
+func packet(src, dst string, proto dataplane.Protocol, p uint16) Packet {
+	return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: proto, DstPort: p}
+}
+
+func mustTrace(t testing.TB, tr *Tracer, p Packet) Outcome {
+	t.Helper()
+	o, err := tr.Trace(p)
+	if err != nil {
+		t.Fatalf("Trace: %v", err)
+	}
+	return o
+}
+
+// assertKernel checks that the kernel model holds exactly the chains of rs.
+func assertKernel(t testing.TB, tr *Tracer, rs *Ruleset, f Family) {
+	t.Helper()
+	for _, tab := range tables {
+		want := map[string][]string{}
+		for _, name := range rs.Chains(f, tab) {
+			want[name] = append([]string{}, rs.Rules(f, tab, name)...)
+		}
+		if diff := cmp.Diff(want, tr.chains(tab)); diff != "" {
+			t.Fatalf("%s %s: kernel differs from the rendered rules (-want +got):\n%s", f, tab, diff)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package iptables
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Stats counts what a payload does, for logs and metrics.
+type Stats struct {
+	ChainsRewritten int
+	RulesWritten    int
+	ChainsDeleted   int
+}
+
+// Update is the payload for one family.
+type Update struct {
+	Family Family
+	// Restore is the input for `iptables-restore --noflush` (for IPv6,
+	// ip6tables-restore), one *nat and one *filter section. It is nil when
+	// the family needs no change, and the restore can be skipped.
+	Restore []byte
+	Stats
+}
+
+// ExistingChains lists the vipd chains that one family's tables hold in the
+// kernel, sorted, per table.
+type ExistingChains map[Table][]string
+
+// Payload returns, indexed by Family, the iptables-restore --noflush input
+// that moves the kernel from old to next. It touches only vipd chains:
+//
+//   - A chain of next that old lacks, or whose rules differ, is declared
+//     (`:CHAIN - [0:0]`, which creates or flushes it) and rewritten. Unchanged
+//     chains are left out (kube-proxy's partial sync).
+//   - A chain of old that next lacks is declared (flushed) too, and deleted
+//     with -X after every rewrite. Nothing else refers to it by then: chains
+//     that referred to it are either rewritten or deleted themselves, since a
+//     Ruleset never jumps to a chain it lacks.
+//
+// With full set, every chain of next is rewritten, and the chains to delete
+// are those of old and of existing (what ParseSave found in the kernel) that
+// next lacks. Use full for the first sync, after any failed restore, and for
+// periodic resyncs; old may then be nil. Payload(nil, nil, true, existing)
+// deletes every vipd chain, once the applier has removed the Hooks.
+//
+// iptables-restore may commit each table at its COMMIT, so a failure can
+// leave the nat section applied and not the filter one. Follow any failure
+// with a full sync.
+func Payload(old, next *Ruleset, full bool, existing map[Family]ExistingChains) []Update {
+	out := make([]Update, len(families))
+	for _, f := range families {
+		out[f].Family = f
+		var rewrite, del [2][]string
+		for i, t := range tables {
+			oldT, newT := old.table(f, t), next.table(f, t)
+			for name, rules := range newT {
+				if o, ok := oldT[name]; full || !ok || !slices.Equal(o, rules) {
+					rewrite[i] = append(rewrite[i], name)
+				}
+			}
+			gone := slices.Collect(maps.Keys(oldT))
+			if full {
+				gone = append(gone, existing[f][t]...)
+			}
+			slices.Sort(gone)
+			for _, name := range slices.Compact(gone) {
+				if _, ok := newT[name]; !ok && strings.HasPrefix(name, ChainPrefix) {
+					del[i] = append(del[i], name)
+				}
+			}
+		}
+		if len(rewrite[0])+len(rewrite[1])+len(del[0])+len(del[1]) == 0 {
+			continue
+		}
+		var b bytes.Buffer
+		b.Grow(payloadSize(next, f, rewrite, del))
+		st := &out[f].Stats
+		for i, t := range tables {
+			slices.Sort(rewrite[i])
+			b.WriteString("*" + string(t) + "\n")
+			declare := slices.Concat(rewrite[i], del[i])
+			slices.Sort(declare)
+			for _, name := range declare {
+				b.WriteString(":" + name + " - [0:0]\n")
+			}
+			for _, name := range rewrite[i] {
+				for _, rule := range next.Rules(f, t, name) {
+					for _, part := range [...]string{"-A ", name, " ", rule, "\n"} {
+						b.WriteString(part)
+					}
+					st.RulesWritten++
+				}
+			}
+			// Order matters: -X only after every rule that jumped here is gone.
+			for _, name := range del[i] {
+				b.WriteString("-X " + name + "\n")
+			}
+			b.WriteString("COMMIT\n")
+			st.ChainsRewritten += len(rewrite[i])
+			st.ChainsDeleted += len(del[i])
+		}
+		out[f].Restore = b.Bytes()
+	}
+	return out
+}
+
+// payloadSize bounds the size of a payload, so that it is allocated once.
+func payloadSize(next *Ruleset, f Family, rewrite, del [2][]string) int {
+	n := 64
+	for i, t := range tables {
+		for _, name := range rewrite[i] {
+			n += len(name) + 10
+			for _, rule := range next.Rules(f, t, name) {
+				n += len(name) + len(rule) + 5
+			}
+		}
+		for _, name := range del[i] {
+			n += 2*len(name) + 14
+		}
+	}
+	return n
+}
+
+// ParseSave lists the vipd chains in iptables-save (or ip6tables-save)
+// output, for a full Payload.
+func ParseSave(save []byte) ExistingChains {
+	ec := ExistingChains{}
+	var t Table
+	for line := range strings.Lines(string(save)) {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			t = Table(strings.TrimSpace(line[1:]))
+		case strings.HasPrefix(line, ":"+ChainPrefix):
+			name, _, _ := strings.Cut(line[1:], " ")
+			ec[t] = append(ec[t], strings.TrimSpace(name))
+		}
+	}
+	for _, names := range ec {
+		slices.Sort(names)
+	}
+	return ec
+}
+
+var failedLine = regexp.MustCompile(`line (\d+)`)
+
+// FailureContext returns the lines of payload around the line that
+// iptables-restore's error output names, numbered and with the failing line
+// marked, so that a failure can be logged without the whole payload. It
+// returns "" when the error output names no line.
+func FailureContext(payload []byte, stderr string) string {
+	m := failedLine.FindStringSubmatch(stderr)
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(string(payload), "\n")
+	var b strings.Builder
+	for i := max(1, n-2); i <= min(len(lines), n+2); i++ {
+		mark := "  "
+		if i == n {
+			mark = "> "
+		}
+		fmt.Fprintf(&b, "%s%d: %s\n", mark, i, lines[i-1])
+	}
+	return b.String()
+}

@@ -1,0 +1,413 @@
+package iptables
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/dataplane"
+)
+
+// changes reads a payload back: per table, the chains it rewrites and the
+// chains it deletes, sorted.
+func changes(t *testing.T, payload []byte) (rewritten, deleted map[Table][]string) {
+	t.Helper()
+	rewritten, deleted = map[Table][]string{}, map[Table][]string{}
+	var tab Table
+	lastAppend, firstDelete := map[Table]int{}, map[Table]int{}
+	for i, line := range strings.Split(string(payload), "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			tab = Table(line[1:])
+		case strings.HasPrefix(line, ":"):
+			rewritten[tab] = append(rewritten[tab], strings.Fields(line[1:])[0])
+		case strings.HasPrefix(line, "-A "):
+			lastAppend[tab] = i
+		case strings.HasPrefix(line, "-X "):
+			deleted[tab] = append(deleted[tab], line[3:])
+			if _, ok := firstDelete[tab]; !ok {
+				firstDelete[tab] = i
+			}
+		}
+	}
+	for tab, del := range deleted {
+		rewritten[tab] = slices.DeleteFunc(rewritten[tab], func(n string) bool { return slices.Contains(del, n) })
+		if firstDelete[tab] < lastAppend[tab] {
+			t.Errorf("%s: -X before the last -A", tab)
+		}
+	}
+	for _, m := range []map[Table][]string{rewritten, deleted} {
+		for tab, names := range m {
+			if slices.Sort(names); len(names) == 0 {
+				delete(m, tab)
+			}
+		}
+	}
+	return rewritten, deleted
+}
+
+// baseServices is n services with one VIP each in 10.96.0.0/16 and two backends.
+func baseServices(n int) map[string]*dataplane.Service {
+	m := map[string]*dataplane.Service{}
+	for i := range n {
+		name := fmt.Sprintf("svc-%04d", i)
+		m[name] = service(name, []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)}, tcp(80, 8080),
+			ready(fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)), ready(fmt.Sprintf("10.245.%d.%d", i/250, i%250+1)))
+	}
+	return m
+}
+
+func withServices(m map[string]*dataplane.Service, svcs ...*dataplane.Service) *dataplane.State {
+	s := &dataplane.State{Generation: 2, Services: maps.Clone(m)}
+	for _, svc := range svcs {
+		s.Services[svc.Name] = svc
+	}
+	return s
+}
+
+// svcChainOf is the SVC chain that the dispatch rule for vip:80/tcp jumps to.
+func svcChainOf(t *testing.T, rs *Ruleset, vip string) string {
+	t.Helper()
+	prefix := "-d " + vip + "/32 -p tcp -m tcp --dport 80 "
+	for _, name := range rs.Chains(IPv4, NAT) {
+		for _, r := range rs.Rules(IPv4, NAT, name) {
+			if strings.HasPrefix(r, prefix) {
+				_, target, _ := strings.Cut(r, " -j ")
+				return target
+			}
+		}
+	}
+	t.Fatalf("no dispatch rule for %s", vip)
+	return ""
+}
+
+// ownChains is svcChain and the chains it jumps to.
+func ownChains(rs *Ruleset, svcChain string) []string {
+	own := []string{svcChain}
+	for _, r := range rs.Rules(IPv4, NAT, svcChain) {
+		target := r[strings.LastIndex(r, "-j ")+3:]
+		if !slices.Contains(own, target) {
+			own = append(own, target)
+		}
+	}
+	slices.Sort(own)
+	return own
+}
+
+// triePath is the chains a packet to vip walks from root, read from the rules.
+func triePath(rs *Ruleset, tab Table, root string, vip netip.Addr) []string {
+	path := []string{root}
+	for chain := root; chain != ""; {
+		next := ""
+		for _, r := range rs.Rules(IPv4, tab, chain) {
+			var p, target string
+			if n, _ := fmt.Sscanf(r, "-d %s -j %s", &p, &target); n == 2 && strings.HasPrefix(target, "VIPD-") &&
+				netip.MustParsePrefix(p).Contains(vip) && strings.Count(r, " ") == 3 {
+				next = target
+				path = append(path, next)
+				break
+			}
+		}
+		chain = next
+	}
+	return path
+}
+
+func TestPayloadAddBackend(t *testing.T) {
+	base := baseServices(1000)
+	old := mustRender(t, withServices(base), Options{})
+	changed := service("svc-0500", []string{"10.96.2.1"}, tcp(80, 8080), append(slices.Clone(base["svc-0500"].Backends), ready("10.246.0.1"))...)
+	next, err := Render(withServices(base, changed), Options{}, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	u := Payload(old, next, false, nil)
+	rewritten, deleted := changes(t, u[IPv4].Restore)
+	svcChain := svcChainOf(t, next, "10.96.2.1")
+	newSEP := slices.DeleteFunc(ownChains(next, svcChain), func(n string) bool { return slices.Contains(old.Chains(IPv4, NAT), n) })
+	want := map[Table][]string{NAT: slices.Sorted(slices.Values(append(newSEP, svcChain)))}
+	if diff := cmp.Diff(want, rewritten); diff != "" || len(newSEP) != 1 || len(deleted) != 0 {
+		t.Errorf("rewritten (-want +got):\n%s\ndeleted %v", diff, deleted)
+	}
+	if u[IPv4].Stats != (Stats{ChainsRewritten: 2, RulesWritten: 3 + 2, ChainsDeleted: 0}) || u[IPv6].Restore != nil {
+		t.Errorf("stats %+v, IPv6 payload %q", u[IPv4].Stats, u[IPv6].Restore)
+	}
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u[IPv4].Restore)
+	assertKernel(t, tr, next, IPv4)
+	o := mustTrace(t, tr, packet("10.1.1.1", "10.96.2.1", dataplane.TCP, 80))
+	if len(o.Destinations) != 3 {
+		t.Errorf("after the update: %+v", o)
+	}
+}
+
+func TestPayloadAddService(t *testing.T) {
+	base := baseServices(1000)
+	old := mustRender(t, withServices(base), Options{})
+	vip := netip.MustParseAddr("10.96.3.251")
+	next := mustRender(t, withServices(base, service("new", []string{vip.String()}, tcp(80, 8080), ready("10.247.0.1"), ready("10.247.0.2"))), Options{})
+
+	u := Payload(old, next, false, nil)
+	rewritten, deleted := changes(t, u[IPv4].Restore)
+	path := triePath(next, NAT, chainServices, vip)
+	own := ownChains(next, svcChainOf(t, next, vip.String()))
+	if len(path) < 3 {
+		t.Fatalf("path %v: the test wants a deep trie", path)
+	}
+	for _, name := range rewritten[NAT] {
+		if !slices.Contains(path, name) && !slices.Contains(own, name) {
+			t.Errorf("rewrote %s, which is neither on the path %v nor the service's own", name, path)
+		}
+	}
+	for _, name := range append(own, path[len(path)-1]) {
+		if !slices.Contains(rewritten[NAT], name) {
+			t.Errorf("did not rewrite %s", name)
+		}
+	}
+	if len(deleted) != 0 || len(rewritten[Filter]) != 0 {
+		t.Errorf("deleted %v, filter rewritten %v", deleted, rewritten[Filter])
+	}
+	t.Logf("path %v; rewritten %v", path, rewritten[NAT])
+	assertKernel(t, kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u[IPv4].Restore), next, IPv4)
+}
+
+func TestPayloadRemoveService(t *testing.T) {
+	base := baseServices(1000)
+	old := mustRender(t, withServices(base), Options{})
+	own := ownChains(old, svcChainOf(t, old, "10.96.2.1"))
+	leaf := triePath(old, NAT, chainServices, netip.MustParseAddr("10.96.2.1"))
+	next := withServices(base)
+	delete(next.Services, "svc-0500")
+	rs := mustRender(t, next, Options{})
+
+	u := Payload(old, rs, false, nil)
+	rewritten, deleted := changes(t, u[IPv4].Restore)
+	if diff := cmp.Diff(map[Table][]string{NAT: own}, deleted); diff != "" {
+		t.Errorf("deleted (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[Table][]string{NAT: leaf[len(leaf)-1:]}, rewritten); diff != "" {
+		t.Errorf("rewritten (-want +got):\n%s", diff)
+	}
+	// The kernel model refuses -X of a chain that is still referenced.
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u[IPv4].Restore)
+	assertKernel(t, tr, rs, IPv4)
+	if o := mustTrace(t, tr, packet("10.1.1.1", "10.96.2.1", dataplane.TCP, 80)); o.Verdict != NoMatch {
+		t.Errorf("removed service traced to %+v", o)
+	}
+}
+
+func TestPayloadFirstBackend(t *testing.T) {
+	base := baseServices(100)
+	empty := service("grow", []string{"10.96.0.200"}, tcp(80, 8080))
+	old := mustRender(t, withServices(base, empty), Options{})
+	grown := service("grow", []string{"10.96.0.200"}, tcp(80, 8080), ready("10.247.0.1"))
+	next := mustRender(t, withServices(base, grown), Options{})
+
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore)
+	p := packet("10.1.1.1", "10.96.0.200", dataplane.TCP, 80)
+	if o := mustTrace(t, tr, p); o.Verdict != Reject {
+		t.Fatalf("before: %+v", o)
+	}
+	u := Payload(old, next, false, nil)
+	rewritten, deleted := changes(t, u[IPv4].Restore)
+	own := ownChains(next, svcChainOf(t, next, "10.96.0.200"))
+	want := map[Table][]string{
+		NAT:    slices.Sorted(slices.Values(append(own, triePath(next, NAT, chainServices, netip.MustParseAddr("10.96.0.200"))[1]))),
+		Filter: {chainReject},
+	}
+	if diff := cmp.Diff(want, rewritten); diff != "" || len(deleted) != 0 {
+		t.Errorf("rewritten (-want +got):\n%s\ndeleted %v", diff, deleted)
+	}
+	if err := tr.Restore(u[IPv4].Restore); err != nil {
+		t.Fatal(err)
+	}
+	assertKernel(t, tr, next, IPv4)
+	if o := mustTrace(t, tr, p); o.Verdict != DNAT {
+		t.Errorf("after: %+v", o)
+	}
+	// And back: the last backend goes, the chains go, the REJECT returns.
+	u = Payload(next, old, false, nil)
+	if _, deleted := changes(t, u[IPv4].Restore); !slices.Equal(deleted[NAT], own) {
+		t.Errorf("deleted %v; want %v", deleted[NAT], own)
+	}
+	if err := tr.Restore(u[IPv4].Restore); err != nil {
+		t.Fatal(err)
+	}
+	if o := mustTrace(t, tr, p); o.Verdict != Reject {
+		t.Errorf("after removing the backend: %+v", o)
+	}
+}
+
+// save writes the kernel model in iptables-save syntax, with a foreign chain.
+func save(tr *Tracer) []byte {
+	var b strings.Builder
+	for _, tab := range tables {
+		fmt.Fprintf(&b, "# Generated by iptables-save\n*%s\n:OUTPUT ACCEPT [12:720]\n:KUBE-SERVICES - [0:0]\n", tab)
+		chains := tr.chains(tab)
+		for _, name := range slices.Sorted(maps.Keys(chains)) {
+			fmt.Fprintf(&b, ":%s - [3:180]\n", name)
+		}
+		for _, name := range slices.Sorted(maps.Keys(chains)) {
+			for _, r := range chains[name] {
+				fmt.Fprintf(&b, "-A %s %s\n", name, r)
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return []byte(b.String())
+}
+
+func TestPayloadFull(t *testing.T) {
+	base := baseServices(50)
+	old := mustRender(t, withServices(base), Options{})
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, []byte(`*nat
+:VIPD-SVC-STALE - [0:0]
+:VIPD-SEP-STALE - [0:0]
+-A VIPD-SVC-STALE -j VIPD-SEP-STALE
+-A VIPD-SEP-STALE -p tcp -m tcp -j DNAT --to-destination 10.9.9.9:80
+COMMIT
+*filter
+:VIPD-R4-STALE - [0:0]
+COMMIT
+`))
+	existing := ParseSave(save(tr))
+	if !slices.Contains(existing[NAT], "VIPD-SVC-STALE") || slices.Contains(existing[NAT], "KUBE-SERVICES") || !slices.IsSorted(existing[NAT]) {
+		t.Fatalf("ParseSave = %v", existing)
+	}
+	next := mustRender(t, withServices(base, service("new", []string{"10.96.9.9"}, tcp(80, 80), ready("10.247.0.1"))), Options{})
+
+	// The previous Ruleset is unknown (say, after a failed restore).
+	u := Payload(nil, next, true, map[Family]ExistingChains{IPv4: existing})
+	rewritten, deleted := changes(t, u[IPv4].Restore)
+	for _, tab := range tables {
+		if diff := cmp.Diff(next.Chains(IPv4, tab), rewritten[tab]); diff != "" {
+			t.Errorf("%s: full sync must rewrite every chain (-want +got):\n%s", tab, diff)
+		}
+	}
+	if diff := cmp.Diff(map[Table][]string{NAT: {"VIPD-SEP-STALE", "VIPD-SVC-STALE"}, Filter: {"VIPD-R4-STALE"}}, deleted); diff != "" {
+		t.Errorf("deleted (-want +got):\n%s", diff)
+	}
+	if st := u[IPv4].Stats; st.ChainsDeleted != 3 || st.ChainsRewritten != len(next.Chains(IPv4, NAT))+len(next.Chains(IPv4, Filter)) {
+		t.Errorf("stats %+v", st)
+	}
+	if err := tr.Restore(u[IPv4].Restore); err != nil {
+		t.Fatal(err)
+	}
+	assertKernel(t, tr, next, IPv4)
+	// Cleanup: with no Ruleset to keep, a full payload deletes every vipd chain.
+	_, deleted = changes(t, Payload(nil, nil, true, map[Family]ExistingChains{IPv4: existing})[IPv4].Restore)
+	if diff := cmp.Diff(map[Table][]string(existing), deleted); diff != "" {
+		t.Errorf("cleanup deleted (-want +got):\n%s", diff)
+	}
+	// Full mode writes IPv6 too, even without IPv6 services: the base chains.
+	if u[IPv6].Restore == nil || u[IPv6].ChainsRewritten != 4 {
+		t.Errorf("IPv6: %+v", u[IPv6])
+	}
+}
+
+func TestPayloadNoChange(t *testing.T) {
+	rs := mustRender(t, withServices(baseServices(10)), Options{})
+	for _, u := range Payload(rs, mustRender(t, withServices(baseServices(10)), Options{}), false, nil) {
+		if u.Restore != nil || u.Stats != (Stats{}) {
+			t.Errorf("%s: %+v", u.Family, u)
+		}
+	}
+}
+
+// TestPayloadRandomWalk applies partial payloads for random changes, with a
+// small leaf size so that trie chains split and merge, and checks after each
+// step that the kernel model holds exactly what Render says.
+func TestPayloadRandomWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	opts := Options{MaxLeafRules: 3}
+	svcs := map[string]*dataplane.Service{}
+	randomService := func(name string) *dataplane.Service {
+		var vips []string
+		if rng.IntN(3) > 0 {
+			vips = append(vips, fmt.Sprintf("10.96.%d.%d", rng.IntN(4), rng.IntN(40)))
+		}
+		if len(vips) == 0 || rng.IntN(3) == 0 {
+			vips = append(vips, fmt.Sprintf("fd00:96::%x", rng.IntN(300)))
+		}
+		ports := tcp(80, 8080)
+		if rng.IntN(3) == 0 {
+			ports = append(ports, port("dns", dataplane.UDP, 53, 53))
+			ports[0].Name = "http"
+		}
+		var bs []dataplane.Backend
+		for i := range rng.IntN(4) {
+			st := dataplane.BackendState(rng.IntN(3) + 1)
+			bs = append(bs, backend(fmt.Sprintf("10.244.0.%d", i+1), st, uint16(rng.IntN(3))), backend(fmt.Sprintf("fd00:244::%d", i+1), st, 1))
+		}
+		s := service(name, vips, ports, bs...)
+		if rng.IntN(4) == 0 {
+			s.Affinity = affinity
+		}
+		return s
+	}
+	var old *Ruleset
+	trs := []*Tracer{NewTracer(IPv4), NewTracer(IPv6)}
+	for step := range 300 {
+		for range rng.IntN(5) + 1 {
+			name := fmt.Sprintf("svc-%d", rng.IntN(60))
+			if _, ok := svcs[name]; ok && rng.IntN(3) == 0 {
+				delete(svcs, name)
+			} else {
+				svcs[name] = randomService(name)
+			}
+		}
+		next, err := Render(withServices(svcs), opts, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Reusing the previous rendering changes nothing.
+		if fresh := mustRender(t, withServices(svcs), opts); !cmp.Equal(fresh.chains, next.chains) {
+			t.Fatalf("step %d: Render with prev differs from a fresh Render: %s", step, cmp.Diff(fresh.chains, next.chains))
+		}
+		full := step%100 == 0
+		for _, u := range Payload(old, next, full, nil) {
+			if err := trs[u.Family].Restore(u.Restore); err != nil {
+				t.Fatalf("step %d: %v\n%s", step, err, u.Restore)
+			}
+			assertKernel(t, trs[u.Family], next, u.Family)
+		}
+		old = next
+	}
+}
+
+func TestParseSave(t *testing.T) {
+	got := ParseSave([]byte(`# Generated by iptables-save v1.8.10 (nf_tables)
+*filter
+:INPUT ACCEPT [0:0]
+:VIPD-REJECT - [5:300]
+-A INPUT -m conntrack --ctstate NEW -j VIPD-REJECT
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:VIPD-SVC-B - [0:0]
+:KUBE-SVC-X - [0:0]
+:VIPD-SERVICES - [0:0]
+COMMIT
+`))
+	want := ExistingChains{Filter: {"VIPD-REJECT"}, NAT: {"VIPD-SERVICES", "VIPD-SVC-B"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Error(diff)
+	}
+}
+
+func TestFailureContext(t *testing.T) {
+	payload := []byte("*nat\n:VIPD-A - [0:0]\n-A VIPD-A -j X\n-A VIPD-A -j Y\n-A VIPD-A -j Z\nCOMMIT\n")
+	got := FailureContext(payload, "iptables-restore: line 4 failed\n")
+	want := "  2: :VIPD-A - [0:0]\n  3: -A VIPD-A -j X\n> 4: -A VIPD-A -j Y\n  5: -A VIPD-A -j Z\n  6: COMMIT\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Error(diff)
+	}
+	if got := FailureContext(payload, "permission denied"); got != "" {
+		t.Errorf("no line: %q", got)
+	}
+}

@@ -1,0 +1,361 @@
+package iptables
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// Family is an address family. IPv4 rules are for iptables, IPv6 rules for
+// ip6tables.
+type Family int
+
+// Address families. Their values index the slice that Payload returns.
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+var families = []Family{IPv4, IPv6}
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// familyOf is the family of a, as dataplane.Service.EligibleBackends sees it.
+func familyOf(a netip.Addr) Family {
+	if a.Is6() {
+		return IPv6
+	}
+	return IPv4
+}
+
+// hostMask is the --mask that makes a recent match key on the whole address.
+func (f Family) hostMask() string {
+	if f == IPv6 {
+		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+	}
+	return "255.255.255.255"
+}
+
+func (f Family) rejectWith() string {
+	if f == IPv6 {
+		return "icmp6-port-unreachable"
+	}
+	return "icmp-port-unreachable"
+}
+
+// Table is an iptables table.
+type Table string
+
+// The tables vipd writes to.
+const (
+	NAT    Table = "nat"
+	Filter Table = "filter"
+)
+
+var tables = []Table{NAT, Filter}
+
+// Chain names. Every chain vipd owns starts with ChainPrefix, and no name is
+// longer than MaxChainName, the kernel's limit.
+const (
+	ChainPrefix  = "VIPD-"
+	MaxChainName = 28
+
+	chainServices    = "VIPD-SERVICES"
+	chainReject      = "VIPD-REJECT"
+	chainPostrouting = "VIPD-POSTROUTING"
+	chainMarkMasq    = "VIPD-MARK-MASQ"
+)
+
+// Defaults for Options.
+const (
+	// DefaultMasqueradeMark differs from kube-proxy's 0x4000 so that both can
+	// run on one node.
+	DefaultMasqueradeMark = 0x20000
+	// DefaultMaxLeafRules is the most leaf rules a dispatch chain holds before
+	// it splits.
+	DefaultMaxLeafRules = 32
+)
+
+// Options tune Render. The zero value uses the defaults.
+type Options struct {
+	// MasqueradeMark is the single packet-mark bit that asks VIPD-POSTROUTING
+	// to masquerade (hairpin traffic). Zero means DefaultMasqueradeMark.
+	MasqueradeMark uint32
+	// MaxLeafRules is the most (VIP, protocol, port) rules a dispatch or
+	// reject chain holds; a chain with more splits on the next nibble of the
+	// address. Zero means DefaultMaxLeafRules.
+	MaxLeafRules int
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.MasqueradeMark == 0 {
+		o.MasqueradeMark = DefaultMasqueradeMark
+	}
+	if o.MaxLeafRules == 0 {
+		o.MaxLeafRules = DefaultMaxLeafRules
+	}
+	if o.MasqueradeMark&(o.MasqueradeMark-1) != 0 {
+		return o, fmt.Errorf("masquerade mark %#x: must be a single bit", o.MasqueradeMark)
+	}
+	if o.MaxLeafRules < 1 {
+		return o, fmt.Errorf("max leaf rules %d: must be positive", o.MaxLeafRules)
+	}
+	return o, nil
+}
+
+// Capabilities is what this dataplane honours: random (weighted) load
+// balancing over TCP, UDP and SCTP.
+func Capabilities() dataplane.Capabilities {
+	return dataplane.Capabilities{
+		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom},
+		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+		Hint:          "use the eBPF dataplane (--dataplane ebpf) for Maglev",
+	}
+}
+
+// HookRule is a rule in a builtin chain that sends packets into vipd's chains.
+// The applier ensures each one, for both families, at the top of its chain
+// (`-C`, else `-I <Chain> 1`) after the first restore has created the vipd
+// chains, and removes them before it deletes the chains.
+type HookRule struct {
+	Table Table
+	// Chain is the builtin chain, such as PREROUTING.
+	Chain string
+	// Args is the rule specification as separate arguments, ready for exec.
+	Args []string
+}
+
+// Hooks lists the hook rules of family f. They are the same for both
+// families today.
+func Hooks(f Family) []HookRule {
+	services := []string{"-m", "comment", "--comment", "vipd service VIPs", "-j", chainServices}
+	reject := []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "vipd services without backends", "-j", chainReject}
+	return []HookRule{
+		{NAT, "PREROUTING", services},
+		{NAT, "OUTPUT", services},
+		{NAT, "POSTROUTING", []string{"-m", "comment", "--comment", "vipd hairpin masquerade", "-j", chainPostrouting}},
+		{Filter, "INPUT", reject},
+		{Filter, "FORWARD", reject},
+		{Filter, "OUTPUT", reject},
+	}
+}
+
+// Ruleset is every vipd chain with its rules, per family and table. A nil
+// *Ruleset has no chains. A Ruleset is never modified after Render returns.
+type Ruleset struct {
+	chains [2]map[Table]map[string][]string
+	// services keeps what each service rendered to, for the next Render to
+	// reuse while the *Service is the same (immutable) value.
+	services map[*dataplane.Service]*[2]serviceRules
+}
+
+// serviceRules is what a service renders to in one family: its nat chains
+// and its entries in the dispatch and reject tries.
+type serviceRules struct {
+	chains           map[string][]string
+	dispatch, reject []trieEntry
+}
+
+// Chains returns the names of the chains of family f in table t, sorted.
+func (r *Ruleset) Chains(f Family, t Table) []string {
+	return slices.Sorted(maps.Keys(r.table(f, t)))
+}
+
+// Rules returns the rules of a chain. Each rule is what follows
+// "-A <chain> " in iptables-restore syntax.
+func (r *Ruleset) Rules(f Family, t Table, chain string) []string {
+	return r.table(f, t)[chain]
+}
+
+func (r *Ruleset) table(f Family, t Table) map[string][]string {
+	if r == nil {
+		return nil
+	}
+	return r.chains[f][t]
+}
+
+// add appends rules to chain, creating it (even with no rules).
+func (r *Ruleset) add(f Family, t Table, chain string, rules ...string) {
+	r.chains[f][t][chain] = append(r.chains[f][t][chain], rules...)
+}
+
+// Render turns s into vipd's chains. The output is a pure, deterministic
+// function of s and opts. prev, the result of an earlier Render or nil, only
+// saves work: the chains of every service that is the same *Service value as
+// in prev (the dataplane contract makes a *Service immutable) are reused
+// rather than rendered again; they do not depend on opts.
+//
+// Render fails, wrapping dataplane.ErrUnsupported, when a service asks for
+// something Capabilities does not list, and on bad options.
+func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	caps := Capabilities()
+	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, len(s.Services))}
+	names := slices.Sorted(maps.Keys(s.Services))
+	rendered := make([]*[2]serviceRules, len(names))
+	var size [2]int
+	for i, name := range names {
+		svc := s.Services[name]
+		if err := caps.Check(svc); err != nil {
+			return nil, err
+		}
+		if prev != nil {
+			rendered[i] = prev.services[svc]
+		}
+		if rendered[i] == nil {
+			rendered[i] = &[2]serviceRules{renderService(svc, IPv4), renderService(svc, IPv6)}
+		}
+		r.services[svc] = rendered[i]
+		for _, f := range families {
+			size[f] += len(rendered[i][f].chains)
+		}
+	}
+	mark := fmt.Sprintf("%#x", opts.MasqueradeMark)
+	for _, f := range families {
+		r.chains[f] = map[Table]map[string][]string{NAT: make(map[string][]string, size[f]+size[f]/8+16), Filter: {}}
+		var dispatch, reject []trieEntry
+		for _, sr := range rendered {
+			maps.Copy(r.chains[f][NAT], sr[f].chains)
+			dispatch = append(dispatch, sr[f].dispatch...)
+			reject = append(reject, sr[f].reject...)
+		}
+		digit := strings.TrimPrefix(f.String(), "ipv")
+		r.addTrie(f, NAT, chainServices, "VIPD-D"+digit, dispatch, opts.MaxLeafRules)
+		r.addTrie(f, Filter, chainReject, "VIPD-R"+digit, reject, opts.MaxLeafRules)
+		r.add(f, NAT, chainMarkMasq, "-j MARK --or-mark "+mark)
+		r.add(f, NAT, chainPostrouting,
+			"-m mark ! --mark "+mark+"/"+mark+" -j RETURN",
+			"-j MARK --xor-mark "+mark,
+			"-j MASQUERADE --random-fully")
+	}
+	return r, nil
+}
+
+// renderService renders the SVC and SEP chains of svc's ports in family f,
+// and its entries for the dispatch or reject trie.
+func renderService(svc *dataplane.Service, f Family) serviceRules {
+	out := serviceRules{chains: map[string][]string{}}
+	var vips []netip.Addr
+	for _, v := range svc.VIPs {
+		if familyOf(v) == f {
+			vips = append(vips, v)
+		}
+	}
+	if len(vips) == 0 {
+		return out
+	}
+	backends := svc.EligibleBackends(f == IPv6)
+	slices.SortFunc(backends, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
+	ports := slices.Clone(svc.Ports)
+	slices.SortFunc(ports, func(a, b dataplane.Port) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	})
+	for _, p := range ports {
+		comment := commentMatch(svc.Name, p)
+		if len(backends) == 0 {
+			for _, v := range vips {
+				out.reject = append(out.reject, trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith()})
+			}
+			continue
+		}
+		key := strings.Join([]string{svc.Name, p.Name, p.Protocol.String(), strconv.Itoa(int(p.Port)), f.String()}, "\x00")
+		svcChain := hashName("VIPD-SVC-", key)
+		for _, v := range vips {
+			out.dispatch = append(out.dispatch, trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
+		}
+		seps := make([]string, len(backends))
+		total := 0
+		for i, b := range backends {
+			seps[i] = hashName("VIPD-SEP-", key+"\x00"+b.IP.String())
+			total += weight(b)
+		}
+		var rules []string
+		affinity := ""
+		if svc.Affinity.ClientIP {
+			affinity = " --mask " + f.hostMask() + " --rsource"
+			secs := max(1, int(svc.Affinity.Timeout.Seconds()))
+			for _, sep := range seps {
+				rules = append(rules, "-m recent --name "+sep+affinity+" --rcheck --seconds "+strconv.Itoa(secs)+" --reap -j "+sep)
+			}
+		}
+		for i, b := range backends {
+			if i == len(backends)-1 {
+				rules = append(rules, "-j "+seps[i])
+				break
+			}
+			// kube-proxy's scheme: the i-th rule sees only the traffic the
+			// earlier ones left, so its probability is w_i over what remains.
+			rules = append(rules, fmt.Sprintf("-m statistic --mode random --probability %0.10f -j %s", float64(weight(b))/float64(total), seps[i]))
+			total -= weight(b)
+		}
+		out.chains[svcChain] = rules
+		for i, b := range backends {
+			sep := []string{"-s " + hostPrefix(b.IP) + " -j " + chainMarkMasq}
+			if affinity != "" {
+				sep = append(sep, "-m recent --name "+seps[i]+affinity+" --set")
+			}
+			dst := netip.AddrPortFrom(b.IP, b.TargetPort(p)).String()
+			out.chains[seps[i]] = append(sep, protoMatch(p.Protocol)+comment+" -j DNAT --to-destination "+dst)
+		}
+	}
+	return out
+}
+
+// weight is b's weight; like the API, zero means 1.
+func weight(b *dataplane.Backend) int { return max(1, int(b.Weight)) }
+
+// protoMatch is the one place that spells a protocol match.
+func protoMatch(p dataplane.Protocol) string {
+	name := strings.ToLower(p.String())
+	return "-p " + name + " -m " + name
+}
+
+// vipMatch matches packets for port p of a service on vip.
+func vipMatch(vip netip.Addr, p dataplane.Port) string {
+	return "-d " + hostPrefix(vip) + " " + protoMatch(p.Protocol) + " --dport " + strconv.Itoa(int(p.Port))
+}
+
+func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
+
+// commentMatch names a service port for humans: "svc:port-name", or
+// "svc:80/tcp" for an unnamed port. The text is reduced to characters that
+// need no escaping inside double quotes and cut to the kernel's 255 bytes.
+func commentMatch(service string, p dataplane.Port) string {
+	c := service + ":" + p.Name
+	if p.Name == "" {
+		c = service + ":" + strconv.Itoa(int(p.Port)) + "/" + strings.ToLower(p.Protocol.String())
+	}
+	c = strings.Map(func(r rune) rune {
+		if r < 0x80 && (r == '-' || r == '.' || r == '/' || r == '_' || r == ':' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, c)
+	if len(c) > 255 {
+		c = c[:255]
+	}
+	return ` -m comment --comment "` + c + `"`
+}
+
+// hashName is prefix followed by 16 base32 characters of the SHA-256 of key,
+// as kube-proxy names its per-service chains.
+func hashName(prefix, key string) string {
+	h := sha256.Sum256([]byte(key))
+	return prefix + base32.StdEncoding.EncodeToString(h[:])[:16]
+}

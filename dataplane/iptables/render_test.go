@@ -1,0 +1,180 @@
+package iptables
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/dataplane"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// restoreText is the full payload of rs for both families, as golden text.
+func restoreText(rs *Ruleset) string {
+	var b strings.Builder
+	for _, u := range Payload(nil, rs, true, nil) {
+		fmt.Fprintf(&b, "# %s: input for %s-restore --noflush\n", u.Family, map[Family]string{IPv4: "iptables", IPv6: "ip6tables"}[u.Family])
+		b.Write(u.Restore)
+	}
+	return b.String()
+}
+
+var affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: 3 * time.Hour}
+
+func goldenCases() []struct {
+	name  string
+	state *dataplane.State
+	opts  Options
+} {
+	with := func(s *dataplane.Service, f func(*dataplane.Service)) *dataplane.Service { f(s); return s }
+	const (
+		term = dataplane.BackendTerminating
+		ns   = dataplane.BackendNotServing
+		rdy  = dataplane.BackendReady
+	)
+	override := ready("10.244.1.1")
+	override.Ports = map[string]uint16{"http": 8081}
+	return []struct {
+		name  string
+		state *dataplane.State
+		opts  Options
+	}{
+		{"one-backend", state(service("web", []string{"10.96.0.10"}, tcp(80, 8080), ready("10.244.1.5"))), Options{}},
+		{"weights", state(service("web", []string{"10.96.0.11"}, []dataplane.Port{port("http", dataplane.TCP, 80, 8080)},
+			backend("10.244.1.1", rdy, 1), backend("10.244.1.2", rdy, 2), backend("10.244.1.3", rdy, 3))), Options{}},
+		{"affinity", state(with(service("web", []string{"10.96.0.12"}, tcp(80, 8080), ready("10.244.1.1"), ready("10.244.1.2")),
+			func(s *dataplane.Service) { s.Affinity = affinity })), Options{}},
+		{"terminating-only", state(service("web", []string{"10.96.0.13"}, tcp(80, 8080),
+			backend("10.244.1.1", term, 1), backend("10.244.1.2", term, 1), backend("10.244.1.3", ns, 1))), Options{}},
+		{"not-serving-and-ready", state(service("web", []string{"10.96.0.14"}, tcp(80, 8080),
+			backend("10.244.1.1", rdy, 1), backend("10.244.1.2", ns, 1), backend("10.244.1.3", term, 1))), Options{}},
+		{"local-with-local-backends", state(with(service("web", []string{"10.96.0.15"}, tcp(80, 8080),
+			ready("10.244.1.1"), local(ready("10.244.1.2")), local(backend("10.244.1.3", term, 1))),
+			func(s *dataplane.Service) { s.TrafficPolicy = dataplane.TrafficPolicyLocal })), Options{}},
+		{"local-without-local-backends", state(with(service("web", []string{"10.96.0.16"}, tcp(80, 8080),
+			ready("10.244.1.1"), ready("10.244.1.2")),
+			func(s *dataplane.Service) { s.TrafficPolicy = dataplane.TrafficPolicyLocal })), Options{}},
+		{"no-backends", state(service("web", []string{"10.96.0.17"}, tcp(80, 8080))), Options{}},
+		{"multi-port-override", state(service("web", []string{"10.96.0.18"}, []dataplane.Port{
+			port("http", dataplane.TCP, 80, 8080), port("metrics", dataplane.TCP, 9090, 9091), port("diameter", dataplane.SCTP, 3868, 3868),
+		}, override, ready("10.244.1.2"))), Options{}},
+		{"tcp-udp-same-port", state(service("dns", []string{"10.96.0.53"}, []dataplane.Port{
+			port("dns", dataplane.UDP, 53, 5353), port("dns-tcp", dataplane.TCP, 53, 5353),
+		}, ready("10.244.1.1"))), Options{}},
+		{"dual-stack", state(service("web", []string{"10.96.0.20", "fd00:96::20"}, tcp(80, 8080),
+			ready("10.244.1.1"), ready("fd00:244::1"))), Options{}},
+		{"ipv6-only", state(
+			with(service("web6", []string{"fd00:96::30"}, tcp(443, 8443), ready("fd00:244::1"), ready("fd00:244::2")),
+				func(s *dataplane.Service) { s.Affinity = affinity }),
+			service("empty6", []string{"fd00:96::31"}, tcp(80, 8080)),
+		), Options{}},
+		{"trie", state(
+			service("a", []string{"10.96.0.1"}, tcp(80, 80), ready("10.244.0.1")),
+			service("b", []string{"10.96.0.2"}, tcp(80, 80), ready("10.244.0.2")),
+			service("c", []string{"10.96.0.3"}, tcp(80, 80), ready("10.244.0.3")),
+			service("d", []string{"10.96.1.1"}, tcp(80, 80), ready("10.244.0.4")),
+			service("e", []string{"192.168.0.1"}, tcp(80, 80), ready("10.244.0.5")),
+			service("f", []string{"10.96.5.1", "fd00:96::1"}, tcp(80, 80)),
+			service("g", []string{"10.96.5.2", "fd00:96::2"}, tcp(80, 80)),
+			service("h", []string{"10.96.5.3", "fd00:96::3"}, tcp(80, 80)),
+		), Options{MaxLeafRules: 2, MasqueradeMark: 0x4000}},
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	for _, tc := range goldenCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := mustRender(t, tc.state, tc.opts)
+			got := restoreText(rs)
+			path := filepath.Join("testdata", tc.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("rendered rules differ from %s (-want +got):\n%s", path, diff)
+			}
+			// Every golden must be accepted as is by the kernel model.
+			for _, f := range families {
+				assertKernel(t, tracer(t, tc.state, tc.opts, f), rs, f)
+			}
+		})
+	}
+}
+
+func TestRenderDeterministic(t *testing.T) {
+	for _, tc := range goldenCases() {
+		a, b := restoreText(mustRender(t, tc.state, tc.opts)), restoreText(mustRender(t, tc.state, tc.opts))
+		if a != b {
+			t.Errorf("%s: two renders differ", tc.name)
+		}
+	}
+}
+
+func TestRenderRefusesUnsupported(t *testing.T) {
+	svc := service("maglev", []string{"10.96.0.1"}, tcp(80, 80), ready("10.244.0.1"))
+	svc.LoadBalancing = dataplane.LoadBalancingMaglev
+	_, err := Render(state(svc), Options{}, nil)
+	if !errors.Is(err, dataplane.ErrUnsupported) || !strings.Contains(err.Error(), "--dataplane ebpf") {
+		t.Errorf("Render(maglev) = %v; want ErrUnsupported with the eBPF hint", err)
+	}
+	if _, err := Render(state(), Options{MasqueradeMark: 0x3}, nil); err == nil {
+		t.Error("Render with a two-bit mark succeeded")
+	}
+}
+
+func TestChainNames(t *testing.T) {
+	rs := mustRender(t, state(
+		service(strings.Repeat("long-name.", 25), []string{"10.96.0.1", "fd00:1234:5678:9abc:def0:1234:5678:9abc"},
+			[]dataplane.Port{port(strings.Repeat("p", 63), dataplane.TCP, 80, 80)}, ready("10.0.0.1"), ready("fd00::1")),
+	), Options{MaxLeafRules: 1})
+	for _, f := range families {
+		for _, tab := range tables {
+			for _, name := range rs.Chains(f, tab) {
+				if len(name) > MaxChainName || !strings.HasPrefix(name, ChainPrefix) {
+					t.Errorf("%s %s: chain name %q", f, tab, name)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct{ namePrefix, prefix, want string }{
+		{"VIPD-D4", "10.96.0.0/16", "VIPD-D4-0a60-16"},
+		{"VIPD-R4", "10.96.0.1/32", "VIPD-R4-0a600001-32"},
+		{"VIPD-D6", "fd00::/64", "VIPD-D6-fd00000000000000-64"},
+		{"VIPD-D6", "fd00::10/124", hashName("VIPD-D6-", "fd00::10/124")},
+	} {
+		if got := trieChainName(tc.namePrefix, netip.MustParsePrefix(tc.prefix)); got != tc.want {
+			t.Errorf("trieChainName(%s, %s) = %s; want %s", tc.namePrefix, tc.prefix, got, tc.want)
+		}
+	}
+}
+
+func TestComment(t *testing.T) {
+	for _, tc := range []struct {
+		svc  string
+		p    dataplane.Port
+		want string
+	}{
+		{"web", port("http", dataplane.TCP, 80, 80), `web:http`},
+		{"web", port("", dataplane.UDP, 53, 53), `web:53/udp`},
+		{`we"b $(x)`, port("", dataplane.SCTP, 1, 1), `we_b___x_:1/sctp`},
+		{strings.Repeat("x", 300), port("", dataplane.TCP, 1, 1), strings.Repeat("x", 255)},
+	} {
+		if got, want := commentMatch(tc.svc, tc.p), ` -m comment --comment "`+tc.want+`"`; got != want {
+			t.Errorf("commentMatch(%q) = %s; want %s", tc.svc, got, want)
+		}
+	}
+}
