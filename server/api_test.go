@@ -50,7 +50,7 @@ type config struct {
 }
 
 // start runs an instance; it is stopped at the end of the test or by stop.
-func start(t *testing.T, cfg config) *instance {
+func start(t testing.TB, cfg config) *instance {
 	t.Helper()
 	if cfg.stateDir == "" {
 		cfg.stateDir = t.TempDir()
