@@ -6,6 +6,9 @@ set -euo pipefail
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
 have ip || need+=(iproute2)
+have nsenter || need+=(util-linux)
+{ have iptables-nft-restore && have iptables-legacy-restore; } || need+=(iptables)
+have conntrack || need+=(conntrack)
 
 if ((${#need[@]} == 0)); then
 	exit 0

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
@@ -39,7 +40,7 @@ func rootCommand() *cobra.Command {
 		RunE:          run.RunE,
 	}
 	root.Flags().AddFlagSet(run.Flags())
-	root.AddCommand(run, &cobra.Command{
+	root.AddCommand(run, cleanupCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -50,11 +51,12 @@ func rootCommand() *cobra.Command {
 
 func runCommand() *cobra.Command {
 	var (
-		cfg        daemon.Config
-		cidrs      []string
-		logLevel   string
-		logJSON    bool
-		socketMode string
+		cfg          daemon.Config
+		cidrs        []string
+		logLevel     string
+		logJSON      bool
+		socketMode   string
+		iptablesMode string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -73,6 +75,9 @@ func runCommand() *cobra.Command {
 				return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", socketMode)
 			}
 			cfg.SocketMode = os.FileMode(mode)
+			if cfg.IPTablesMode, err = iptables.ParseMode(iptablesMode); err != nil {
+				return err
+			}
 			level := hclog.LevelFromString(logLevel)
 			if level == hclog.NoLevel {
 				return fmt.Errorf("--log-level %q: use trace, debug, info, warn or error", logLevel)
@@ -94,7 +99,23 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
 	f.DurationVar(&cfg.ResyncPeriod, "resync-period", 0, "re-apply the whole state this often (0 disables)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
+	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
+	return cmd
+}
+
+func cleanupCommand() *cobra.Command {
+	var netnsPath string
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove every rule, hook and chain vipd programmed (vipd itself must be stopped)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
+			return daemon.Cleanup(context.Background(), log, netnsPath)
+		},
+	}
+	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
 	return cmd
 }

@@ -146,6 +146,33 @@ func ParseSave(save []byte) ExistingChains {
 	return ec
 }
 
+// RulesetFromSave reads the vipd chains out of iptables-save and
+// ip6tables-save output, so that a sync can diff against what the kernel
+// holds. Rules are kept as iptables-save prints them; a rule that Render would
+// spell differently only costs a rewrite of its chain.
+func RulesetFromSave(saves map[Family][]byte) *Ruleset {
+	r := &Ruleset{}
+	for _, f := range families {
+		r.chains[f] = map[Table]map[string][]string{}
+		var t Table
+		for line := range strings.Lines(string(saves[f])) {
+			line = strings.TrimRight(line, "\n")
+			switch {
+			case strings.HasPrefix(line, "*"):
+				t = Table(line[1:])
+				r.chains[f][t] = map[string][]string{}
+			case strings.HasPrefix(line, ":"+ChainPrefix):
+				name, _, _ := strings.Cut(line[1:], " ")
+				r.add(f, t, name)
+			case strings.HasPrefix(line, "-A "+ChainPrefix):
+				name, rule, _ := strings.Cut(line[len("-A "):], " ")
+				r.add(f, t, name, rule)
+			}
+		}
+	}
+	return r
+}
+
 var failedLine = regexp.MustCompile(`line (\d+)`)
 
 // FailureContext returns the lines of payload around the line that

@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -238,10 +239,12 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		digit := strings.TrimPrefix(f.String(), "ipv")
 		r.addTrie(f, NAT, chainServices, "VIPD-D"+digit, dispatch, opts.MaxLeafRules)
 		r.addTrie(f, Filter, chainReject, "VIPD-R"+digit, reject, opts.MaxLeafRules)
-		r.add(f, NAT, chainMarkMasq, "-j MARK --or-mark "+mark)
+		// Rules are spelled the way iptables-save prints them, so that a sync
+		// after a restart finds them equal and leaves them alone.
+		r.add(f, NAT, chainMarkMasq, "-j MARK --set-xmark "+mark+"/"+mark)
 		r.add(f, NAT, chainPostrouting,
 			"-m mark ! --mark "+mark+"/"+mark+" -j RETURN",
-			"-j MARK --xor-mark "+mark,
+			"-j MARK --set-xmark 0x0/"+mark,
 			"-j MASQUERADE --random-fully")
 	}
 	return r, nil
@@ -291,7 +294,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 			affinity = " --mask " + f.hostMask() + " --rsource"
 			secs := max(1, int(svc.Affinity.Timeout.Seconds()))
 			for _, sep := range seps {
-				rules = append(rules, "-m recent --name "+sep+affinity+" --rcheck --seconds "+strconv.Itoa(secs)+" --reap -j "+sep)
+				rules = append(rules, "-m recent --rcheck --seconds "+strconv.Itoa(secs)+" --reap --name "+sep+affinity+" -j "+sep)
 			}
 		}
 		for i, b := range backends {
@@ -301,14 +304,14 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 			}
 			// kube-proxy's scheme: the i-th rule sees only the traffic the
 			// earlier ones left, so its probability is w_i over what remains.
-			rules = append(rules, fmt.Sprintf("-m statistic --mode random --probability %0.10f -j %s", float64(weight(b))/float64(total), seps[i]))
+			rules = append(rules, "-m statistic --mode random --probability "+probability(weight(b), total)+" -j "+seps[i])
 			total -= weight(b)
 		}
 		out.chains[svcChain] = rules
 		for i, b := range backends {
 			sep := []string{"-s " + hostPrefix(b.IP) + " -j " + chainMarkMasq}
 			if affinity != "" {
-				sep = append(sep, "-m recent --name "+seps[i]+affinity+" --set")
+				sep = append(sep, "-m recent --set --name "+seps[i]+affinity)
 			}
 			dst := netip.AddrPortFrom(b.IP, b.TargetPort(p)).String()
 			out.chains[seps[i]] = append(sep, protoMatch(p.Protocol)+comment+" -j DNAT --to-destination "+dst)
@@ -318,6 +321,14 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 }
 
 // weight is b's weight; like the API, zero means 1.
+// probability formats w/total as the statistic match stores and prints it:
+// xt_statistic keeps round(p × 2³¹) and iptables-save prints that with 11
+// decimals.
+func probability(w, total int) string {
+	const scale = 1 << 31
+	return strconv.FormatFloat(math.Round(scale*float64(w)/float64(total))/scale, 'f', 11, 64)
+}
+
 func weight(b *dataplane.Backend) int { return max(1, int(b.Weight)) }
 
 // protoMatch is the one place that spells a protocol match.

@@ -346,7 +346,7 @@ func (t *Tracer) walk(tab Table, chain string, b branch, p *Packet, depth int) (
 			case "":
 				next = append(next, b)
 			case "MARK":
-				b.mark = (b.mark | r.orMark) ^ r.xorMark
+				b.mark = (b.mark &^ r.setMask) ^ r.setValue
 				next = append(next, b)
 			case "RETURN":
 				out = append(out, b)
@@ -492,8 +492,8 @@ type rule struct {
 	target   string // "" when the rule has none
 	jump     string // user chain, when target is one
 	dnat     netip.AddrPort
-	orMark   uint32
-	xorMark  uint32
+	setValue uint32 // MARK --set-xmark value/mask: mark = (mark &^ mask) ^ value
+	setMask  uint32
 }
 
 // Options of the matches and targets the tracer models, and whether each
@@ -511,7 +511,7 @@ var (
 	}
 	targetOptions = map[string]map[string]bool{
 		"DNAT":       {"--to-destination": true},
-		"MARK":       {"--or-mark": true, "--xor-mark": true},
+		"MARK":       {"--set-xmark": true},
 		"MASQUERADE": {"--random-fully": false},
 		"REJECT":     {"--reject-with": true},
 		"RETURN":     {},
@@ -675,20 +675,19 @@ func (r *rule) setTarget(f Family, tab Table, o map[string]string) error {
 		}
 		r.dnat = ap
 	case "MARK":
-		or, isOr := o["--or-mark"]
-		xor, isXor := o["--xor-mark"]
-		if isOr == isXor {
-			return errors.New("needs exactly one of --or-mark and --xor-mark")
+		value, mask, ok := strings.Cut(o["--set-xmark"], "/")
+		if !ok {
+			return errors.New("needs --set-xmark value/mask")
 		}
-		n, err := strconv.ParseUint(or+xor, 0, 32)
+		v, err := strconv.ParseUint(value, 0, 32)
 		if err != nil {
 			return err
 		}
-		if isOr {
-			r.orMark = uint32(n)
-		} else {
-			r.xorMark = uint32(n)
+		m, err := strconv.ParseUint(mask, 0, 32)
+		if err != nil {
+			return err
 		}
+		r.setValue, r.setMask = uint32(v), uint32(m)
 	case "MASQUERADE":
 		if tab != NAT {
 			return errors.New("MASQUERADE outside the nat table")

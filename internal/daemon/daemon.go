@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -40,6 +42,8 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
+	// IPTablesMode picks the iptables binaries: auto, nft or legacy.
+	IPTablesMode iptables.Mode
 }
 
 // Dataplane names accepted by Config.Dataplane.
@@ -49,6 +53,13 @@ const (
 	DataplaneIPTables = "iptables"
 	DataplaneFake     = fake.Name
 )
+
+// Cleanup removes everything vipd's dataplanes put into the kernel of the
+// namespace at netns (the current one when empty): the iptables hooks and
+// chains, in every iptables mode that works there.
+func Cleanup(ctx context.Context, log hclog.Logger, netns string) error {
+	return iptables.Cleanup(ctx, log.Named("iptables"), netns, iptables.ModeAuto)
+}
 
 // Run runs vipd until ctx ends, then shuts down gracefully, leaving the
 // dataplane programmed. It returns an error if vipd cannot start, including
@@ -71,7 +82,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	log.Info("state restored", "path", dir.Path(), "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
 
-	dp, err := openDataplane(log.Named("dataplane"), cfg)
+	dp, err := openDataplane(ctx, log.Named("dataplane"), cfg)
 	if err != nil {
 		return err
 	}
@@ -118,7 +129,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	return runErr
 }
 
-func openDataplane(log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
+func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
 	if cfg.NetNS != "" {
 		h, err := netns.GetFromPath(cfg.NetNS)
 		if err != nil {
@@ -130,8 +141,18 @@ func openDataplane(log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
 	case DataplaneFake:
 		log.Warn("using the fake dataplane: nothing is programmed into the kernel")
 		return fake.New(), nil
-	case DataplaneAuto, DataplaneEBPF, DataplaneIPTables:
-		return nil, fmt.Errorf("dataplane %q is not available in this build yet; use --dataplane=fake", cfg.Dataplane)
+	case DataplaneAuto, DataplaneIPTables:
+		if cfg.Dataplane == DataplaneAuto {
+			log.Info("auto selects the iptables dataplane: the eBPF dataplane is not built yet")
+		}
+		dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto)})
+		if err != nil {
+			return nil, fmt.Errorf("open iptables dataplane: %w", err)
+		}
+		log.Info("iptables dataplane ready", "mode", dp.Mode())
+		return dp, nil
+	case DataplaneEBPF:
+		return nil, fmt.Errorf("dataplane %q is not available in this build yet; use --dataplane=iptables", cfg.Dataplane)
 	}
 	return nil, fmt.Errorf("unknown dataplane %q; use auto, ebpf, iptables or fake", cfg.Dataplane)
 }

@@ -1,0 +1,201 @@
+package iptables_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/netlab"
+)
+
+// These tests program a netlab node for real; the conformance suite covers
+// the ClusterIP contract in depth. Here: the applier's own promises.
+
+func service(name string, vip string, port uint16, backends ...netip.Addr) *dataplane.Service {
+	svc := &dataplane.Service{
+		Name: name, Owner: "default", Generation: 1,
+		VIPs:          []netip.Addr{netip.MustParseAddr(vip)},
+		Ports:         []dataplane.Port{{Protocol: dataplane.TCP, Port: port, TargetPort: 7000}},
+		TrafficPolicy: dataplane.TrafficPolicyCluster, LoadBalancing: dataplane.LoadBalancingRandom,
+	}
+	for _, b := range backends {
+		svc.Backends = append(svc.Backends, dataplane.Backend{IP: b, State: dataplane.BackendReady, Weight: 1})
+	}
+	return svc
+}
+
+func state(changed []string, svcs ...*dataplane.Service) *dataplane.State {
+	s := &dataplane.State{Services: map[string]*dataplane.Service{}, Changed: changed}
+	for _, svc := range svcs {
+		s.Services[svc.Name] = svc
+	}
+	return s
+}
+
+func save(t *testing.T, node *netlab.Node, mode iptables.Mode) string {
+	t.Helper()
+	var all string
+	for _, tool := range []string{"iptables-", "ip6tables-"} {
+		out, err := node.Exec(context.Background(), tool+string(mode)+"-save")
+		if err != nil {
+			t.Fatal(err)
+		}
+		all += out
+	}
+	return all
+}
+
+func TestApplyForwardsAndCleansUp(t *testing.T) {
+	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
+		t.Run(string(mode), func(t *testing.T) {
+			lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
+			node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
+			if _, err := web1.StartEcho("web1", 7000); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dp.Close()
+
+			web := service("web", "198.19.0.10", 80, web1.IPv4())
+			empty := service("empty", "198.19.0.11", 80)
+			// Every rule shape, so that the restart check below covers them all.
+			sticky := service("sticky", "198.19.0.12", 53, web1.IPv4(), client.IPv4(), netip.MustParseAddr("198.18.9.9"))
+			sticky.Ports[0].Protocol = dataplane.UDP
+			sticky.Affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: 30 * time.Second}
+			for i := range sticky.Backends {
+				sticky.Backends[i].Weight = uint16(i + 1)
+			}
+			v6 := service("v6", "fd00:198:ff::10", 80, web1.IPv6())
+			empty6 := service("empty6", "fd00:198:ff::11", 80)
+			all := []*dataplane.Service{web, empty, sticky, v6, empty6}
+			if err := dp.Apply(ctx, state(nil, all...)); err != nil {
+				t.Fatal(err)
+			}
+			reply, err := client.Request(ctx, "tcp", "198.19.0.10:80")
+			if err != nil || reply.Backend != "web1" || reply.Peer.Addr() != client.IPv4() {
+				t.Fatalf("request through the VIP: %+v %v", reply, err)
+			}
+			reply, err = client.Request(ctx, "tcp", "[fd00:198:ff::10]:80")
+			if err != nil || reply.Backend != "web1" || reply.Peer.Addr() != client.IPv6() {
+				t.Fatalf("request through the IPv6 VIP: %+v %v", reply, err)
+			}
+			for _, vip := range []string{"198.19.0.11:80", "[fd00:198:ff::11]:80"} {
+				if _, err := client.Request(ctx, "tcp", vip); !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Fatalf("%s, a service without backends: %v, want ECONNREFUSED", vip, err)
+				}
+			}
+
+			// A fresh dataplane over the same kernel (a restarted vipd) finds
+			// everything in place and rewrites nothing.
+			before := save(t, node, mode)
+			again, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeAuto})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer again.Close()
+			if again.Mode() != mode {
+				t.Fatalf("auto picked %s, but the vipd chains are in %s", again.Mode(), mode)
+			}
+			if err := again.Apply(ctx, state(nil, all...)); err != nil {
+				t.Fatal(err)
+			}
+			if st := again.LastSync(); !st.Full || st.ChainsRewritten != 0 || st.ChainsDeleted != 0 {
+				t.Errorf("restart sync rewrote %d and deleted %d chains; want a full diff that finds nothing to do", st.ChainsRewritten, st.ChainsDeleted)
+			}
+			if after := save(t, node, mode); stripCounters(after) != stripCounters(before) {
+				t.Fatalf("re-applying the same state changed the rules:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+
+			// Cleanup removes every vipd rule and chain, and nothing else.
+			if err := iptables.Cleanup(ctx, hclog.NewNullLogger(), node.Path(), iptables.ModeAuto); err != nil {
+				t.Fatal(err)
+			}
+			if left := save(t, node, mode); strings.Contains(left, "VIPD") {
+				t.Fatalf("rules left after cleanup:\n%s", left)
+			}
+		})
+	}
+}
+
+// TestFailedApplyKeepsOldState makes a restore fail with a foreign rule that
+// references a vipd chain, so that deleting it is refused.
+func TestFailedApplyKeepsOldState(t *testing.T) {
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1", "web2"}}}})
+	node, client := lab.Node(1), lab.Pod("client")
+	for _, p := range []string{"web1", "web2"} {
+		if _, err := lab.Pod(p).StartEcho(p, 7000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeNFT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	web := service("web", "198.19.0.10", 80, lab.Pod("web1").IPv4())
+	other := service("other", "198.19.0.12", 80, lab.Pod("web2").IPv4())
+	if err := dp.Apply(ctx, state(nil, web, other)); err != nil {
+		t.Fatal(err)
+	}
+	// Pin the "other" service chain with a foreign rule: removing the service must now fail.
+	svcChain := ""
+	for line := range strings.Lines(save(t, node, iptables.ModeNFT)) {
+		if strings.Contains(line, "198.19.0.12/32") && strings.Contains(line, "-j VIPD-SVC-") {
+			svcChain = strings.TrimSpace(line[strings.Index(line, "-j ")+3:])
+		}
+	}
+	if _, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-N", "FOREIGN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svcChain); err != nil {
+		t.Fatal(err)
+	}
+	web2 := service("web", "198.19.0.10", 80, lab.Pod("web2").IPv4())
+	web2.Generation = 2
+	err = dp.Apply(ctx, state([]string{"other", "web"}, web2))
+	if err == nil {
+		t.Fatal("apply succeeded although a foreign rule pins a vipd chain")
+	}
+	// The old state stays in force: web still goes to web1, other still works.
+	for vip, want := range map[string]string{"198.19.0.10:80": "web1", "198.19.0.12:80": "web2"} {
+		if r, err := client.Request(ctx, "tcp", vip); err != nil || r.Backend != want {
+			t.Fatalf("%s after a failed apply: %+v %v, want %s", vip, r, err, want)
+		}
+	}
+	// Once the conflict is gone, the next apply (a full one) succeeds.
+	node.Exec(ctx, "iptables-nft", "-t", "nat", "-F", "FOREIGN")
+	if err := dp.Apply(ctx, state([]string{"other", "web"}, web2)); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := client.Request(ctx, "tcp", "198.19.0.10:80"); err != nil || r.Backend != "web2" {
+		t.Fatalf("after recovery: %+v %v", r, err)
+	}
+}
+
+func stripCounters(save string) string {
+	var b strings.Builder
+	for line := range strings.Lines(save) {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasPrefix(line, ":") {
+			line = line[:strings.LastIndex(line, " ")] + "\n"
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}

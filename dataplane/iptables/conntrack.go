@@ -1,0 +1,147 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/hashicorp/go-hclog"
+	mdnetlink "github.com/mdlayher/netlink"
+	"github.com/ti-mo/conntrack"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// conntrackCleaner deletes the conntrack entries that would otherwise keep UDP
+// clients stuck after a change. TCP entries are never touched: an
+// established TCP connection keeps its backend until it closes, even when the
+// backend is removed, as with kube-proxy.
+type conntrackCleaner struct {
+	log hclog.Logger
+	ns  netns.NsHandle // -1 for the current namespace
+}
+
+func newConntrackCleaner(log hclog.Logger, nsPath string) (*conntrackCleaner, error) {
+	c := &conntrackCleaner{log: log, ns: -1}
+	if nsPath != "" {
+		h, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return nil, fmt.Errorf("open network namespace %s: %w", nsPath, err)
+		}
+		c.ns = h
+	}
+	return c, nil
+}
+
+func (c *conntrackCleaner) close() error {
+	if c.ns >= 0 {
+		return c.ns.Close()
+	}
+	return nil
+}
+
+// udpTarget is one UDP VIP:port and the backend address a flow to it was
+// DNATed to. A zero backend means "no DNAT": the flow was to a service
+// without backends.
+type udpTarget struct {
+	vip     netip.AddrPort
+	backend netip.AddrPort
+}
+
+// staleUDP lists what to delete when moving from old to next: flows of a
+// removed UDP VIP:port; flows to a backend that is no longer in a UDP port's
+// backend set (or whose target port changed); and un-DNATed flows of a UDP
+// VIP:port that had no eligible backend and now has one.
+func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool, whole map[netip.AddrPort]bool) {
+	flows, whole = map[udpTarget]bool{}, map[netip.AddrPort]bool{}
+	targets := func(svcs map[string]*dataplane.Service) (map[netip.AddrPort]map[netip.AddrPort]bool, map[netip.AddrPort]bool) {
+		backends := map[netip.AddrPort]map[netip.AddrPort]bool{}
+		eligible := map[netip.AddrPort]bool{}
+		for _, svc := range svcs {
+			for _, p := range svc.Ports {
+				if p.Protocol != dataplane.UDP {
+					continue
+				}
+				for _, vip := range svc.VIPs {
+					key := netip.AddrPortFrom(vip, p.Port)
+					set := map[netip.AddrPort]bool{}
+					for i := range svc.Backends {
+						b := &svc.Backends[i]
+						if b.IP.Is4() == vip.Is4() {
+							set[netip.AddrPortFrom(b.IP, b.TargetPort(p))] = true
+						}
+					}
+					backends[key] = set
+					eligible[key] = len(svc.EligibleBackends(vip.Is6())) > 0
+				}
+			}
+		}
+		return backends, eligible
+	}
+	oldB, oldE := targets(old)
+	newB, newE := targets(next)
+	for key, set := range oldB {
+		nset, ok := newB[key]
+		if !ok {
+			whole[key] = true
+			continue
+		}
+		for be := range set {
+			if !nset[be] {
+				flows[udpTarget{key, be}] = true
+			}
+		}
+	}
+	for key := range newB {
+		if newE[key] && !oldE[key] {
+			flows[udpTarget{vip: key}] = true
+		}
+	}
+	return flows, whole
+}
+
+// cleanup deletes the stale UDP entries between two applied states. It logs
+// failures instead of failing the apply: the rules are already in force, and
+// a stale UDP entry expires by itself.
+func (c *conntrackCleaner) cleanup(old, next map[string]*dataplane.Service) {
+	flows, whole := staleUDP(old, next)
+	if len(flows) == 0 && len(whole) == 0 {
+		return
+	}
+	cfg := &mdnetlink.Config{}
+	if c.ns >= 0 {
+		cfg.NetNS = int(c.ns)
+	}
+	conn, err := conntrack.Dial(cfg)
+	if err != nil {
+		c.log.Error("open conntrack", "error", err)
+		return
+	}
+	defer conn.Close()
+	dump, err := conn.Dump(nil)
+	if err != nil {
+		c.log.Error("dump conntrack", "error", err)
+		return
+	}
+	deleted := 0
+	for _, f := range dump {
+		if f.TupleOrig.Proto.Protocol != unix.IPPROTO_UDP {
+			continue
+		}
+		vip := netip.AddrPortFrom(f.TupleOrig.IP.DestinationAddress.Unmap(), f.TupleOrig.Proto.DestinationPort)
+		reply := netip.AddrPortFrom(f.TupleReply.IP.SourceAddress.Unmap(), f.TupleReply.Proto.SourcePort)
+		target := udpTarget{vip: vip, backend: reply}
+		if reply == vip {
+			target.backend = netip.AddrPort{}
+		}
+		if !whole[vip] && !flows[target] {
+			continue
+		}
+		if err := conn.Delete(f); err != nil {
+			c.log.Warn("delete conntrack entry", "flow", f.TupleOrig.String(), "error", err)
+			continue
+		}
+		deleted++
+	}
+	c.log.Debug("deleted stale UDP conntrack entries", "deleted", deleted, "backends", len(flows), "vips", len(whole))
+}

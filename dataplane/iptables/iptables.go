@@ -1,0 +1,321 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+)
+
+// Name is the iptables dataplane's name.
+const Name = "iptables"
+
+// Config configures the iptables dataplane.
+type Config struct {
+	// NetNS is the path of the network namespace to program; empty means the
+	// current one.
+	NetNS string
+	// Mode picks the iptables binaries; ModeAuto decides at start-up.
+	Mode Mode
+	// Render tunes the rules.
+	Render Options
+}
+
+// Dataplane programs vipd's services as iptables rules, one atomic
+// iptables-restore --noflush transaction per family, touching nothing outside
+// vipd's chains and hooks. It diffs against what it last applied (a partial
+// sync) and rebuilds fully after any error and on the first Apply.
+type Dataplane struct {
+	log hclog.Logger
+	cfg Config
+	run runner
+	ct  *conntrackCleaner
+
+	mu       sync.Mutex
+	applied  *Ruleset
+	state    map[string]*dataplane.Service
+	needFull bool
+	last     SyncStats
+}
+
+// SyncStats describes the last successful Apply.
+type SyncStats struct {
+	Stats
+	// Full is true when the Apply diffed against the kernel's rules.
+	Full bool
+}
+
+// LastSync describes the last successful Apply.
+func (d *Dataplane) LastSync() SyncStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
+}
+
+// New opens the iptables dataplane: it resolves the mode, checks that the
+// tools work in the namespace, and prepares conntrack access. It changes no
+// rules; the first Apply does.
+func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
+	if _, err := cfg.Render.withDefaults(); err != nil {
+		return nil, err
+	}
+	mode, err := resolveMode(ctx, log, cfg.NetNS, cfg.Mode)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Mode = mode
+	ct, err := newConntrackCleaner(log.Named("conntrack"), cfg.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	return &Dataplane{log: log, cfg: cfg, run: runner{netns: cfg.NetNS, mode: mode}, ct: ct, needFull: true}, nil
+}
+
+// resolveMode checks that the requested mode's tools work and, for auto,
+// picks one: the mode whose tables already hold vipd chains (so a restart
+// continues where it left off), else nft, the Debian default, else legacy.
+func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode) (Mode, error) {
+	works := func(m Mode) ([]byte, error) {
+		return runner{netns: netns, mode: m}.save(ctx, IPv4)
+	}
+	if want != ModeAuto {
+		if _, err := works(want); err != nil {
+			return "", fmt.Errorf("iptables mode %s does not work here: %w", want, err)
+		}
+		return want, nil
+	}
+	var usable []Mode
+	for _, m := range []Mode{ModeNFT, ModeLegacy} {
+		save, err := works(m)
+		if err != nil {
+			log.Debug("iptables mode unusable", "mode", m, "error", err)
+			continue
+		}
+		if len(ParseSave(save)) > 0 {
+			log.Info("iptables mode chosen: vipd chains already present", "mode", m)
+			return m, nil
+		}
+		usable = append(usable, m)
+	}
+	if len(usable) == 0 {
+		return "", errors.New("neither iptables-nft nor iptables-legacy works here; install Debian's iptables package")
+	}
+	log.Info("iptables mode chosen", "mode", usable[0], "usable", usable)
+	return usable[0], nil
+}
+
+// Name implements dataplane.Dataplane.
+func (d *Dataplane) Name() string { return Name }
+
+// Mode is the resolved iptables mode.
+func (d *Dataplane) Mode() Mode { return d.cfg.Mode }
+
+// Capabilities implements dataplane.Dataplane.
+func (d *Dataplane) Capabilities() dataplane.Capabilities { return Capabilities() }
+
+// Apply implements dataplane.Dataplane. A partial sync rewrites only the
+// chains that changed. A full sync (the first Apply, any Apply after an error,
+// and an Apply whose State.Changed is nil) rewrites every vipd chain, deletes
+// stale ones, and (re)installs the hooks. If a family's restore fails, the
+// families already restored are put back to the previous rules, so the old
+// state stays in force.
+func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	start := time.Now()
+	next, err := Render(s, d.cfg.Render, d.applied)
+	if err != nil {
+		return err
+	}
+	// A full sync diffs against what the kernel really holds rather than
+	// against what vipd last wrote: chains that already match are left alone
+	// (a restart neither flushes nor re-adds anything), others are rewritten,
+	// stale ones are deleted, and missing hooks are installed.
+	full := d.needFull || s.Changed == nil
+	d.needFull = true // until this Apply succeeds
+	old := d.applied
+	var saves map[Family][]byte
+	if full {
+		if saves, err = d.saveAll(ctx); err != nil {
+			return err
+		}
+		old = RulesetFromSave(saves)
+	}
+	updates := Payload(old, next, false, nil)
+	if full {
+		for f := range updates {
+			updates[f].Restore = withHooks(updates[f].Restore, Family(f), saves[Family(f)])
+		}
+	}
+
+	var done []Family
+	var stats Stats
+	for _, u := range updates {
+		if u.Restore == nil {
+			continue
+		}
+		if err := d.run.restore(ctx, u.Family, u.Restore); err != nil {
+			d.rollback(ctx, done)
+			return fmt.Errorf("apply %s rules: %w", u.Family, err)
+		}
+		done = append(done, u.Family)
+		stats.ChainsRewritten += u.ChainsRewritten
+		stats.RulesWritten += u.RulesWritten
+		stats.ChainsDeleted += u.ChainsDeleted
+	}
+	d.ct.cleanup(d.state, s.Services)
+	d.applied, d.state, d.needFull = next, s.Services, false
+	d.last = SyncStats{Stats: stats, Full: full}
+	d.log.Debug("applied", "full", full, "services", len(s.Services), "chains_rewritten", stats.ChainsRewritten,
+		"rules_written", stats.RulesWritten, "chains_deleted", stats.ChainsDeleted, "elapsed", time.Since(start))
+	return nil
+}
+
+// rollback puts the families in done back to the previously applied rules
+// with a full payload. A failure here is logged; needFull stays set, so the
+// next Apply rebuilds everything anyway.
+func (d *Dataplane) rollback(ctx context.Context, done []Family) {
+	for _, f := range done {
+		save, err := d.run.save(ctx, f)
+		if err != nil {
+			d.log.Error("roll back: read rules", "family", f, "error", err)
+			continue
+		}
+		u := Payload(nil, d.applied, true, map[Family]ExistingChains{f: ParseSave(save)})[f]
+		if u.Restore == nil {
+			continue
+		}
+		if err := d.run.restore(ctx, f, u.Restore); err != nil {
+			d.log.Error("roll back", "family", f, "error", err)
+		}
+	}
+}
+
+func (d *Dataplane) saveAll(ctx context.Context) (map[Family][]byte, error) {
+	saves := map[Family][]byte{}
+	for _, f := range families {
+		save, err := d.run.save(ctx, f)
+		if err != nil {
+			return nil, fmt.Errorf("read %s rules: %w", f, err)
+		}
+		saves[f] = save
+	}
+	return saves, nil
+}
+
+// withHooks adds to a payload the hook rules that save lacks, each at the top
+// of its builtin chain, after the chains it jumps to exist.
+func withHooks(payload []byte, f Family, save []byte) []byte {
+	present := lineSet(save)
+	text := string(payload)
+	for _, t := range tables {
+		var insert strings.Builder
+		for _, h := range Hooks(f) {
+			if h.Table == t && !present[hookLine("-A", h)] {
+				insert.WriteString(hookLine("-I", h) + "\n")
+			}
+		}
+		if insert.Len() == 0 {
+			continue
+		}
+		header := "*" + string(t) + "\n"
+		i := strings.Index(text, header)
+		if i < 0 {
+			text += header + insert.String() + "COMMIT\n"
+			continue
+		}
+		end := i + strings.Index(text[i:], "COMMIT\n")
+		text = text[:end] + insert.String() + text[end:]
+	}
+	if text == "" {
+		return nil
+	}
+	return []byte(text)
+}
+
+func lineSet(save []byte) map[string]bool {
+	set := map[string]bool{}
+	for line := range strings.Lines(string(save)) {
+		set[strings.TrimSpace(line)] = true
+	}
+	return set
+}
+
+// hookLine is h as an iptables-save line for op (-A, -D or -I, which inserts
+// at the top), quoted the way iptables-save prints it, such as
+// `-A PREROUTING -m comment --comment "vipd service VIPs" -j VIPD-SERVICES`.
+func hookLine(op string, h HookRule) string {
+	parts := []string{op, h.Chain}
+	if op == "-I" {
+		parts = append(parts, "1")
+	}
+	for _, a := range h.Args {
+		if strings.ContainsAny(a, " \t") {
+			a = `"` + a + `"`
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// Close implements dataplane.Dataplane. The rules stay in the kernel.
+func (d *Dataplane) Close() error { return d.ct.close() }
+
+// Cleanup removes every vipd hook and chain, in both families, from the
+// namespace at netns in the given mode (ModeAuto: every mode that works).
+func Cleanup(ctx context.Context, log hclog.Logger, netns string, mode Mode) error {
+	modes := []Mode{mode}
+	if mode == ModeAuto {
+		modes = []Mode{ModeNFT, ModeLegacy}
+	}
+	var errs []error
+	for _, m := range modes {
+		r := runner{netns: netns, mode: m}
+		for _, f := range families {
+			save, err := r.save(ctx, f)
+			if err != nil {
+				if mode != ModeAuto {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			existing := ParseSave(save)
+			if len(existing) == 0 {
+				continue
+			}
+			payload := unhook(save, f)
+			payload = append(payload, Payload(nil, nil, true, map[Family]ExistingChains{f: existing})[f].Restore...)
+			if err := r.restore(ctx, f, payload); err != nil {
+				errs = append(errs, fmt.Errorf("clean up %s %s rules: %w", m, f, err))
+				continue
+			}
+			log.Info("removed vipd rules", "mode", m, "family", f, "chains", len(existing[NAT])+len(existing[Filter]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unhook returns a payload that deletes every hook rule present in save.
+func unhook(save []byte, f Family) []byte {
+	present := lineSet(save)
+	var b strings.Builder
+	for _, t := range tables {
+		var dels []string
+		for _, h := range Hooks(f) {
+			if h.Table == t && present[hookLine("-A", h)] {
+				dels = append(dels, hookLine("-D", h))
+			}
+		}
+		if len(dels) > 0 {
+			b.WriteString("*" + string(t) + "\n" + strings.Join(dels, "\n") + "\nCOMMIT\n")
+		}
+	}
+	return []byte(b.String())
+}
+
+var _ dataplane.Dataplane = (*Dataplane)(nil)
