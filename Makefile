@@ -31,7 +31,7 @@ lint:
 	cd proto && $(TOOL) buf lint
 
 demo: deps build $(BIN)/grpcurl
-	./scripts/demo.sh
+	$(GO) run ./internal/demo -bin $(BIN)
 
 clean:
 	rm -rf $(BIN)
