@@ -5,16 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -30,19 +36,40 @@ func newClient(t *testing.T, target string, opts ...client.Option) *client.Clien
 	return c
 }
 
+// web is a valid service.
+func web() *vipdv1.Service {
+	return &vipdv1.Service{
+		Name: "default/web", Owner: "ctl", Vips: []string{"10.96.0.10"},
+		Ports:    []*vipdv1.Port{{Name: "http", Port: 80, TargetPort: 8080}},
+		Backends: []*vipdv1.Backend{{Ip: "10.0.0.1"}},
+	}
+}
+
+// attempts counts the attempts of a client's calls, retries included: gRPC
+// reports each attempt to a stats handler with a Begin. Transparent retries,
+// of attempts that never reached the server, are not counted.
+type attempts struct{ n atomic.Int64 }
+
+func (a *attempts) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (a *attempts) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (a *attempts) HandleConn(context.Context, stats.ConnStats)                       {}
+func (a *attempts) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if b, ok := s.(*stats.Begin); ok && !b.IsTransparentRetryAttempt {
+		a.n.Add(1)
+	}
+}
+
 func TestTargetForms(t *testing.T) {
-	m := newMemServer()
-	sock := startUnix(t, m)
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(serve(m, tcp))
+	srv := testserver.Start(t, testserver.WithListener(tcp))
 
 	for _, target := range []string{
-		"unix://" + sock,
-		"unix:" + sock,
-		sock,
+		srv.Target(),
+		"unix:" + srv.Socket(),
+		srv.Socket(),
 		tcp.Addr().String(),
 		"dns:///" + tcp.Addr().String(),
 	} {
@@ -52,8 +79,8 @@ func TestTargetForms(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Status: %v", err)
 			}
-			if st.GetDataplane() != "fake" {
-				t.Errorf("Status().Dataplane = %q, want fake", st.GetDataplane())
+			if st.GetDataplane() != fake.Name {
+				t.Errorf("Status().Dataplane = %q, want %s", st.GetDataplane(), fake.Name)
 			}
 		})
 	}
@@ -91,40 +118,49 @@ func TestNewDoesNotConnect(t *testing.T) {
 }
 
 func TestDefaultDeadline(t *testing.T) {
-	m := newMemServer()
-	sock := startUnix(t, m)
-	// deadlines receives how far away the handler's deadline was, or -1 for none.
+	srv := testserver.Start(t)
+	// deadlines receives how far away each call's deadline was as the call
+	// left the client, or -1 for none. The client's own interceptors run
+	// before those added with WithDialOptions.
 	deadlines := make(chan time.Duration, 1)
-	m.setHook(func(ctx context.Context, _ string) error {
-		d, ok := ctx.Deadline()
-		if !ok {
-			deadlines <- -1
-			return nil
-		}
-		deadlines <- time.Until(d)
-		if time.Until(d) < time.Second {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return nil
-	})
+	seeDeadline := client.WithDialOptions(grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			d := time.Duration(-1)
+			if dl, ok := ctx.Deadline(); ok {
+				d = time.Until(dl)
+			}
+			deadlines <- d
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
 
 	t.Run("applied without a caller deadline", func(t *testing.T) {
-		c := newClient(t, sock, client.WithTimeout(200*time.Millisecond))
+		// The dataplane blocks the upsert until the client has given up.
+		release := make(chan struct{})
+		defer close(release)
+		srv.Dataplane().SetHook(func(ctx context.Context, _ *dataplane.State) error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		defer srv.Dataplane().SetHook(nil)
+		c := newClient(t, srv.Target(), client.WithTimeout(200*time.Millisecond), seeDeadline)
 		start := time.Now()
-		_, err := c.GetService(context.Background(), "x")
+		_, err := c.UpsertService(context.Background(), web(), 0)
 		if got := status.Code(err); got != codes.DeadlineExceeded {
-			t.Errorf("GetService: code %v (%v), want DeadlineExceeded", got, err)
+			t.Errorf("UpsertService: code %v (%v), want DeadlineExceeded", got, err)
 		}
 		if d := <-deadlines; d <= 0 || d > 200*time.Millisecond {
-			t.Errorf("server saw a deadline %v away, want (0, 200ms]", d)
+			t.Errorf("the call had a deadline %v away, want (0, 200ms]", d)
 		}
 		if elapsed := time.Since(start); elapsed > 5*time.Second {
-			t.Errorf("GetService took %v, want about 200ms", elapsed)
+			t.Errorf("UpsertService took %v, want about 200ms", elapsed)
 		}
 	})
 	t.Run("caller deadline kept", func(t *testing.T) {
-		c := newClient(t, sock, client.WithTimeout(200*time.Millisecond))
+		c := newClient(t, srv.Target(), client.WithTimeout(200*time.Millisecond), seeDeadline)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_, err := c.GetService(ctx, "x")
@@ -132,89 +168,99 @@ func TestDefaultDeadline(t *testing.T) {
 			t.Errorf("GetService: code %v (%v), want NotFound", got, err)
 		}
 		if d := <-deadlines; d < 30*time.Second {
-			t.Errorf("server saw a deadline %v away, want the caller's minute", d)
+			t.Errorf("the call had a deadline %v away, want the caller's minute", d)
 		}
 	})
 	t.Run("zero disables", func(t *testing.T) {
-		c := newClient(t, sock, client.WithTimeout(0))
+		c := newClient(t, srv.Target(), client.WithTimeout(0), seeDeadline)
 		if _, err := c.GetService(context.Background(), "x"); status.Code(err) != codes.NotFound {
 			t.Errorf("GetService: %v, want NotFound", err)
 		}
 		if d := <-deadlines; d != -1 {
-			t.Errorf("server saw a deadline %v away, want none", d)
+			t.Errorf("the call had a deadline %v away, want none", d)
 		}
 	})
 }
 
+// TestRetry checks which answers the client retries. vipd answers
+// Unavailable when the dataplane fails an apply, so each retry of an upsert
+// reaches the dataplane again.
 func TestRetry(t *testing.T) {
-	invalid, err := status.New(codes.InvalidArgument, "invalid service").WithDetails(&errdetails.BadRequest{
-		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "service.vips[0]", Description: `"10.0.0.256" is not an IP address`}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	unavailable := status.Error(codes.Unavailable, "dataplane: iptables-restore failed; the change was rolled back")
+	applyFailed := errors.New("iptables-restore: exit status 1")
+	invalid := web()
+	invalid.Vips = []string{"10.0.0.256"}
 
 	for _, tc := range []struct {
-		name         string
-		opts         []client.Option
-		errs         []error // the server's answers to successive attempts, then OK
+		name     string
+		opts     []client.Option
+		failures int // applies the dataplane fails, then succeeds
+		svc      *vipdv1.Service
+		expected uint64 // the expected generation
+		// unsaved makes saving the state fail: the change is applied, rolled
+		// back, and answered with Internal.
+		unsaved      bool
 		wantAttempts int
+		wantApplies  int
 		wantCode     codes.Code
 	}{
-		{name: "unavailable twice then ok", errs: []error{unavailable, unavailable}, wantAttempts: 3, wantCode: codes.OK},
+		{name: "unavailable twice then ok", failures: 2, wantAttempts: 3, wantApplies: 3, wantCode: codes.OK},
 		{name: "unavailable beyond max attempts", opts: []client.Option{client.WithMaxAttempts(3)},
-			errs: []error{unavailable, unavailable, unavailable, unavailable}, wantAttempts: 3, wantCode: codes.Unavailable},
+			failures: 4, wantAttempts: 3, wantApplies: 3, wantCode: codes.Unavailable},
 		{name: "max attempts 1 disables retries", opts: []client.Option{client.WithMaxAttempts(1)},
-			errs: []error{unavailable}, wantAttempts: 1, wantCode: codes.Unavailable},
+			failures: 1, wantAttempts: 1, wantApplies: 1, wantCode: codes.Unavailable},
 		{name: "more than gRPC's default cap of 5", opts: []client.Option{client.WithMaxAttempts(6)},
-			errs: []error{unavailable, unavailable, unavailable, unavailable, unavailable}, wantAttempts: 6, wantCode: codes.OK},
-		{name: "invalid argument is not retried", errs: []error{invalid.Err()}, wantAttempts: 1, wantCode: codes.InvalidArgument},
-		{name: "aborted is not retried", errs: []error{status.Error(codes.Aborted, "generation mismatch")}, wantAttempts: 1, wantCode: codes.Aborted},
-		{name: "internal is not retried", errs: []error{status.Error(codes.Internal, "save failed")}, wantAttempts: 1, wantCode: codes.Internal},
+			failures: 5, wantAttempts: 6, wantApplies: 6, wantCode: codes.OK},
+		{name: "invalid argument is not retried", svc: invalid, wantAttempts: 1, wantApplies: 0, wantCode: codes.InvalidArgument},
+		{name: "aborted is not retried", expected: 7, wantAttempts: 1, wantApplies: 0, wantCode: codes.Aborted},
+		{name: "internal is not retried", unsaved: true, wantAttempts: 1, wantApplies: 2, wantCode: codes.Internal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // the backoff between attempts takes seconds
-			m := newMemServer()
-			errs := tc.errs
-			m.setHook(func(context.Context, string) error {
-				if len(errs) == 0 {
-					return nil
+			srv := testserver.Start(t)
+			dp := srv.Dataplane()
+			for range tc.failures {
+				dp.FailNext(applyFailed)
+			}
+			if tc.unsaved {
+				if err := os.RemoveAll(srv.StateDir()); err != nil {
+					t.Fatal(err)
 				}
-				err := errs[0]
-				errs = errs[1:]
-				return err
-			})
-			c := newClient(t, startUnix(t, m), tc.opts...)
-			_, err := c.UpsertService(context.Background(), &vipdv1.Service{Name: "web"}, 0)
+			}
+			svc := tc.svc
+			if svc == nil {
+				svc = web()
+			}
+			var n attempts
+			opts := append([]client.Option{client.WithDialOptions(grpc.WithStatsHandler(&n))}, tc.opts...)
+			c := newClient(t, srv.Target(), opts...)
+			before := len(dp.Records())
+			_, err := c.UpsertService(context.Background(), svc, tc.expected)
 			if got := status.Code(err); got != tc.wantCode {
 				t.Errorf("UpsertService: code %v (%v), want %v", got, err, tc.wantCode)
 			}
-			if got := m.callCount("UpsertService"); got != tc.wantAttempts {
-				t.Errorf("server saw %d attempts, want %d", got, tc.wantAttempts)
+			if got := n.n.Load(); got != int64(tc.wantAttempts) {
+				t.Errorf("the client made %d attempts, want %d", got, tc.wantAttempts)
+			}
+			if got := len(dp.Records()) - before; got != tc.wantApplies {
+				t.Errorf("the dataplane saw %d applies, want %d", got, tc.wantApplies)
 			}
 		})
 	}
 }
 
 func TestMethods(t *testing.T) {
-	m := newMemServer()
-	c := newClient(t, startUnix(t, m))
+	c := newClient(t, testserver.Start(t).Target())
 	ctx := context.Background()
 
-	web := &vipdv1.Service{
-		Name: "default/web", Owner: "ctl", Vips: []string{"10.96.0.10"},
-		Ports:    []*vipdv1.Port{{Name: "http", Port: 80, TargetPort: 8080}},
-		Backends: []*vipdv1.Backend{{Ip: "10.0.0.1"}},
-	}
-	got, err := c.UpsertService(ctx, web, 0)
+	svc := web()
+	got, err := c.UpsertService(ctx, svc, 0)
 	if err != nil {
 		t.Fatalf("UpsertService: %v", err)
 	}
 	if got.GetGeneration() != 1 {
 		t.Errorf("UpsertService generation = %d, want 1", got.GetGeneration())
 	}
-	if _, err := c.UpsertService(ctx, web, 7); status.Code(err) != codes.Aborted {
+	if _, err := c.UpsertService(ctx, svc, 7); status.Code(err) != codes.Aborted {
 		t.Errorf("UpsertService with a stale generation: %v, want Aborted", err)
 	}
 	if got, err = c.GetService(ctx, "default/web"); err != nil || got.GetGeneration() != 1 {
@@ -223,17 +269,26 @@ func TestMethods(t *testing.T) {
 	if _, err := c.GetService(ctx, "nope"); !client.IsNotFound(err) {
 		t.Errorf("GetService(nope) = %v, want NotFound", err)
 	}
+	invalid := web()
+	invalid.Vips = []string{"10.0.0.256"}
+	_, err = c.UpsertService(ctx, invalid, 0)
+	wantViolations := []*errdetails.BadRequest_FieldViolation{{Field: "service.vips[0]", Description: `"10.0.0.256" is not an IP address`}}
+	if diff := cmp.Diff(wantViolations, client.FieldViolations(err), protocmp.Transform()); status.Code(err) != codes.InvalidArgument || diff != "" {
+		t.Errorf("UpsertService of an invalid service: %v; field violations (-want +got):\n%s", err, diff)
+	}
 
 	got, err = c.UpdateBackends(ctx, "default/web", []*vipdv1.Backend{{Ip: "10.0.0.2", Weight: 3}}, []string{"10.0.0.1"}, 1)
 	if err != nil {
 		t.Fatalf("UpdateBackends: %v", err)
 	}
-	want := []*vipdv1.Backend{{Ip: "10.0.0.2", Weight: 3}}
+	want := []*vipdv1.Backend{{Ip: "10.0.0.2", Weight: 3, State: vipdv1.BackendState_BACKEND_STATE_READY}}
 	if diff := cmp.Diff(want, got.GetBackends(), protocmp.Transform()); diff != "" {
 		t.Errorf("UpdateBackends backends (-want +got):\n%s", diff)
 	}
 
-	sync, err := c.SyncServices(ctx, "ctl", []*vipdv1.Service{{Name: "default/dns", Vips: []string{"10.96.0.53"}}})
+	sync, err := c.SyncServices(ctx, "ctl", []*vipdv1.Service{{
+		Name: "default/dns", Vips: []string{"10.96.0.53"}, Ports: []*vipdv1.Port{{Protocol: vipdv1.Protocol_PROTOCOL_UDP, Port: 53}},
+	}})
 	if err != nil {
 		t.Fatalf("SyncServices: %v", err)
 	}
@@ -242,7 +297,9 @@ func TestMethods(t *testing.T) {
 		t.Errorf("SyncServices (-want +got):\n%s", diff)
 	}
 
-	if _, err := c.UpsertService(ctx, &vipdv1.Service{Name: "other/x", Owner: "other"}, 0); err != nil {
+	if _, err := c.UpsertService(ctx, &vipdv1.Service{
+		Name: "other/x", Owner: "other", Vips: []string{"10.96.0.11"}, Ports: []*vipdv1.Port{{Port: 80}},
+	}, 0); err != nil {
 		t.Fatal(err)
 	}
 	for owner, wantNames := range map[string][]string{"ctl": {"default/dns"}, "": {"default/dns", "other/x"}} {
@@ -291,7 +348,7 @@ func TestMethods(t *testing.T) {
 // dialer as a test of another package might use.
 func TestDialOptions(t *testing.T) {
 	l := bufconn.Listen(1 << 20)
-	t.Cleanup(serve(newMemServer(), l))
+	testserver.Start(t, testserver.WithListener(l))
 	c := newClient(t, "passthrough:///bufnet", client.WithDialOptions(
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
 	))

@@ -6,19 +6,21 @@ import (
 	"log"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
 func Example() {
-	// A stand-in for vipd on a temporary Unix socket. A control plane would
-	// use vipd's default, "unix:///run/vipd/vipd.sock".
-	sock, stop, err := serveUnix(newMemServer())
+	// vipd's API, run in-process on a temporary Unix socket over a fake
+	// dataplane. A control plane would use vipd's default,
+	// "unix:///run/vipd/vipd.sock".
+	vipd, err := testserver.New()
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer stop()
+	defer vipd.Close()
 
-	c, err := client.New("unix://" + sock)
+	c, err := client.New(vipd.Target())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,10 +5,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/testing/protocmp"
 )
@@ -65,6 +69,47 @@ func writeFile(t *testing.T, name, content string) string {
 	return path
 }
 
+// stored returns the named service as vipd stores it, or nil if there is none.
+func stored(t *testing.T, vipd *testserver.Server, name string) *vipdv1.Service {
+	t.Helper()
+	c, err := client.New(vipd.Target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	svc, err := c.GetService(context.Background(), name)
+	if client.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("get service %s: %v", name, err)
+	}
+	return svc
+}
+
+// clockRE matches what status prints from vipd's clock: when the last sync
+// finished and how long it took.
+var clockRE = regexp.MustCompile(`\d{4}-\d\d-\d\dT[\d:.]+Z|\(took [^)]+\)|last_sync_duration: \S+`)
+
+// withoutClock replaces the clock's readings in out with TIME and DURATION,
+// checking that each time lies between since and now.
+func withoutClock(t *testing.T, out string, since time.Time) string {
+	t.Helper()
+	return clockRE.ReplaceAllStringFunc(out, func(m string) string {
+		switch {
+		case strings.HasPrefix(m, "(took "):
+			return "(took DURATION)"
+		case strings.HasPrefix(m, "last_sync_duration: "):
+			return "last_sync_duration: DURATION"
+		}
+		at, err := time.Parse(time.RFC3339, m)
+		if err != nil || at.Before(since.Truncate(time.Second)) || at.After(time.Now()) {
+			t.Errorf("last sync at %s, want a time since %s (%v)", m, since.Format(time.RFC3339Nano), err)
+		}
+		return "TIME"
+	})
+}
+
 const twoServices = `
 name: default/web
 vips: [10.96.0.10]
@@ -84,8 +129,7 @@ ports: [{port: 53, protocol: udp}]
 `
 
 func TestApplyListGetDelete(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	sock := testserver.Start(t).Socket()
 	file := writeFile(t, "svc.yaml", twoServices)
 
 	vipctl(t, sock, "", "service", "list").check(t,
@@ -123,7 +167,7 @@ Backends:                 1 ready of 2
 		"Error: NotFound: service nope not found\n", ExitNotFound)
 
 	vipctl(t, sock, "", "service", "delete", "default/web", "--expected-generation", "9").check(t, "",
-		"Error: Aborted: service default/web: expected generation 9, have 1\n", ExitConflict)
+		"Error: Aborted: service default/web: expected generation 9, but it is at generation 1\n", ExitConflict)
 	vipctl(t, sock, "", "service", "delete", "default/web", "--expected-generation", "1").check(t,
 		"service/default/web deleted\n", "", ExitOK)
 	vipctl(t, sock, "", "service", "delete", "default/web").check(t, "",
@@ -131,18 +175,30 @@ Backends:                 1 ready of 2
 }
 
 func TestApplyOwnerAndGeneration(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
-	file := writeFile(t, "svc.yaml", "name: a\ngeneration: 42\nvips: [10.96.0.1]\n---\nname: b\nowner: ctl\nvips: [10.96.0.2]\n")
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
+	file := writeFile(t, "svc.yaml", "name: a\ngeneration: 42\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: b\nowner: ctl\nvips: [10.96.0.2]\nports: [{port: 80}]\n")
 
+	// What apply sends, in order: the owner filled in and the output-only
+	// generation cleared. vipd ignores a generation it is sent, so only
+	// the owner shows in what it stores.
+	sent, err := New(Streams{}).loadServices([]string{file}, "ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []*vipdv1.Service{
+		{Name: "a", Owner: "ctl", Vips: []string{"10.96.0.1"}, Ports: []*vipdv1.Port{{Port: 80}}},
+		{Name: "b", Owner: "ctl", Vips: []string{"10.96.0.2"}, Ports: []*vipdv1.Port{{Port: 80}}},
+	}
+	if diff := cmp.Diff(want, sent, protocmp.Transform()); diff != "" {
+		t.Errorf("services apply sends (-want +got):\n%s", diff)
+	}
 	vipctl(t, sock, "", "apply", "-f", file, "--owner", "ctl").check(t,
 		"service/a configured (generation 1)\nservice/b configured (generation 2)\n", "", ExitOK)
-	want := []*vipdv1.Service{
-		{Name: "a", Owner: "ctl", Vips: []string{"10.96.0.1"}},
-		{Name: "b", Owner: "ctl", Vips: []string{"10.96.0.2"}},
-	}
-	if diff := cmp.Diff(want, f.upserts, protocmp.Transform()); diff != "" {
-		t.Errorf("upserts (-want +got):\n%s", diff)
+	for _, name := range []string{"a", "b"} {
+		if got := stored(t, vipd, name).GetOwner(); got != "ctl" {
+			t.Errorf("service %s is stored with owner %q, want ctl", name, got)
+		}
 	}
 
 	vipctl(t, sock, "", "apply", "-f", file, "--owner", "other").check(t, "",
@@ -153,13 +209,13 @@ func TestApplyOwnerAndGeneration(t *testing.T) {
 }
 
 func TestApplyErrors(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
 
-	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.1]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\n")
+	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\nports: [{port: 80}]\n")
 	vipctl(t, sock, "", "apply", "-f", bad).check(t,
 		"service/good configured (generation 1)\n",
-		`Error: apply service bad: InvalidArgument: invalid service
+		`Error: apply service bad: InvalidArgument: invalid request
   service.vips[1]: "10.0.0.256" is not an IP address
   service.vips[2]: "not-an-ip" is not an IP address
 `, ExitInvalid)
@@ -170,13 +226,14 @@ func TestApplyErrors(t *testing.T) {
 `)
 	vipctl(t, sock, "", "apply", "-f", conflict).check(t,
 		"service/a configured (generation 2)\n",
-		"Error: apply service b: AlreadyExists: 10.96.0.9:80 is used by service a\n", ExitConflict)
+		"Error: apply service b: AlreadyExists: service b: 10.96.0.9:80/TCP is already used by service a\n", ExitConflict)
 
-	unknown := writeFile(t, "unknown.yaml", "name: c\nvips: [10.96.0.1]\nports: [{port: 80, protcol: tcp}]\n")
-	before := len(f.upserts)
+	// Valid but for the typo, so that vipd would apply it if it got it.
+	unknown := writeFile(t, "unknown.yaml", "name: c\nvips: [10.96.0.3]\nports: [{port: 80, protcol: tcp}]\n")
+	before := len(vipd.Dataplane().Records())
 	vipctl(t, sock, "", "apply", "-f", unknown).check(t, "",
 		"Error: "+unknown+": document 1: ports[0].protcol: unknown field\n", ExitInvalid)
-	if len(f.upserts) != before {
+	if len(vipd.Dataplane().Records()) != before || stored(t, vipd, "c") != nil {
 		t.Errorf("a bad file reached vipd")
 	}
 
@@ -188,14 +245,14 @@ func TestApplyErrors(t *testing.T) {
 }
 
 func TestApplyPrune(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
 	first := writeFile(t, "first.yaml", `services:
-- {name: a, vips: [10.96.0.1]}
-- {name: b, vips: [10.96.0.2]}
-- {name: c, vips: [10.96.0.3]}
+- {name: a, vips: [10.96.0.1], ports: [{port: 80}]}
+- {name: b, vips: [10.96.0.2], ports: [{port: 80}]}
+- {name: c, vips: [10.96.0.3], ports: [{port: 80}]}
 `)
-	vipctl(t, sock, "name: x\nvips: [10.96.0.100]\n", "apply", "-f", "-", "--owner", "other").check(t,
+	vipctl(t, sock, "name: x\nvips: [10.96.0.100]\nports: [{port: 80}]\n", "apply", "-f", "-", "--owner", "other").check(t,
 		"service/x configured (generation 1)\n", "", ExitOK)
 	vipctl(t, sock, "", "apply", "-f", first, "--prune", "--owner", "ctl").check(t, `service/a created
 service/b created
@@ -203,14 +260,18 @@ service/c created
 owner ctl: 3 created, 0 updated, 0 deleted, 0 unchanged
 `, "", ExitOK)
 
-	second := writeFile(t, "second.json", `[{"name": "a", "vips": ["10.96.0.1"]}, {"name": "b", "vips": ["10.96.0.22"]}, {"name": "d", "vips": ["10.96.0.4"]}]`)
+	second := writeFile(t, "second.json", `[
+  {"name": "a", "vips": ["10.96.0.1"], "ports": [{"port": 80}]},
+  {"name": "b", "vips": ["10.96.0.22"], "ports": [{"port": 80}]},
+  {"name": "d", "vips": ["10.96.0.4"], "ports": [{"port": 80}]}
+]`)
 	vipctl(t, sock, "", "apply", "-f", second, "--prune", "--owner", "ctl").check(t, `service/d created
 service/b updated
 service/c deleted
 service/a unchanged
 owner ctl: 1 created, 1 updated, 1 deleted, 1 unchanged
 `, "", ExitOK)
-	if f.get("x") == nil {
+	if stored(t, vipd, "x") == nil {
 		t.Errorf("prune deleted another owner's service")
 	}
 
@@ -223,16 +284,16 @@ owner ctl: 1 created, 1 updated, 1 deleted, 1 unchanged
 }
 `, "", ExitOK)
 
-	bad := writeFile(t, "bad.yaml", "- {name: a, vips: [10.96.0.1]}\n- {name: b, vips: [nope]}\n")
+	bad := writeFile(t, "bad.yaml", "- {name: a, vips: [10.96.0.1], ports: [{port: 80}]}\n- {name: b, vips: [nope], ports: [{port: 80}]}\n")
 	vipctl(t, sock, "", "apply", "-f", bad, "--prune", "--owner", "ctl").check(t, "",
-		`Error: sync services of owner ctl: InvalidArgument: invalid service
+		`Error: sync services of owner ctl: InvalidArgument: invalid request
   services[1].vips[0]: "nope" is not an IP address
 `, ExitInvalid)
 }
 
 func TestBackends(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
 	vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", "name: web\nvips: [10.96.0.10]\nports: [{name: http, port: 80}]\n")).checkCode(t, ExitOK)
 
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "10.0.0.2",
@@ -242,7 +303,7 @@ func TestBackends(t *testing.T) {
 		{Ip: "10.0.0.1", Weight: 3, State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, NodeLocal: true, Zone: "z1", Ports: map[string]uint32{"http": 8080}},
 		{Ip: "10.0.0.2", Weight: 3, State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, NodeLocal: true, Zone: "z1", Ports: map[string]uint32{"http": 8080}},
 	}
-	if diff := cmp.Diff(want, f.get("web").GetBackends(), protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(want, stored(t, vipd, "web").GetBackends(), protocmp.Transform()); diff != "" {
 		t.Errorf("backends (-want +got):\n%s", diff)
 	}
 
@@ -277,7 +338,7 @@ func TestBackends(t *testing.T) {
 `, "", ExitOK)
 
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--expected-generation", "1").check(t, "",
-		"Error: Aborted: service web: expected generation 1, have 4\n", ExitConflict)
+		"Error: Aborted: service web: expected generation 1, but it is at generation 4\n", ExitConflict)
 	vipctl(t, sock, "", "backends", "add", "nope", "10.0.0.1").check(t, "",
 		"Error: NotFound: service nope not found\n", ExitNotFound)
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--state", "up").check(t, "",
@@ -291,25 +352,28 @@ func TestBackends(t *testing.T) {
 }
 
 func TestStatusAndVersion(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
-	vipctl(t, sock, "", "status").check(t, `Dataplane:           fake
+	start := time.Now()
+	sock := testserver.Start(t, testserver.WithVersion("v0.1.0")).Socket()
+	r := vipctl(t, sock, "", "status")
+	r.stdout = withoutClock(t, r.stdout, start)
+	r.check(t, `Dataplane:           fake
 Version:             v0.1.0
 Ready:               true
 Services:            0
 Backends:            0
 Applied generation:  0
-Last sync:           2025-03-01T12:00:00Z (took 1.5ms)
+Last sync:           TIME (took DURATION)
 Last error:          -
 Load balancing:      random, maglev
-Protocols:           TCP, UDP
+Protocols:           TCP, UDP, SCTP
 `, "", ExitOK)
 
-	r := vipctl(t, sock, "", "-o", "yaml", "status")
+	r = vipctl(t, sock, "", "-o", "yaml", "status")
+	r.stdout = withoutClock(t, r.stdout, start)
 	// Zero values are left out, as protojson does.
 	r.check(t, `dataplane: fake
-last_sync_duration: 0.001500s
-last_sync_time: "2025-03-01T12:00:00Z"
+last_sync_duration: DURATION
+last_sync_time: "TIME"
 ready: true
 supported_load_balancing:
 - LOAD_BALANCING_RANDOM
@@ -317,6 +381,7 @@ supported_load_balancing:
 supported_protocols:
 - PROTOCOL_TCP
 - PROTOCOL_UDP
+- PROTOCOL_SCTP
 version: v0.1.0
 `, "", ExitOK)
 
@@ -335,16 +400,17 @@ version: v0.1.0
 func TestRoundTrip(t *testing.T) {
 	for _, format := range []string{outputJSON, outputYAML} {
 		t.Run(format, func(t *testing.T) {
-			f := newFakeVipd()
-			sock := f.start(t)
+			vipd := testserver.Start(t)
+			sock := vipd.Socket()
 			vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", twoServices)).checkCode(t, ExitOK)
-			before := f.get("default/web")
+			before := stored(t, vipd, "default/web")
 
 			got := vipctl(t, sock, "", "-o", format, "service", "get", "default/web")
 			got.checkCode(t, ExitOK)
 			vipctl(t, sock, "", "service", "delete", "default/web").checkCode(t, ExitOK)
-			vipctl(t, sock, got.stdout, "apply", "-f", "-").check(t, "service/default/web configured (generation 3)\n", "", ExitOK)
-			after := f.get("default/web")
+			// Generations come from one store-wide counter, which the delete moved on too.
+			vipctl(t, sock, got.stdout, "apply", "-f", "-").check(t, "service/default/web configured (generation 4)\n", "", ExitOK)
+			after := stored(t, vipd, "default/web")
 			if diff := cmp.Diff(before, after, protocmp.Transform(), protocmp.IgnoreFields(&vipdv1.Service{}, "generation")); diff != "" {
 				t.Errorf("service get -o %s | apply -f - changed the service (-before +after):\n%s", format, diff)
 			}
@@ -353,7 +419,8 @@ func TestRoundTrip(t *testing.T) {
 			list.checkCode(t, ExitOK)
 			applied := vipctl(t, sock, list.stdout, "-o", format, "apply", "-f", "-")
 			applied.checkCode(t, ExitOK)
-			// apply prints the stored services like service list does, with new generations.
+			// apply prints the stored services like service list does; being
+			// unchanged, they keep their generations.
 			relisted := vipctl(t, sock, "", "-o", format, "service", "list")
 			if applied.stdout != relisted.stdout {
 				t.Errorf("apply -o %s printed\n%s\nwant what service list prints:\n%s", format, applied.stdout, relisted.stdout)
@@ -363,8 +430,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestJSONOutput(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	sock := testserver.Start(t).Socket()
 	vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", "name: a\nvips: [10.96.0.1]\nports: [{port: 80, target_port: 8080}]\n")).checkCode(t, ExitOK)
 	vipctl(t, sock, "", "-o", "json", "service", "list").check(t, `{
   "services": [
@@ -415,8 +481,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestSocketFromEnvironment(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	sock := testserver.Start(t).Socket()
 	t.Setenv(SocketEnv, sock)
 	vipctl(t, "", "", "status").checkCode(t, ExitOK)
 }
@@ -429,8 +494,7 @@ func TestUnavailable(t *testing.T) {
 }
 
 func TestRelativeSocket(t *testing.T) {
-	f := newFakeVipd()
-	sock := f.start(t)
+	sock := testserver.Start(t).Socket()
 	t.Chdir(filepath.Dir(sock))
 	vipctl(t, "./"+filepath.Base(sock), "", "status").checkCode(t, ExitOK)
 	vipctl(t, "unix://"+sock, "", "status").checkCode(t, ExitOK)

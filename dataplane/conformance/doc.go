@@ -1,0 +1,14 @@
+// Package conformance holds vipd's ClusterIP conformance suite: one table of
+// scenarios that every dataplane must pass. Each scenario builds a fresh
+// netlab topology, runs a real vipd binary that programs node1's namespace,
+// and checks real TCP, UDP and SCTP traffic between pod namespaces: what a
+// client reaches through a VIP, what the backend sees, and what comes back.
+//
+// The package has only tests; it must never touch the root network
+// namespace. Everything it creates lives in netlab namespaces or temporary
+// directories and is removed when a scenario ends, even when it fails.
+//
+//	go test ./dataplane/conformance/ -count=1 -v                      # as root
+//	VIPD_CONFORMANCE_DATAPLANES=iptables,ebpf go test ./dataplane/conformance/
+//	go test ./dataplane/conformance/ -run 'TestConformance/iptables/basic$'
+package conformance

@@ -1,0 +1,12 @@
+// Package testserver runs the real vipd API in-process for tests of the
+// packages that talk to vipd, such as client and vipctl's cli: the same
+// store, reconciler, handlers and gRPC shell (health, reflection,
+// interceptors) that the daemon wires, serving on a temporary Unix socket,
+// over the recording fake dataplane.
+//
+// Tests script failures through the dataplane (Server.Dataplane) and read
+// what was applied there. testserver owns the socket, the state directory
+// and the goroutines it starts, and stops them all on cleanup. It must not
+// reimplement any part of the API, program a kernel, or be imported by
+// anything but tests and examples.
+package testserver
