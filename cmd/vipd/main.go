@@ -97,7 +97,7 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have")
 	f.StringSliceVar(&cidrs, "service-cidr", nil, "allowed VIP range (repeatable); unset allows any unicast VIP")
 	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
-	f.DurationVar(&cfg.ResyncPeriod, "resync-period", 0, "re-apply the whole state this often (0 disables)")
+	f.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Hour, "diff the whole state against the kernel this often, repairing drift (0 disables)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
 	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
