@@ -11,10 +11,19 @@
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //
 //	nat    PREROUTING, OUTPUT -> VIPD-SERVICES    prefix trie over VIPs (VIPD-D4-*/VIPD-D6-*)
-//	                                              -> VIPD-SVC-* (weighted choice, affinity)
-//	                                              -> VIPD-SEP-* (hairpin mark, DNAT)
-//	nat    POSTROUTING        -> VIPD-POSTROUTING MASQUERADE of marked (hairpin) packets
+//	                                              -> VIPD-SVC-*, one per service port:
+//	                                                 weighted choice and DNAT in one rule
+//	                                              (ClientIP affinity only: recent --rcheck,
+//	                                              weighted choice -> VIPD-SEP-* per backend:
+//	                                              recent --set, DNAT)
+//	nat    POSTROUTING        -> VIPD-POSTROUTING ctstate DNAT -> VIPD-HAIRPIN
+//	                                              prefix trie (VIPD-H4-*/VIPD-H6-*) over the
+//	                                              destination, one rule per backend address:
+//	                                              MASQUERADE when source = destination = it
 //	filter INPUT, FORWARD, OUTPUT (ctstate NEW) -> VIPD-REJECT
 //	                                              prefix trie (VIPD-R4-*/VIPD-R6-*) over
 //	                                              ports of services without backends
+//
+// Chains are what iptables-nft-restore pays for, more than rules, so a
+// service costs one chain per port and family unless it needs affinity.
 package iptables

@@ -91,12 +91,23 @@ func ownChains(rs *Ruleset, svcChain string) []string {
 	own := []string{svcChain}
 	for _, r := range rs.Rules(IPv4, NAT, svcChain) {
 		target := r[strings.LastIndex(r, "-j ")+3:]
-		if !slices.Contains(own, target) {
+		if strings.HasPrefix(target, ChainPrefix) && !slices.Contains(own, target) {
 			own = append(own, target)
 		}
 	}
 	slices.Sort(own)
 	return own
+}
+
+// hairpinLeaves are the hairpin trie chains that hold the rules for ips.
+func hairpinLeaves(rs *Ruleset, ips ...string) []string {
+	var leaves []string
+	for _, ip := range ips {
+		path := triePath(rs, NAT, chainHairpin, netip.MustParseAddr(ip))
+		leaves = append(leaves, path[len(path)-1])
+	}
+	slices.Sort(leaves)
+	return slices.Compact(leaves)
 }
 
 // triePath is the chains a packet to vip walks from root, read from the rules.
@@ -118,31 +129,68 @@ func triePath(rs *Ruleset, tab Table, root string, vip netip.Addr) []string {
 	return path
 }
 
+// TestPayloadAddBackend: a backend added to a service without affinity
+// rewrites its one SVC chain, plus the hairpin trie chain that holds the
+// backend's address if no other service has that backend.
 func TestPayloadAddBackend(t *testing.T) {
 	base := baseServices(1000)
 	old := mustRender(t, withServices(base), Options{})
-	changed := service("svc-0500", []string{"10.96.2.1"}, tcp(80, 8080), append(slices.Clone(base["svc-0500"].Backends), ready("10.246.0.1"))...)
-	next, err := Render(withServices(base, changed), Options{}, old)
-	if err != nil {
-		t.Fatal(err)
-	}
+	for _, tc := range []struct {
+		name, ip   string
+		newAddress bool
+	}{
+		{"new address", "10.246.0.1", true},
+		{"address of another service's backend", "10.244.0.1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			changed := service("svc-0500", []string{"10.96.2.1"}, tcp(80, 8080), append(slices.Clone(base["svc-0500"].Backends), ready(tc.ip))...)
+			next, err := Render(withServices(base, changed), Options{}, old)
+			if err != nil {
+				t.Fatal(err)
+			}
 
-	u := Payload(old, next, false, nil)
-	rewritten, deleted := changes(t, u[IPv4].Restore)
-	svcChain := svcChainOf(t, next, "10.96.2.1")
-	newSEP := slices.DeleteFunc(ownChains(next, svcChain), func(n string) bool { return slices.Contains(old.Chains(IPv4, NAT), n) })
-	want := map[Table][]string{NAT: slices.Sorted(slices.Values(append(newSEP, svcChain)))}
-	if diff := cmp.Diff(want, rewritten); diff != "" || len(newSEP) != 1 || len(deleted) != 0 {
-		t.Errorf("rewritten (-want +got):\n%s\ndeleted %v", diff, deleted)
-	}
-	if u[IPv4].Stats != (Stats{ChainsRewritten: 2, RulesWritten: 3 + 2, ChainsDeleted: 0}) || u[IPv6].Restore != nil {
-		t.Errorf("stats %+v, IPv6 payload %q", u[IPv4].Stats, u[IPv6].Restore)
-	}
-	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u[IPv4].Restore)
-	assertKernel(t, tr, next, IPv4)
-	o := mustTrace(t, tr, packet("10.1.1.1", "10.96.2.1", dataplane.TCP, 80))
-	if len(o.Destinations) != 3 {
-		t.Errorf("after the update: %+v", o)
+			u := Payload(old, next, false, nil)
+			rewritten, deleted := changes(t, u[IPv4].Restore)
+			svcChain := svcChainOf(t, next, "10.96.2.1")
+			if own := ownChains(next, svcChain); len(own) != 1 {
+				t.Errorf("the SVC chain jumps to other chains: %v", own)
+			}
+			want := []string{svcChain}
+			if tc.newAddress {
+				want = append(want, hairpinLeaves(next, tc.ip)...)
+			}
+			slices.Sort(want)
+			if diff := cmp.Diff(map[Table][]string{NAT: want}, rewritten); diff != "" || len(deleted) != 0 {
+				t.Errorf("rewritten (-want +got):\n%s\ndeleted %v", diff, deleted)
+			}
+			rules := 0
+			for _, name := range want {
+				rules += len(next.Rules(IPv4, NAT, name))
+			}
+			if u[IPv4].Stats != (Stats{ChainsRewritten: len(want), RulesWritten: rules}) || u[IPv6].Restore != nil {
+				t.Errorf("stats %+v, IPv6 payload %q", u[IPv4].Stats, u[IPv6].Restore)
+			}
+			tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u[IPv4].Restore)
+			assertKernel(t, tr, next, IPv4)
+			o := mustTrace(t, tr, packet("10.1.1.1", "10.96.2.1", dataplane.TCP, 80))
+			if len(o.Destinations) != 3 {
+				t.Errorf("after the update: %+v", o)
+			}
+			// Hairpin: masqueraded exactly when it comes back to itself.
+			o = mustTrace(t, tr, packet(tc.ip, "10.96.2.1", dataplane.TCP, 80))
+			masq := 0
+			for _, d := range o.Destinations {
+				if d.Masquerade != (d.Addr.Addr().String() == tc.ip) {
+					t.Errorf("hairpin from the new backend: %+v", o)
+				}
+				if d.Masquerade {
+					masq++
+				}
+			}
+			if len(o.Destinations) != 3 || masq != 1 {
+				t.Errorf("hairpin from the new backend: %+v", o)
+			}
+		})
 	}
 }
 
@@ -155,16 +203,18 @@ func TestPayloadAddService(t *testing.T) {
 	u := Payload(old, next, false, nil)
 	rewritten, deleted := changes(t, u[IPv4].Restore)
 	path := triePath(next, NAT, chainServices, vip)
+	hairpin := slices.Concat(triePath(next, NAT, chainHairpin, netip.MustParseAddr("10.247.0.1")),
+		triePath(next, NAT, chainHairpin, netip.MustParseAddr("10.247.0.2")))
 	own := ownChains(next, svcChainOf(t, next, vip.String()))
 	if len(path) < 3 {
 		t.Fatalf("path %v: the test wants a deep trie", path)
 	}
 	for _, name := range rewritten[NAT] {
-		if !slices.Contains(path, name) && !slices.Contains(own, name) {
-			t.Errorf("rewrote %s, which is neither on the path %v nor the service's own", name, path)
+		if !slices.Contains(path, name) && !slices.Contains(own, name) && !slices.Contains(hairpin, name) {
+			t.Errorf("rewrote %s, which is on neither the dispatch path %v nor the hairpin paths %v, nor the service's own", name, path, hairpin)
 		}
 	}
-	for _, name := range append(own, path[len(path)-1]) {
+	for _, name := range slices.Concat(own, path[len(path)-1:], hairpinLeaves(next, "10.247.0.1", "10.247.0.2")) {
 		if !slices.Contains(rewritten[NAT], name) {
 			t.Errorf("did not rewrite %s", name)
 		}
@@ -181,6 +231,8 @@ func TestPayloadRemoveService(t *testing.T) {
 	old := mustRender(t, withServices(base), Options{})
 	own := ownChains(old, svcChainOf(t, old, "10.96.2.1"))
 	leaf := triePath(old, NAT, chainServices, netip.MustParseAddr("10.96.2.1"))
+	// Its backends are its own, so their hairpin rules go too.
+	hairpin := hairpinLeaves(old, "10.244.2.1", "10.245.2.1")
 	next := withServices(base)
 	delete(next.Services, "svc-0500")
 	rs := mustRender(t, next, Options{})
@@ -190,7 +242,7 @@ func TestPayloadRemoveService(t *testing.T) {
 	if diff := cmp.Diff(map[Table][]string{NAT: own}, deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(map[Table][]string{NAT: leaf[len(leaf)-1:]}, rewritten); diff != "" {
+	if diff := cmp.Diff(map[Table][]string{NAT: slices.Sorted(slices.Values(append(hairpin, leaf[len(leaf)-1])))}, rewritten); diff != "" {
 		t.Errorf("rewritten (-want +got):\n%s", diff)
 	}
 	// The kernel model refuses -X of a chain that is still referenced.
@@ -217,7 +269,8 @@ func TestPayloadFirstBackend(t *testing.T) {
 	rewritten, deleted := changes(t, u[IPv4].Restore)
 	own := ownChains(next, svcChainOf(t, next, "10.96.0.200"))
 	want := map[Table][]string{
-		NAT:    slices.Sorted(slices.Values(append(own, triePath(next, NAT, chainServices, netip.MustParseAddr("10.96.0.200"))[1]))),
+		NAT: slices.Sorted(slices.Values(slices.Concat(own, triePath(next, NAT, chainServices, netip.MustParseAddr("10.96.0.200"))[1:2],
+			hairpinLeaves(next, "10.247.0.1")))),
 		Filter: {chainReject},
 	}
 	if diff := cmp.Diff(want, rewritten); diff != "" || len(deleted) != 0 {
@@ -340,9 +393,14 @@ func TestPayloadRandomWalk(t *testing.T) {
 			ports[0].Name = "http"
 		}
 		var bs []dataplane.Backend
+		// Services share some backend addresses, and the hairpin trie splits
+		// and merges as they come and go.
+		first := rng.IntN(40)
 		for i := range rng.IntN(4) {
 			st := dataplane.BackendState(rng.IntN(3) + 1)
-			bs = append(bs, backend(fmt.Sprintf("10.244.0.%d", i+1), st, uint16(rng.IntN(3))), backend(fmt.Sprintf("fd00:244::%d", i+1), st, 1))
+			j := first + i
+			bs = append(bs, backend(fmt.Sprintf("10.244.%d.%d", j/16, j%16+1), st, uint16(rng.IntN(3))),
+				backend(fmt.Sprintf("fd00:244::%x", j+1), st, 1))
 		}
 		s := service(name, vips, ports, bs...)
 		if rng.IntN(4) == 0 {

@@ -77,39 +77,25 @@ const (
 	chainServices    = "VIPD-SERVICES"
 	chainReject      = "VIPD-REJECT"
 	chainPostrouting = "VIPD-POSTROUTING"
-	chainMarkMasq    = "VIPD-MARK-MASQ"
+	chainHairpin     = "VIPD-HAIRPIN"
 )
 
-// Defaults for Options.
-const (
-	// DefaultMasqueradeMark differs from kube-proxy's 0x4000 so that both can
-	// run on one node.
-	DefaultMasqueradeMark = 0x20000
-	// DefaultMaxLeafRules is the most leaf rules a dispatch chain holds before
-	// it splits.
-	DefaultMaxLeafRules = 32
-)
+// DefaultMaxLeafRules is the most leaf rules a trie chain holds before it
+// splits.
+const DefaultMaxLeafRules = 32
 
 // Options tune Render. The zero value uses the defaults.
 type Options struct {
-	// MasqueradeMark is the single packet-mark bit that asks VIPD-POSTROUTING
-	// to masquerade (hairpin traffic). Zero means DefaultMasqueradeMark.
-	MasqueradeMark uint32
-	// MaxLeafRules is the most (VIP, protocol, port) rules a dispatch or
-	// reject chain holds; a chain with more splits on the next nibble of the
-	// address. Zero means DefaultMaxLeafRules.
+	// MaxLeafRules is the most leaf rules (per VIP, protocol and port, or per
+	// backend address for hairpin) a dispatch, reject or hairpin chain holds;
+	// a chain with more splits on the next nibble of the address. Zero means
+	// DefaultMaxLeafRules.
 	MaxLeafRules int
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.MasqueradeMark == 0 {
-		o.MasqueradeMark = DefaultMasqueradeMark
-	}
 	if o.MaxLeafRules == 0 {
 		o.MaxLeafRules = DefaultMaxLeafRules
-	}
-	if o.MasqueradeMark&(o.MasqueradeMark-1) != 0 {
-		return o, fmt.Errorf("masquerade mark %#x: must be a single bit", o.MasqueradeMark)
 	}
 	if o.MaxLeafRules < 1 {
 		return o, fmt.Errorf("max leaf rules %d: must be positive", o.MaxLeafRules)
@@ -161,13 +147,50 @@ type Ruleset struct {
 	// services keeps what each service rendered to, for the next Render to
 	// reuse while the *Service is the same (immutable) value.
 	services map[*dataplane.Service]*[2]serviceRules
+	// tries keeps each family's tries, for the next Render to reuse while
+	// their entries are the same.
+	tries [2][len(trieKinds)]*renderedTrie
+}
+
+// renderedTrie is a trie as Render built it: the entries it was built from,
+// in the order Render collected them, and the chains they became.
+type renderedTrie struct {
+	entries []trieEntry
+	k       int
+	chains  map[string][]string
+}
+
+// trieKind describes one of the prefix tries of a family.
+type trieKind struct {
+	table Table
+	root  string
+	// namePrefix names the inner chains, followed by the family's digit.
+	namePrefix string
+	// dedup keeps one entry per address; entries for one address must then
+	// be equal.
+	dedup bool
+}
+
+// Indexes of trieKinds.
+const (
+	dispatchTrie = iota
+	rejectTrie
+	hairpinTrie
+)
+
+// The tries of a family, in the order of the entry slices of serviceRules.
+var trieKinds = [...]trieKind{
+	{NAT, chainServices, "VIPD-D", false},
+	{Filter, chainReject, "VIPD-R", false},
+	// Services share backends; each address needs its rule once.
+	{NAT, chainHairpin, "VIPD-H", true},
 }
 
 // serviceRules is what a service renders to in one family: its nat chains
-// and its entries in the dispatch and reject tries.
+// and its entries in the dispatch, reject and hairpin tries (see trieKinds).
 type serviceRules struct {
-	chains           map[string][]string
-	dispatch, reject []trieEntry
+	chains map[string][]string
+	tries  [len(trieKinds)][]trieEntry
 }
 
 // Chains returns the names of the chains of family f in table t, sorted.
@@ -197,7 +220,8 @@ func (r *Ruleset) add(f Family, t Table, chain string, rules ...string) {
 // function of s and opts. prev, the result of an earlier Render or nil, only
 // saves work: the chains of every service that is the same *Service value as
 // in prev (the dataplane contract makes a *Service immutable) are reused
-// rather than rendered again; they do not depend on opts.
+// rather than rendered again, as they do not depend on opts; and so is each
+// trie whose entries and MaxLeafRules are unchanged.
 //
 // Render fails, wrapping dataplane.ErrUnsupported, when a service asks for
 // something Capabilities does not list, and on bad options.
@@ -211,6 +235,7 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 	names := slices.Sorted(maps.Keys(s.Services))
 	rendered := make([]*[2]serviceRules, len(names))
 	var size [2]int
+	var entries [2][len(trieKinds)]int
 	for i, name := range names {
 		svc := s.Services[name]
 		if err := caps.Check(svc); err != nil {
@@ -225,33 +250,56 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		r.services[svc] = rendered[i]
 		for _, f := range families {
 			size[f] += len(rendered[i][f].chains)
+			for k, es := range rendered[i][f].tries {
+				entries[f][k] += len(es)
+			}
 		}
 	}
-	mark := fmt.Sprintf("%#x", opts.MasqueradeMark)
 	for _, f := range families {
 		r.chains[f] = map[Table]map[string][]string{NAT: make(map[string][]string, size[f]+size[f]/8+16), Filter: {}}
-		var dispatch, reject []trieEntry
+		collected := [len(trieKinds)][]trieEntry{}
+		for k := range trieKinds {
+			collected[k] = make([]trieEntry, 0, entries[f][k])
+		}
 		for _, sr := range rendered {
 			maps.Copy(r.chains[f][NAT], sr[f].chains)
-			dispatch = append(dispatch, sr[f].dispatch...)
-			reject = append(reject, sr[f].reject...)
+			for k, es := range sr[f].tries {
+				collected[k] = append(collected[k], es...)
+			}
 		}
-		digit := strings.TrimPrefix(f.String(), "ipv")
-		r.addTrie(f, NAT, chainServices, "VIPD-D"+digit, dispatch, opts.MaxLeafRules)
-		r.addTrie(f, Filter, chainReject, "VIPD-R"+digit, reject, opts.MaxLeafRules)
+		for k, kind := range trieKinds {
+			var old *renderedTrie
+			if prev != nil {
+				old = prev.tries[f][k]
+			}
+			t := old
+			if old == nil || old.k != opts.MaxLeafRules || !slices.Equal(old.entries, collected[k]) {
+				es := slices.Clone(collected[k])
+				if kind.dedup {
+					slices.SortFunc(es, func(a, b trieEntry) int { return a.addr.Compare(b.addr) })
+					es = slices.CompactFunc(es, func(a, b trieEntry) bool { return a.addr == b.addr })
+				}
+				digit := strings.TrimPrefix(f.String(), "ipv")
+				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules)}
+			}
+			r.tries[f][k] = t
+			maps.Copy(r.chains[f][kind.table], t.chains)
+		}
 		// Rules are spelled the way iptables-save prints them, so that a sync
 		// after a restart finds them equal and leaves them alone.
-		r.add(f, NAT, chainMarkMasq, "-j MARK --set-xmark "+mark+"/"+mark)
-		r.add(f, NAT, chainPostrouting,
-			"-m mark ! --mark "+mark+"/"+mark+" -j RETURN",
-			"-j MARK --set-xmark 0x0/"+mark,
-			"-j MASQUERADE --random-fully")
+		r.add(f, NAT, chainPostrouting, "-m conntrack --ctstate DNAT -j "+chainHairpin)
 	}
 	return r, nil
 }
 
-// renderService renders the SVC and SEP chains of svc's ports in family f,
-// and its entries for the dispatch or reject trie.
+// renderService renders the chains of svc's ports in family f, and its
+// entries for the dispatch, reject and hairpin tries.
+//
+// A port's SVC chain picks a backend at random, by weight, and DNATs to it in
+// the same rule: one chain per service port. Only a service with ClientIP
+// affinity has a SEP chain per backend, because the chosen backend must both
+// record the client (recent --set) and DNAT, and a returning client must reach
+// that pair again.
 func renderService(svc *dataplane.Service, f Family) serviceRules {
 	out := serviceRules{chains: map[string][]string{}}
 	var vips []netip.Addr
@@ -269,53 +317,58 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 	slices.SortFunc(ports, func(a, b dataplane.Port) int {
 		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
+	if len(ports) > 0 {
+		for _, b := range backends {
+			h := hostPrefix(b.IP)
+			out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
+		}
+	}
 	for _, p := range ports {
 		comment := commentMatch(svc.Name, p)
 		if len(backends) == 0 {
 			for _, v := range vips {
-				out.reject = append(out.reject, trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith()})
+				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith()})
 			}
 			continue
 		}
 		key := strings.Join([]string{svc.Name, p.Name, p.Protocol.String(), strconv.Itoa(int(p.Port)), f.String()}, "\x00")
 		svcChain := hashName("VIPD-SVC-", key)
 		for _, v := range vips {
-			out.dispatch = append(out.dispatch, trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
+			out.tries[dispatchTrie] = append(out.tries[dispatchTrie], trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
 		}
-		seps := make([]string, len(backends))
+		dnat := func(b *dataplane.Backend, statistic string) string {
+			return dnatRule(p, statistic, comment, netip.AddrPortFrom(b.IP, b.TargetPort(p)))
+		}
+		var rules, seps []string
+		if svc.Affinity.ClientIP {
+			affinity := " --mask " + f.hostMask() + " --rsource"
+			secs := strconv.Itoa(max(1, int(svc.Affinity.Timeout.Seconds())))
+			for _, b := range backends {
+				sep := hashName("VIPD-SEP-", key+"\x00"+b.IP.String())
+				seps = append(seps, sep)
+				rules = append(rules, "-m recent --rcheck --seconds "+secs+" --reap --name "+sep+affinity+" -j "+sep)
+				out.chains[sep] = []string{"-m recent --set --name " + sep + affinity, dnat(b, "")}
+			}
+		}
 		total := 0
-		for i, b := range backends {
-			seps[i] = hashName("VIPD-SEP-", key+"\x00"+b.IP.String())
+		for _, b := range backends {
 			total += weight(b)
 		}
-		var rules []string
-		affinity := ""
-		if svc.Affinity.ClientIP {
-			affinity = " --mask " + f.hostMask() + " --rsource"
-			secs := max(1, int(svc.Affinity.Timeout.Seconds()))
-			for _, sep := range seps {
-				rules = append(rules, "-m recent --rcheck --seconds "+strconv.Itoa(secs)+" --reap --name "+sep+affinity+" -j "+sep)
-			}
-		}
 		for i, b := range backends {
-			if i == len(backends)-1 {
-				rules = append(rules, "-j "+seps[i])
-				break
+			statistic := ""
+			if i < len(backends)-1 {
+				// kube-proxy's scheme: the i-th rule sees only the traffic the
+				// earlier ones left, so its probability is w_i over what remains.
+				statistic = "-m statistic --mode random --probability " + probability(weight(b), total)
+				total -= weight(b)
 			}
-			// kube-proxy's scheme: the i-th rule sees only the traffic the
-			// earlier ones left, so its probability is w_i over what remains.
-			rules = append(rules, "-m statistic --mode random --probability "+probability(weight(b), total)+" -j "+seps[i])
-			total -= weight(b)
+			if seps != nil {
+				rules = append(rules, strings.TrimPrefix(statistic+" -j "+seps[i], " "))
+			} else {
+				rules = append(rules, dnat(b, statistic))
+			}
 		}
 		out.chains[svcChain] = rules
-		for i, b := range backends {
-			sep := []string{"-s " + hostPrefix(b.IP) + " -j " + chainMarkMasq}
-			if affinity != "" {
-				sep = append(sep, "-m recent --set --name "+seps[i]+affinity)
-			}
-			dst := netip.AddrPortFrom(b.IP, b.TargetPort(p)).String()
-			out.chains[seps[i]] = append(sep, protoMatch(p.Protocol)+comment+" -j DNAT --to-destination "+dst)
-		}
 	}
 	return out
 }
@@ -331,10 +384,24 @@ func probability(w, total int) string {
 
 func weight(b *dataplane.Backend) int { return max(1, int(b.Weight)) }
 
-// protoMatch is the one place that spells a protocol match.
-func protoMatch(p dataplane.Protocol) string {
+// protoMatch is the one place that spells a protocol match. Matches given
+// in between come after -p and before the protocol's own match, which is
+// where iptables-save prints them: -p first, then every -m in the order given.
+func protoMatch(p dataplane.Protocol, between ...string) string {
 	name := strings.ToLower(p.String())
-	return "-p " + name + " -m " + name
+	s := "-p " + name
+	for _, m := range between {
+		if m != "" {
+			s += " " + m
+		}
+	}
+	return s + " -m " + name
+}
+
+// dnatRule DNATs port p's packets to dst, when the optional statistic match
+// (or none) matches.
+func dnatRule(p dataplane.Port, statistic, comment string, dst netip.AddrPort) string {
+	return protoMatch(p.Protocol, statistic) + comment + " -j DNAT --to-destination " + dst.String()
 }
 
 // vipMatch matches packets for port p of a service on vip.

@@ -85,7 +85,15 @@ func goldenCases() []struct {
 			service("f", []string{"10.96.5.1", "fd00:96::1"}, tcp(80, 80)),
 			service("g", []string{"10.96.5.2", "fd00:96::2"}, tcp(80, 80)),
 			service("h", []string{"10.96.5.3", "fd00:96::3"}, tcp(80, 80)),
-		), Options{MaxLeafRules: 2, MasqueradeMark: 0x4000}},
+		), Options{MaxLeafRules: 2}},
+		// Backends shared between services get one hairpin rule each, in a
+		// trie over addresses that share little.
+		{"shared-backends", state(
+			service("a", []string{"10.96.0.1"}, tcp(80, 8080), ready("10.244.1.1"), ready("10.244.1.2")),
+			service("b", []string{"10.96.0.2"}, tcp(80, 8080), ready("10.244.1.2"), ready("10.244.1.3"), ready("192.168.7.7")),
+			service("c", []string{"10.96.0.3", "fd00:96::3"}, tcp(80, 8080), ready("10.244.1.1"), ready("172.16.0.9"),
+				ready("fd00:244::1"), ready("2001:db8::9")),
+		), Options{MaxLeafRules: 2}},
 	}
 }
 
@@ -131,8 +139,8 @@ func TestRenderRefusesUnsupported(t *testing.T) {
 	if !errors.Is(err, dataplane.ErrUnsupported) || !strings.Contains(err.Error(), "--dataplane ebpf") {
 		t.Errorf("Render(maglev) = %v; want ErrUnsupported with the eBPF hint", err)
 	}
-	if _, err := Render(state(), Options{MasqueradeMark: 0x3}, nil); err == nil {
-		t.Error("Render with a two-bit mark succeeded")
+	if _, err := Render(state(), Options{MaxLeafRules: -1}, nil); err == nil {
+		t.Error("Render with a negative MaxLeafRules succeeded")
 	}
 }
 
@@ -175,6 +183,39 @@ func TestComment(t *testing.T) {
 	} {
 		if got, want := commentMatch(tc.svc, tc.p), ` -m comment --comment "`+tc.want+`"`; got != want {
 			t.Errorf("commentMatch(%q) = %s; want %s", tc.svc, got, want)
+		}
+	}
+}
+
+// TestRenderReuse checks that what Render reuses from prev never changes its
+// output: not when a service changes, and not when only the options do.
+func TestRenderReuse(t *testing.T) {
+	base := baseServices(300)
+	changed := service("svc-0100", []string{"10.96.0.101"}, tcp(80, 8080), ready("10.244.0.101"), ready("10.246.0.1"))
+	var sparse *dataplane.State
+	for _, tc := range goldenCases() {
+		if tc.name == "trie" {
+			sparse = tc.state
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		prev *dataplane.State
+		s    *dataplane.State
+		opts Options
+	}{
+		{"same state", withServices(base), withServices(base), Options{}},
+		{"one backend more", withServices(base), withServices(base, changed), Options{}},
+		// Sparse addresses, where the leaf size changes every trie.
+		{"other leaf size", sparse, sparse, Options{MaxLeafRules: 1}},
+	} {
+		prev := mustRender(t, tc.prev, Options{})
+		got, err := Render(tc.s, tc.opts, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(mustRender(t, tc.s, tc.opts).chains, got.chains); diff != "" {
+			t.Errorf("%s: Render with prev differs from a fresh Render (-fresh +got):\n%s", tc.name, diff)
 		}
 	}
 }

@@ -75,8 +75,8 @@ func (v Verdict) String() string {
 type Destination struct {
 	Addr        netip.AddrPort
 	Probability float64
-	// Masquerade is whether nat POSTROUTING masquerades the packet, because
-	// the hairpin mark was set on its way.
+	// Masquerade is whether the walk of nat POSTROUTING, with the packet as
+	// DNAT left it, reaches MASQUERADE (hairpin traffic).
 	Masquerade bool
 }
 
@@ -289,7 +289,7 @@ func (t *Tracer) Trace(p Packet) (Outcome, error) {
 				continue
 			}
 			b.stop = false
-			res, err := t.walk(hc.table, hc.chain, b, &p, 0)
+			res, err := t.walk(hc, hc.chain, b, &p, 0)
 			if err != nil {
 				return Outcome{}, fmt.Errorf("trace %v -> %v: %w", p.Src, p.Dst, err)
 			}
@@ -305,7 +305,6 @@ type branch struct {
 	prob               float64
 	dst                netip.Addr
 	dport              uint16
-	mark               uint32
 	rules              int
 	dnat, masq, reject bool
 	// stop is set by a target that ends the traversal of the current table.
@@ -314,9 +313,12 @@ type branch struct {
 
 const maxDepth = 64
 
-// walk runs b through chain and returns the resulting paths: those with stop
-// set met a terminating target, the others returned from the chain.
-func (t *Tracer) walk(tab Table, chain string, b branch, p *Packet, depth int) ([]branch, error) {
+// walk runs b through chain, reached from the builtin chain hook, and returns
+// the resulting paths: those with stop set met a terminating target, the
+// others returned from the chain. Like the kernel, it refuses DNAT reached
+// from POSTROUTING and MASQUERADE reached from anywhere else.
+func (t *Tracer) walk(hook builtin, chain string, b branch, p *Packet, depth int) ([]branch, error) {
+	tab := hook.table
 	rules, ok := t.tables[tab].chains[chain]
 	if !ok {
 		return nil, fmt.Errorf("%s: no chain %s", tab, chain)
@@ -345,25 +347,28 @@ func (t *Tracer) walk(tab Table, chain string, b branch, p *Packet, depth int) (
 			switch r.target {
 			case "":
 				next = append(next, b)
-			case "MARK":
-				b.mark = (b.mark &^ r.setMask) ^ r.setValue
-				next = append(next, b)
 			case "RETURN":
 				out = append(out, b)
 			case "ACCEPT":
 				b.stop = true
 				out = append(out, b)
 			case "DNAT":
+				if hook.chain == "POSTROUTING" {
+					return nil, fmt.Errorf("%s -A %s %s: DNAT reached from POSTROUTING", tab, chain, r.spec)
+				}
 				b.dst, b.dport, b.dnat, b.stop = r.dnat.Addr(), r.dnat.Port(), true, true
 				out = append(out, b)
 			case "MASQUERADE":
+				if hook.chain != "POSTROUTING" {
+					return nil, fmt.Errorf("%s -A %s %s: MASQUERADE reached from %s", tab, chain, r.spec, hook.chain)
+				}
 				b.masq, b.stop = true, true
 				out = append(out, b)
 			case "REJECT":
 				b.reject, b.stop = true, true
 				out = append(out, b)
 			default:
-				sub, err := t.walk(tab, r.jump, b, p, depth+1)
+				sub, err := t.walk(hook, r.jump, b, p, depth+1)
 				if err != nil {
 					return nil, err
 				}
@@ -382,14 +387,16 @@ func (t *Tracer) walk(tab Table, chain string, b branch, p *Packet, depth int) (
 }
 
 // match returns the probability that r matches b: 0 or 1, or a statistic
-// rule's probability.
+// rule's probability. The packet is the first of its connection, so
+// --ctstate NEW always holds, and --ctstate DNAT holds once a DNAT target
+// has translated it.
 func (t *Tracer) match(r *rule, b *branch, p *Packet) (float64, error) {
 	switch {
 	case r.src.IsValid() && !r.src.Contains(p.Src),
 		r.dst.IsValid() && !r.dst.Contains(b.dst),
 		r.proto != 0 && r.proto != p.Protocol,
 		r.dport >= 0 && r.dport != int(b.dport),
-		r.hasMark && (b.mark&r.markMask == r.markVal) == r.markNeg:
+		r.ctDNAT && !b.dnat:
 		return 0, nil
 	}
 	if r.rcheck != "" {
@@ -442,6 +449,9 @@ func outcome(paths []branch) (Outcome, error) {
 			continue
 		}
 		o.Rules = max(o.Rules, b.rules)
+		if b.masq && !b.dnat {
+			return o, errors.New("a path is masqueraded, but no vipd rule DNATed it")
+		}
 		v := NoMatch
 		switch {
 		case b.reject:
@@ -485,15 +495,10 @@ type rule struct {
 	prob     float64 // statistic; 1 without one
 	rcheck   string  // recent list that must hold the source
 	rset     string  // recent list the source is added to
-	hasMark  bool
-	markNeg  bool
-	markVal  uint32
-	markMask uint32
-	target   string // "" when the rule has none
-	jump     string // user chain, when target is one
+	ctDNAT   bool    // --ctstate DNAT: the connection's destination was translated
+	target   string  // "" when the rule has none
+	jump     string  // user chain, when target is one
 	dnat     netip.AddrPort
-	setValue uint32 // MARK --set-xmark value/mask: mark = (mark &^ mask) ^ value
-	setMask  uint32
 }
 
 // Options of the matches and targets the tracer models, and whether each
@@ -506,12 +511,10 @@ var (
 		"comment":   {"--comment": true},
 		"statistic": {"--mode": true, "--probability": true},
 		"recent":    {"--name": true, "--mask": true, "--rsource": false, "--rcheck": false, "--set": false, "--seconds": true, "--reap": false},
-		"mark":      {"--mark": true, "!--mark": true},
 		"conntrack": {"--ctstate": true},
 	}
 	targetOptions = map[string]map[string]bool{
 		"DNAT":       {"--to-destination": true},
-		"MARK":       {"--set-xmark": true},
 		"MASQUERADE": {"--random-fully": false},
 		"REJECT":     {"--reject-with": true},
 		"RETURN":     {},
@@ -639,21 +642,13 @@ func (r *rule) setMatch(f Family, module string, o map[string]string) error {
 		default:
 			r.rset = o["--name"]
 		}
-	case "mark":
-		v, ok := o["--mark"]
-		if w, neg := o["!--mark"]; neg {
-			v, ok, r.markNeg = w, true, true
-		}
-		val, mask, _ := strings.Cut(v, "/")
-		a, err1 := strconv.ParseUint(val, 0, 32)
-		b, err2 := strconv.ParseUint(cmp.Or(mask, "0xffffffff"), 0, 32)
-		if !ok || err1 != nil || err2 != nil {
-			return fmt.Errorf("bad --mark %q", v)
-		}
-		r.hasMark, r.markVal, r.markMask = true, uint32(a), uint32(b)
 	case "conntrack":
-		if o["--ctstate"] != "NEW" {
-			return errors.New("only --ctstate NEW is supported")
+		switch o["--ctstate"] {
+		case "NEW":
+		case "DNAT":
+			r.ctDNAT = true
+		default:
+			return errors.New("only --ctstate NEW or DNAT is supported")
 		}
 	default:
 		return errors.New("unsupported match")
@@ -674,20 +669,6 @@ func (r *rule) setTarget(f Family, tab Table, o map[string]string) error {
 			return fmt.Errorf("--to-destination %s needs an %s address and a -p protocol", ap, f)
 		}
 		r.dnat = ap
-	case "MARK":
-		value, mask, ok := strings.Cut(o["--set-xmark"], "/")
-		if !ok {
-			return errors.New("needs --set-xmark value/mask")
-		}
-		v, err := strconv.ParseUint(value, 0, 32)
-		if err != nil {
-			return err
-		}
-		m, err := strconv.ParseUint(mask, 0, 32)
-		if err != nil {
-			return err
-		}
-		r.setValue, r.setMask = uint32(v), uint32(m)
 	case "MASQUERADE":
 		if tab != NAT {
 			return errors.New("MASQUERADE outside the nat table")

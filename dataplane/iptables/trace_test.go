@@ -84,6 +84,22 @@ func TestTrace(t *testing.T) {
 			map[string]float64{"10.244.1.1:8080": 1.0 / 6, "10.244.1.2:8080 masq": 2.0 / 6, "10.244.1.3:8080": 3.0 / 6}},
 		{"IPv6 hairpin", "ipv6-only", IPv6, packet("fd00:244::2", "fd00:96::30", dataplane.TCP, 443), DNAT,
 			map[string]float64{"[fd00:244::1]:8443": 0.5, "[fd00:244::2]:8443 masq": 0.5}},
+		{"hairpin with affinity", "affinity", IPv4, packet("10.244.1.1", "10.96.0.12", dataplane.TCP, 80), DNAT,
+			map[string]float64{"10.244.1.1:8080 masq": 0.5, "10.244.1.2:8080": 0.5}},
+		{"hairpin to a backend that another service shares", "shared-backends", IPv4, packet("10.244.1.2", "10.96.0.2", dataplane.TCP, 80), DNAT,
+			map[string]float64{"10.244.1.2:8080 masq": 1.0 / 3, "10.244.1.3:8080": 1.0 / 3, "192.168.7.7:8080": 1.0 / 3}},
+		{"a backend of another service is not masqueraded", "shared-backends", IPv4, packet("10.244.1.3", "10.96.0.1", dataplane.TCP, 80), DNAT,
+			map[string]float64{"10.244.1.1:8080": 0.5, "10.244.1.2:8080": 0.5}},
+		{"hairpin through the hairpin trie", "shared-backends", IPv4, packet("172.16.0.9", "10.96.0.3", dataplane.TCP, 80), DNAT,
+			map[string]float64{"10.244.1.1:8080": 0.5, "172.16.0.9:8080 masq": 0.5}},
+		{"IPv6 hairpin through the hairpin trie", "shared-backends", IPv6, packet("2001:db8::9", "fd00:96::3", dataplane.TCP, 80), DNAT,
+			map[string]float64{"[2001:db8::9]:8080 masq": 0.5, "[fd00:244::1]:8080": 0.5}},
+		{"a backend talking to itself without the VIP is left alone", "one-backend", IPv4, packet("10.244.1.5", "10.244.1.5", dataplane.TCP, 8080), NoMatch, nil},
+		{"from the host, not masqueraded", "one-backend", IPv4, func() Packet {
+			p := packet("192.168.1.1", "10.96.0.10", dataplane.TCP, 80)
+			p.Hook = HookOutput
+			return p
+		}(), DNAT, map[string]float64{"10.244.1.5:8080": 1}},
 		{"affinity hit", "affinity", IPv4, func() Packet {
 			p := tcpTo("10.96.0.12", 80)
 			p.Affinity = netip.MustParseAddr("10.244.1.2")
@@ -127,6 +143,12 @@ func TestTraceFailsLoudly(t *testing.T) {
 		"-j VIPD-NOWHERE",
 		"-j RETURN -d 10.0.0.1/32",
 		`-m comment --comment "unterminated -j RETURN`,
+		"-m mark --mark 0x20000/0x20000 -j RETURN",
+		"-j MARK --set-xmark 0x20000/0x20000",
+		"-m conntrack --ctstate ESTABLISHED -j RETURN",
+		"-m conntrack --ctstate NEW,DNAT -j RETURN",
+		"-m conntrack --ctstatus DNAT -j RETURN",
+		"-j MASQUERADE --to-ports 1024",
 	} {
 		payload := "*nat\n:VIPD-X - [0:0]\n-A VIPD-X " + rule + "\nCOMMIT\n"
 		if err := NewTracer(IPv4).Restore([]byte(payload)); err == nil {
@@ -156,6 +178,29 @@ func TestTraceFailsLoudly(t *testing.T) {
 	}
 	if o, err := tr.Trace(packet("10.0.0.2", "10.96.0.1", dataplane.TCP, 80)); err == nil {
 		t.Errorf("Trace = %+v; want an error for mixed verdicts", o)
+	}
+	// Targets where the kernel refuses them, and a masquerade that no DNAT
+	// asked for, are errors too.
+	for name, rules := range map[string]struct{ services, postrouting string }{
+		"MASQUERADE reached from PREROUTING": {"-j MASQUERADE --random-fully", ""},
+		"DNAT reached from POSTROUTING":      {"", "-p tcp -m tcp -j DNAT --to-destination 10.0.0.1:80"},
+		"MASQUERADE without DNAT":            {"", "-s 10.0.0.2/32 -j MASQUERADE --random-fully"},
+	} {
+		tr := NewTracer(IPv4)
+		payload := "*nat\n:VIPD-SERVICES - [0:0]\n:VIPD-POSTROUTING - [0:0]\n"
+		if rules.services != "" {
+			payload += "-A VIPD-SERVICES " + rules.services + "\n"
+		}
+		if rules.postrouting != "" {
+			payload += "-A VIPD-POSTROUTING " + rules.postrouting + "\n"
+		}
+		payload += "COMMIT\n*filter\n:VIPD-REJECT - [0:0]\nCOMMIT\n"
+		if err := tr.Restore([]byte(payload)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if o, err := tr.Trace(packet("10.0.0.2", "10.96.0.1", dataplane.TCP, 80)); err == nil {
+			t.Errorf("%s: Trace = %+v; want an error", name, o)
+		}
 	}
 }
 
@@ -198,11 +243,16 @@ func TestTrieScale(t *testing.T) {
 		for i := 0; i < n; i += 37 {
 			svc := svcs[i]
 			vip, be := svc.VIPs[f], svc.Backends[f].IP
-			o := mustTrace(t, tr, Packet{Src: client, Dst: vip, Protocol: dataplane.TCP, DstPort: 80})
-			if o.Verdict != DNAT || len(o.Destinations) != 1 || o.Destinations[0].Addr != netip.AddrPortFrom(be, 8080) {
-				t.Fatalf("%s: %v traced to %+v; want %v", f, vip, o, be)
+			// From a client, and from the backend itself (hairpin, which
+			// walks the hairpin trie to its end).
+			for _, src := range []netip.Addr{client, be} {
+				o := mustTrace(t, tr, Packet{Src: src, Dst: vip, Protocol: dataplane.TCP, DstPort: 80})
+				want := Destination{netip.AddrPortFrom(be, 8080), 1, src == be}
+				if o.Verdict != DNAT || len(o.Destinations) != 1 || o.Destinations[0] != want {
+					t.Fatalf("%s: %v from %v traced to %+v; want %+v", f, vip, src, o, want)
+				}
+				maxRules = max(maxRules, o.Rules)
 			}
-			maxRules = max(maxRules, o.Rules)
 		}
 		miss := map[Family]string{IPv4: "10.95.255.255", IPv6: "fd00:96::ffff:ffff"}[f]
 		o := mustTrace(t, tr, Packet{Src: client, Dst: netip.MustParseAddr(miss), Protocol: dataplane.TCP, DstPort: 80})

@@ -7,33 +7,36 @@ import (
 	"strings"
 )
 
-// trieEntry is one leaf rule of a dispatch or reject trie: a rule that
-// matches packets for addr.
+// trieEntry is one leaf rule of a dispatch, reject or hairpin trie: a rule
+// that matches packets whose destination is addr.
 type trieEntry struct {
 	addr netip.Addr
 	rule string
 }
 
-// addTrie renders entries as a prefix trie of chains rooted at the chain root,
-// so that a packet walks a few short chains instead of one rule per VIP. A
-// chain holds its entries as leaf rules while there are at most k of them (or
-// they all share one address); otherwise it holds one `-d <prefix> -j <child>`
-// rule per value of the next nibble of the address, or the entry itself where
-// only one has that value. A child is named after the longest nibble-aligned
-// prefix its entries share (path compression), so single-child levels cost no
-// chain.
+// buildTrie renders entries as a prefix trie of chains rooted at the chain
+// root, so that a packet walks a few short chains instead of one rule per
+// address. A chain holds its entries as leaf rules while there are at most k
+// of them (or they all share one address); otherwise it holds one
+// `-d <prefix> -j <child>` rule per value of the next nibble of the address,
+// or the entry itself where only one has that value. A child is named after
+// the longest nibble-aligned prefix its entries share (path compression), so
+// single-child levels cost no chain. Entries may share nothing but the
+// family; no entries give an empty root chain.
 //
 // The result is a pure function of the set of entries, and each chain name is
 // a function of its prefix alone. Adding or removing an entry therefore
 // changes only the chains on its address's path, plus any chains created or
 // removed where a leaf splits, merges, or a shared prefix grows or shrinks.
-func (r *Ruleset) addTrie(f Family, t Table, root, namePrefix string, entries []trieEntry, k int) {
+// buildTrie sorts entries in place.
+func buildTrie(root, namePrefix string, entries []trieEntry, k int) map[string][]string {
+	chains := map[string][]string{}
 	// Stable: rules for one address keep the order they were rendered in.
 	slices.SortStableFunc(entries, func(a, b trieEntry) int { return a.addr.Compare(b.addr) })
 	var node func(name string, bits int, es []trieEntry)
 	node = func(name string, bits int, es []trieEntry) {
 		leaf := len(es) <= k || bits == es[0].addr.BitLen()
-		var rules []string
+		rules := []string{}
 		for len(es) > 0 {
 			j := 1
 			for !leaf && j < len(es) && nibble(es[j].addr, bits/4) == nibble(es[0].addr, bits/4) {
@@ -53,9 +56,10 @@ func (r *Ruleset) addTrie(f Family, t Table, root, namePrefix string, entries []
 			node(child, l, es[:j])
 			es = es[j:]
 		}
-		r.add(f, t, name, rules...)
+		chains[name] = rules
 	}
 	node(root, 0, entries)
+	return chains
 }
 
 // nibble is the i-th 4-bit digit of a, most significant first.
