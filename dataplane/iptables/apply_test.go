@@ -129,8 +129,10 @@ func TestApplyForwardsAndCleansUp(t *testing.T) {
 	}
 }
 
-// TestFailedApplyKeepsOldState makes a restore fail with a foreign rule that
-// references a vipd chain, so that deleting it is refused.
+// TestFailedApplyKeepsOldState makes the IPv6 restore fail with a foreign
+// rule that references a vipd chain, so that deleting it is refused, while
+// the IPv4 part of the same change has already been applied: the IPv4 part
+// must be rolled back.
 func TestFailedApplyKeepsOldState(t *testing.T) {
 	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1", "web2"}}}})
 	node, client := lab.Node(1), lab.Pod("client")
@@ -147,21 +149,21 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 	}
 	defer dp.Close()
 	web := service("web", "198.19.0.10", 80, lab.Pod("web1").IPv4())
-	other := service("other", "198.19.0.12", 80, lab.Pod("web2").IPv4())
+	other := service("other", "fd00:198:ff::12", 80, lab.Pod("web2").IPv6())
 	if err := dp.Apply(ctx, state(nil, web, other)); err != nil {
 		t.Fatal(err)
 	}
 	// Pin the "other" service chain with a foreign rule: removing the service must now fail.
 	svcChain := ""
 	for line := range strings.Lines(save(t, node, iptables.ModeNFT)) {
-		if strings.Contains(line, "198.19.0.12/32") && strings.Contains(line, "-j VIPD-SVC-") {
+		if strings.Contains(line, "fd00:198:ff::12/128") && strings.Contains(line, "-j VIPD-SVC-") {
 			svcChain = strings.TrimSpace(line[strings.Index(line, "-j ")+3:])
 		}
 	}
-	if _, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-N", "FOREIGN"); err != nil {
+	if _, err := node.Exec(ctx, "ip6tables-nft", "-t", "nat", "-N", "FOREIGN"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svcChain); err != nil {
+	if _, err := node.Exec(ctx, "ip6tables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svcChain); err != nil {
 		t.Fatal(err)
 	}
 	web2 := service("web", "198.19.0.10", 80, lab.Pod("web2").IPv4())
@@ -170,16 +172,19 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 	if err == nil {
 		t.Fatal("apply succeeded although a foreign rule pins a vipd chain")
 	}
-	// The old state stays in force: web still goes to web1, other still works.
-	for vip, want := range map[string]string{"198.19.0.10:80": "web1", "198.19.0.12:80": "web2"} {
+	// The old state stays in force in both families: web still goes to web1.
+	for vip, want := range map[string]string{"198.19.0.10:80": "web1", "[fd00:198:ff::12]:80": "web2"} {
 		if r, err := client.Request(ctx, "tcp", vip); err != nil || r.Backend != want {
 			t.Fatalf("%s after a failed apply: %+v %v, want %s", vip, r, err, want)
 		}
 	}
 	// Once the conflict is gone, the next apply (a full one) succeeds.
-	node.Exec(ctx, "iptables-nft", "-t", "nat", "-F", "FOREIGN")
+	node.Exec(ctx, "ip6tables-nft", "-t", "nat", "-F", "FOREIGN")
 	if err := dp.Apply(ctx, state([]string{"other", "web"}, web2)); err != nil {
 		t.Fatal(err)
+	}
+	if st := dp.LastSync(); !st.Full {
+		t.Fatalf("the apply after a failure was not a full sync")
 	}
 	if r, err := client.Request(ctx, "tcp", "198.19.0.10:80"); err != nil || r.Backend != "web2" {
 		t.Fatalf("after recovery: %+v %v", r, err)

@@ -119,11 +119,12 @@ func (d *Dataplane) Mode() Mode { return d.cfg.Mode }
 func (d *Dataplane) Capabilities() dataplane.Capabilities { return Capabilities() }
 
 // Apply implements dataplane.Dataplane. A partial sync rewrites only the
-// chains that changed. A full sync (the first Apply, any Apply after an error,
-// and an Apply whose State.Changed is nil) rewrites every vipd chain, deletes
-// stale ones, and (re)installs the hooks. If a family's restore fails, the
-// families already restored are put back to the previous rules, so the old
-// state stays in force.
+// chains that changed since the last Apply. A full sync (the first Apply, any
+// Apply after an error, and an Apply whose State.Changed is nil) diffs
+// against the rules iptables-save shows instead, so it also repairs drift,
+// deletes stale chains and (re)installs missing hooks. If a family's restore
+// fails, the families already restored are put back to the rules they had,
+// so the old state stays in force.
 func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -164,7 +165,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			payload = withChainListFetch(payload)
 		}
 		if err := d.run.restore(ctx, u.Family, payload); err != nil {
-			d.rollback(ctx, done)
+			d.rollback(ctx, done, next, old)
 			return fmt.Errorf("apply %s rules: %w", u.Family, err)
 		}
 		done = append(done, u.Family)
@@ -198,21 +199,16 @@ func withChainListFetch(payload []byte) []byte {
 	return []byte(text)
 }
 
-// rollback puts the families in done back to the previously applied rules
-// with a full payload. A failure here is logged; needFull stays set, so the
-// next Apply rebuilds everything anyway.
-func (d *Dataplane) rollback(ctx context.Context, done []Family) {
+// rollback moves the families in done from the rules of next back to those
+// of old, which they held before this Apply. A failure here is logged;
+// needFull stays set, so the next Apply diffs against the kernel anyway.
+func (d *Dataplane) rollback(ctx context.Context, done []Family, next, old *Ruleset) {
+	back := Payload(next, old, false, nil)
 	for _, f := range done {
-		save, err := d.run.save(ctx, f)
-		if err != nil {
-			d.log.Error("roll back: read rules", "family", f, "error", err)
+		if back[f].Restore == nil {
 			continue
 		}
-		u := Payload(nil, d.applied, true, map[Family]ExistingChains{f: ParseSave(save)})[f]
-		if u.Restore == nil {
-			continue
-		}
-		if err := d.run.restore(ctx, f, u.Restore); err != nil {
+		if err := d.run.restore(ctx, f, back[f].Restore); err != nil {
 			d.log.Error("roll back", "family", f, "error", err)
 		}
 	}

@@ -373,7 +373,6 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 	return out
 }
 
-// weight is b's weight; like the API, zero means 1.
 // probability formats w/total as the statistic match stores and prints it:
 // xt_statistic keeps round(p × 2³¹) and iptables-save prints that with 11
 // decimals.
@@ -382,6 +381,7 @@ func probability(w, total int) string {
 	return strconv.FormatFloat(math.Round(scale*float64(w)/float64(total))/scale, 'f', 11, 64)
 }
 
+// weight is b's weight; like the API, zero means 1.
 func weight(b *dataplane.Backend) int { return max(1, int(b.Weight)) }
 
 // protoMatch is the one place that spells a protocol match. Matches given
