@@ -97,14 +97,11 @@ func run(ctx context.Context, bin string) error {
 
 	d := &demo{bin: bin, socket: filepath.Join(work, "vipd.sock"), lab: lab}
 	step("start vipd with the iptables dataplane, programming %s", node.Name())
-	vipd := exec.Command(filepath.Join(bin, "vipd"), "run", "--dataplane", "iptables", "--netns", node.Path(),
-		"--socket", d.socket, "--state-dir", filepath.Join(work, "state"))
-	logFile, err := os.Create(filepath.Join(work, "vipd.log"))
+	logPath := filepath.Join(work, "vipd.log")
+	vipdArgs := []string{"run", "--dataplane", "iptables", "--netns", node.Path(),
+		"--socket", d.socket, "--state-dir", filepath.Join(work, "state")}
+	vipd, err := d.startVipd(ctx, logPath, vipdArgs)
 	if err != nil {
-		return err
-	}
-	vipd.Stdout, vipd.Stderr = logFile, logFile
-	if err := vipd.Start(); err != nil {
 		return err
 	}
 	defer func() {
@@ -112,10 +109,6 @@ func run(ctx context.Context, bin string) error {
 		vipd.Wait()
 		exec.Command(filepath.Join(bin, "vipd"), "cleanup", "--netns", node.Path()).Run()
 	}()
-	if err := d.waitReady(ctx); err != nil {
-		log, _ := os.ReadFile(logFile.Name())
-		return fmt.Errorf("%w\n%s", err, log)
-	}
 
 	step("upsert default/web (%s:80 → three backends on 8080) with vipctl", vip)
 	manifest := filepath.Join(work, "web.yaml")
@@ -186,6 +179,24 @@ func run(ctx context.Context, bin string) error {
 	default:
 		return fmt.Errorf("connect to the empty service: want connection refused, got %v", err)
 	}
+	step("kill -9 vipd: traffic keeps flowing, because the rules live in the kernel")
+	vipd.Process.Kill()
+	vipd.Wait()
+	for i := 1; i <= 5; i++ {
+		r, err := client.Request(ctx, "tcp", vip+":80")
+		if err != nil {
+			return fmt.Errorf("request %d with vipd down: %w", i, err)
+		}
+		fmt.Printf("  vipd down, request %d → %s\n", i, r.Backend)
+	}
+	step("restart vipd with the same state dir: it finds its rules in place and rewrites nothing")
+	if vipd, err = d.startVipd(ctx, logPath, vipdArgs); err != nil {
+		return err
+	}
+	if err := d.vipctl(ctx, "service", "list"); err != nil {
+		return err
+	}
+
 	step("the rules vipd wrote for it (iptables-save | grep %s)", emptyVIP)
 	save, err := node.Exec(ctx, "iptables-save")
 	if err != nil {
@@ -197,6 +208,28 @@ func run(ctx context.Context, bin string) error {
 		}
 	}
 	return nil
+}
+
+// startVipd starts vipd with args, appending its output to logPath, and
+// waits until it reports ready.
+func (d *demo) startVipd(ctx context.Context, logPath string, args []string) (*exec.Cmd, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(filepath.Join(d.bin, "vipd"), args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	if err := d.waitReady(ctx); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		log, _ := os.ReadFile(logPath)
+		return nil, fmt.Errorf("%w\n%s", err, log)
+	}
+	return cmd, nil
 }
 
 func (d *demo) waitReady(ctx context.Context) error {
