@@ -6,54 +6,35 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testbin"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
+// vipdBin is the vipd binary built once by TestMain.
+var vipdBin string
+
 func TestMain(m *testing.M) {
+	dir, cleanup, err := testbin.Build(false, "./cmd/vipd")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	vipdBin = filepath.Join(dir, "vipd")
 	code := m.Run()
-	if vipdBin != "" {
-		os.RemoveAll(filepath.Dir(vipdBin))
-	}
+	cleanup()
 	os.Exit(code)
-}
-
-var (
-	buildOnce sync.Once
-	vipdBin   string
-	buildErr  error
-)
-
-// vipdBinary builds cmd/vipd once per test binary.
-func vipdBinary(tb testing.TB) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vipd-bench-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		vipdBin = filepath.Join(dir, "vipd")
-		out, err := exec.Command("go", "build", "-o", vipdBin, "github.com/vipd/vipd/cmd/vipd").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("build vipd: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return vipdBin
 }
 
 // startVipd runs vipd against node's namespace and returns a client for it.
 func startVipd(tb testing.TB, node *netlab.Node, args ...string) *client.Client {
 	dir := tb.TempDir()
 	sock := filepath.Join(dir, "vipd.sock")
-	cmd := exec.Command(vipdBinary(tb), append([]string{"run", "--netns", node.Path(), "--socket", sock,
+	cmd := exec.Command(vipdBin, append([]string{"run", "--netns", node.Path(), "--socket", sock,
 		"--state-dir", filepath.Join(dir, "state"), "--log-level", "warn"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -3,7 +3,6 @@ package conformance
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testbin"
 )
 
 // vipdBin is the vipd binary built once by TestMain.
@@ -22,23 +22,12 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "vipd-conformance-bin")
+	dir, cleanup, err := testbin.Build(false, "./cmd/vipd")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "vipd"), "./cmd/vipd")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build ./cmd/vipd: %v\n%s", err, out)
-		return 1
-	}
+	defer cleanup()
 	vipdBin = filepath.Join(dir, "vipd")
 	return m.Run()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vipd/vipd/internal/testbin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,25 +23,12 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "vipd-e2e-bin")
+	dir, cleanup, err := testbin.Build(true, "./cmd/vipd", "./cmd/vipctl")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	root, _ := filepath.Abs("../..")
-	builds := [][]string{
-		{"build", "-o", dir + "/", "./cmd/vipd", "./cmd/vipctl"},
-		{"build", "-modfile=" + filepath.Join(root, "tools/go.mod"), "-o", filepath.Join(dir, "grpcurl"), "github.com/fullstorydev/grpcurl/cmd/grpcurl"},
-	}
-	for _, args := range builds {
-		cmd := exec.Command("go", args...)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
-			return 1
-		}
-	}
+	defer cleanup()
 	bin = dir
 	return m.Run()
 }
