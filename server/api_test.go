@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -25,15 +24,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 )
 
-// instance is one running API server over bufconn, backed by the fake
-// dataplane and a real state directory.
+// instance is one running API server (internal/testserver: the real wiring
+// over the fake dataplane and a real state directory) with clients for it.
 type instance struct {
 	dp     *fake.Dataplane
-	rec    *reconcile.Reconciler
+	ready  <-chan struct{}
 	lb     vipdv1.LoadBalancerServiceClient
 	status vipdv1.StatusServiceClient
 	health healthpb.HealthClient
@@ -52,59 +50,30 @@ type config struct {
 // start runs an instance; it is stopped at the end of the test or by stop.
 func start(t testing.TB, cfg config) *instance {
 	t.Helper()
-	if cfg.stateDir == "" {
-		cfg.stateDir = t.TempDir()
+	opts := []testserver.Option{testserver.WithServerOptions(cfg.serverOps...), testserver.WithVersion("test")}
+	if cfg.stateDir != "" {
+		opts = append(opts, testserver.WithStateDir(cfg.stateDir))
 	}
-	if cfg.dp == nil {
-		cfg.dp = fake.New()
+	if cfg.dp != nil {
+		opts = append(opts, testserver.WithDataplane(cfg.dp))
 	}
-	if cfg.limits.MaxBackends == 0 {
-		cfg.limits.MaxBackends = validation.DefaultMaxBackends
+	if cfg.limits.MaxBackends != 0 || cfg.limits.ServiceCIDRs != nil {
+		opts = append(opts, testserver.WithLimits(cfg.limits))
 	}
-	log := hclog.NewNullLogger()
-	dir, err := store.OpenDir(cfg.stateDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := dir.Load()
-	if err != nil {
-		dir.Close()
-		t.Fatal(err)
-	}
-	var p reconcile.Persister = dir
 	if cfg.persister != nil {
-		p = cfg.persister(dir)
+		opts = append(opts, testserver.WithPersister(cfg.persister))
 	}
-	rec := reconcile.New(log, cfg.dp, p, snap)
-	api := server.NewAPI(log, rec, cfg.dp.Name(), cfg.dp.Capabilities(), cfg.limits, "test")
-	lis := bufconn.Listen(1 << 20)
-	srv, err := server.New(log, api, append([]server.Option{server.WithListener(lis)}, cfg.serverOps...)...)
-	if err != nil {
-		t.Fatal(err)
+	if cfg.noWait {
+		opts = append(opts, testserver.WithoutWaiting())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	recDone := make(chan struct{})
-	go func() {
-		rec.Run(ctx)
-		close(recDone)
-	}()
-	go srv.Serve()
-	go func() {
-		select {
-		case <-rec.Ready():
-			srv.MarkReady()
-		case <-ctx.Done():
-		}
-	}()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	srv := testserver.Start(t, opts...)
+	conn, err := grpc.NewClient(srv.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
 	in := &instance{
-		dp: cfg.dp, rec: rec,
+		dp: srv.Dataplane(), ready: srv.Ready(),
 		lb:     vipdv1.NewLoadBalancerServiceClient(conn),
 		status: vipdv1.NewStatusServiceClient(conn),
 		health: healthpb.NewHealthClient(conn),
@@ -112,20 +81,12 @@ func start(t testing.TB, cfg config) *instance {
 	in.stop = func() {
 		once.Do(func() {
 			conn.Close()
-			srv.Shutdown(time.Second)
-			cancel()
-			<-recDone
-			dir.Close()
+			if err := srv.Close(); err != nil {
+				t.Errorf("stop: %v", err)
+			}
 		})
 	}
 	t.Cleanup(in.stop)
-	if !cfg.noWait {
-		select {
-		case <-rec.Ready():
-		case <-time.After(5 * time.Second):
-			t.Fatal("initial apply did not finish")
-		}
-	}
 	return in
 }
 
@@ -672,7 +633,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 		t.Fatalf("health before the initial apply: %v %v", h, err)
 	}
 	close(release)
-	<-again.rec.Ready()
+	<-again.ready
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		h, err = again.health.Check(ctxT(t), &healthpb.HealthCheckRequest{})

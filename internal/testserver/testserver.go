@@ -31,8 +31,10 @@ const (
 // Server is one running vipd API. Create it with Start, or with New where
 // there is no testing.TB (a runnable example).
 type Server struct {
-	dir   string // temporary; holds the socket and the state directory
-	dp    *fake.Dataplane
+	dir      string // temporary; holds the socket and, by default, the state directory
+	stateDir string
+	dp       *fake.Dataplane
+	ready    <-chan struct{}
 	state *store.Dir
 	shell *server.Server
 
@@ -49,10 +51,14 @@ type Server struct {
 }
 
 type config struct {
-	limits    validation.Limits
-	dp        *fake.Dataplane
-	version   string
-	listeners []net.Listener
+	limits     validation.Limits
+	dp         *fake.Dataplane
+	version    string
+	listeners  []net.Listener
+	stateDir   string
+	persister  func(*store.Dir) reconcile.Persister
+	serverOpts []server.Option
+	noWait     bool
 }
 
 // Option configures a Server.
@@ -82,6 +88,31 @@ func WithVersion(v string) Option {
 // listener, say. The Server owns l from then on and closes it.
 func WithListener(l net.Listener) Option {
 	return func(c *config) { c.listeners = append(c.listeners, l) }
+}
+
+// WithStateDir keeps the state in dir, which Close leaves in place, so that a
+// second Server over the same dir shows a restart. The default is a
+// temporary directory that Close removes.
+func WithStateDir(dir string) Option {
+	return func(c *config) { c.stateDir = dir }
+}
+
+// WithPersister wraps the state directory the reconciler saves to, for
+// example to make saves fail.
+func WithPersister(wrap func(*store.Dir) reconcile.Persister) Option {
+	return func(c *config) { c.persister = wrap }
+}
+
+// WithServerOptions adds options to the gRPC shell, such as
+// server.WithMaxRecvMsgSize.
+func WithServerOptions(opts ...server.Option) Option {
+	return func(c *config) { c.serverOpts = append(c.serverOpts, opts...) }
+}
+
+// WithoutWaiting makes Start and New return before the initial apply; Ready
+// tells when it is done. Health says NOT_SERVING until then.
+func WithoutWaiting() Option {
+	return func(c *config) { c.noWait = true }
 }
 
 // Start runs a Server for the test and stops it at the test's cleanup. It
@@ -137,7 +168,11 @@ func (s *Server) start(cfg config) error {
 		return err
 	}
 	s.dir = dir
-	if s.state, err = store.OpenDir(s.StateDir()); err != nil {
+	s.stateDir = cfg.stateDir
+	if s.stateDir == "" {
+		s.stateDir = filepath.Join(dir, "state")
+	}
+	if s.state, err = store.OpenDir(s.stateDir); err != nil {
 		return err
 	}
 	snap, err := s.state.Load()
@@ -145,9 +180,14 @@ func (s *Server) start(cfg config) error {
 		return err
 	}
 	log := hclog.NewNullLogger()
-	rec := reconcile.New(log, s.dp, s.state, snap)
+	var persister reconcile.Persister = s.state
+	if cfg.persister != nil {
+		persister = cfg.persister(s.state)
+	}
+	rec := reconcile.New(log, s.dp, persister, snap)
+	s.ready = rec.Ready()
 	api := server.NewAPI(log, rec, s.dp.Name(), s.dp.Capabilities(), cfg.limits, cfg.version)
-	listen := []server.Option{server.WithUnixSocket(s.Socket(), 0o660)}
+	listen := append([]server.Option{server.WithUnixSocket(s.Socket(), 0o660)}, cfg.serverOpts...)
 	for _, l := range s.extra {
 		listen = append(listen, server.WithListener(l))
 	}
@@ -159,6 +199,16 @@ func (s *Server) start(cfg config) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopReconciler = cancel
 	go func() { s.reconcilerDone <- rec.Run(ctx) }()
+	if cfg.noWait {
+		go func() {
+			select {
+			case <-rec.Ready():
+				s.shell.MarkReady()
+			case <-ctx.Done():
+			}
+		}()
+		return nil
+	}
 	select {
 	case <-rec.Ready():
 		s.shell.MarkReady()
@@ -168,6 +218,9 @@ func (s *Server) start(cfg config) error {
 	}
 }
 
+// Ready is closed once the initial apply has succeeded.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
 // Socket is the path of the Unix socket the API listens on.
 func (s *Server) Socket() string { return filepath.Join(s.dir, "vipd.sock") }
 
@@ -176,7 +229,7 @@ func (s *Server) Target() string { return "unix://" + s.Socket() }
 
 // StateDir is the state directory, which holds the state file once a change
 // is saved. Removing it makes every later save fail.
-func (s *Server) StateDir() string { return filepath.Join(s.dir, "state") }
+func (s *Server) StateDir() string { return s.stateDir }
 
 // Dataplane is the fake dataplane the API applies to. Use it to script
 // failures (FailNext, SetHook) and to see what was applied (Applied, Records).
