@@ -35,8 +35,8 @@ type Server struct {
 	stateDir string
 	dp       *fake.Dataplane
 	ready    <-chan struct{}
-	state *store.Dir
-	shell *server.Server
+	state    *store.Dir
+	shell    *server.Server
 
 	// extra are the WithListener listeners. The shell closes them once it
 	// runs; until then Close does.
