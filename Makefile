@@ -25,6 +25,7 @@ test: deps build
 
 generate:
 	cd proto && $(TOOL) buf generate
+	$(GO) generate ./dataplane/ebpf/
 
 lint:
 	$(GO) vet ./...

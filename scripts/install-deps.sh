@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # install-deps.sh installs the Debian packages that vipd's tests and demo need,
 # and only those that are missing. It needs root when something is missing.
+#
+#   install-deps.sh            what make test and make demo need
+#   install-deps.sh generate   also what make generate needs (clang for bpf2go)
 set -euo pipefail
 
 need=()
@@ -9,6 +12,12 @@ have ip || need+=(iproute2)
 have nsenter || need+=(util-linux)
 { have iptables-nft-restore && have iptables-legacy-restore; } || need+=(iptables)
 have conntrack || need+=(conntrack)
+if [[ ${1:-} == generate ]]; then
+	have clang || need+=(clang)
+	have llvm-strip || need+=(llvm)
+	[[ -f /usr/include/bpf/bpf_helpers.h ]] || need+=(libbpf-dev)
+	[[ -f /usr/include/linux/bpf.h ]] || need+=(linux-libc-dev)
+fi
 
 if ((${#need[@]} == 0)); then
 	exit 0

@@ -15,6 +15,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"github.com/vipd/vipd/dataplane/ebpf"
+	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
 	"github.com/vipd/vipd/internal/version"
@@ -100,22 +102,32 @@ func runCommand() *cobra.Command {
 	f.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Hour, "diff the whole state against the kernel this often, repairing drift (0 disables)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
 	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
+	f.StringVar(&cfg.EBPF.BPFFS, "bpffs", ebpf.DefaultBPFFS, "ebpf: directory for pinned maps and links (a bpffs is mounted there if needed)")
+	f.StringVar(&cfg.EBPF.CgroupPath, "cgroup-path", "", "ebpf: cgroup v2 directory for the socket hooks (default: the root of a cgroup2 mount at "+ebpf.DefaultCgroupMount+", mounted if absent)")
+	f.StringSliceVar(&cfg.EBPF.PodInterfaces, "pod-interfaces", ebpf.DefaultPodInterfaces, "ebpf: glob patterns of host-side pod interfaces to attach the tc programs to")
+	f.Uint32Var(&cfg.EBPF.MaglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "ebpf: smallest Maglev table size (a prime; grown to a prime >= 100 x backends)")
+	f.Uint32Var(&cfg.EBPF.Maps.LB, "bpf-lb-map-max", ebpf.DefaultMapSizes.LB, "ebpf: entries of the service and member maps (a frontend takes 1 + its eligible backends)")
+	f.Uint32Var(&cfg.EBPF.Maps.Backends, "bpf-backend-map-max", ebpf.DefaultMapSizes.Backends, "ebpf: distinct backend address:port pairs")
+	f.Uint32Var(&cfg.EBPF.Maps.Conntrack, "bpf-ct-map-max", ebpf.DefaultMapSizes.Conntrack, "ebpf: conntrack entries (two per flow; LRU)")
+	f.Uint32Var(&cfg.EBPF.Maps.Affinity, "bpf-affinity-map-max", ebpf.DefaultMapSizes.Affinity, "ebpf: session-affinity entries (LRU)")
+	f.Uint32Var(&cfg.EBPF.Maps.Sockets, "bpf-sock-map-max", ebpf.DefaultMapSizes.Sockets, "ebpf: node-local socket translations (LRU)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	return cmd
 }
 
 func cleanupCommand() *cobra.Command {
-	var netnsPath string
+	var netnsPath, bpffs string
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove every rule, hook and chain vipd programmed (vipd itself must be stopped)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
-			return daemon.Cleanup(context.Background(), log, netnsPath)
+			return daemon.Cleanup(context.Background(), log, netnsPath, bpffs)
 		},
 	}
 	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
+	cmd.Flags().StringVar(&bpffs, "bpffs", ebpf.DefaultBPFFS, "the eBPF dataplane's pin directory to clean")
 	return cmd
 }

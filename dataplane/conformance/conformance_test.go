@@ -18,6 +18,9 @@ import (
 var vipdBin string
 
 func TestMain(m *testing.M) {
+	// First: node1's requests come from client processes that run this
+	// binary again (see host.Request).
+	netlab.RunClientIfRequested()
 	os.Exit(run(m))
 }
 

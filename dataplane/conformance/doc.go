@@ -4,8 +4,15 @@
 // and checks real TCP, UDP and SCTP traffic between pod namespaces: what a
 // client reaches through a VIP, what the backend sees, and what comes back.
 //
+// Requests from node1 itself come from a client process (netlab.Client)
+// born in a test cgroup of the scenario's own (internal/cgroup2), as a
+// program on a node would: the eBPF dataplane attaches its socket hooks to
+// that cgroup (vipd --cgroup-path) and pins its objects in a private bpffs
+// (vipd --bpffs). Pods' requests come from the test process.
+//
 // The package has only tests; it must never touch the root network
-// namespace. Everything it creates lives in netlab namespaces or temporary
+// namespace, nor attach anything to the machine's root cgroup. Everything it
+// creates lives in netlab namespaces, its test cgroups or temporary
 // directories and is removed when a scenario ends, even when it fails.
 //
 //	go test ./dataplane/conformance/ -count=1 -v                      # as root

@@ -20,8 +20,10 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"golang.org/x/sys/unix"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -42,6 +44,9 @@ const (
 	rpcTimeout = 2 * time.Minute
 	// readyTimeout bounds vipd's start until health reports SERVING.
 	readyTimeout = time.Minute
+	// clientStartTimeout bounds the start of node1's client process, which
+	// runs this test binary again, on a machine busy with parallel scenarios.
+	clientStartTimeout = 30 * time.Second
 )
 
 // echoPorts are the ports every backend's echo servers listen on, TCP and
@@ -90,6 +95,65 @@ type host struct {
 	*netlab.NS
 	name   string
 	v4, v6 netip.Addr
+	// cg, if set, makes the host's requests come from a client process in
+	// a cgroup, as a program on a node does, rather than from the test
+	// process: socket-level load balancing hooks into that cgroup.
+	cg *cgroupClient
+}
+
+// Request is netlab.NS.Request, made by the host's client process if the
+// host has a cgroup.
+func (h host) Request(ctx context.Context, network, addr string, opts ...netlab.DialOption) (netlab.Reply, error) {
+	if h.cg == nil {
+		return h.NS.Request(ctx, network, addr, opts...)
+	}
+	c, err := h.cg.client(h.NS)
+	if err != nil {
+		return netlab.Reply{}, err
+	}
+	return c.Request(ctx, network, addr, opts...)
+}
+
+// Dial is netlab.NS.Dial. It fails for a host with a cgroup: its client
+// process only makes request-reply exchanges, and cannot hand the test a
+// connection.
+func (h host) Dial(ctx context.Context, network, addr string, opts ...netlab.DialOption) (*netlab.Conn, error) {
+	if h.cg != nil {
+		return nil, fmt.Errorf("unsupported: %s's traffic comes from a client process in cgroup %s, "+
+			"which makes single requests (request, expectBackends, ...) but cannot hold a connection for the test", h.name, h.cg.dir)
+	}
+	return h.NS.Dial(ctx, network, addr, opts...)
+}
+
+// cgroupClient is the client process of a host with a cgroup, started on
+// the host's first request.
+type cgroupClient struct {
+	dir string // the cgroup v2 directory
+
+	mu  sync.Mutex
+	c   *netlab.Client
+	err error
+}
+
+func (cc *cgroupClient) client(ns *netlab.NS) (*netlab.Client, error) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.c == nil && cc.err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), clientStartTimeout)
+		defer cancel()
+		cc.c, cc.err = ns.StartClient(ctx, cc.dir)
+	}
+	return cc.c, cc.err
+}
+
+// close ends the client process, if it was started.
+func (cc *cgroupClient) close() error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.c == nil {
+		return nil
+	}
+	return cc.c.Close()
 }
 
 func (h host) addr(f family) netip.Addr {
@@ -111,19 +175,26 @@ func echoes(port uint16, hosts ...host) []string {
 	return names
 }
 
-func podHost(p *netlab.Pod) host { return host{p.NS, p.PodName(), p.IPv4(), p.IPv6()} }
+func podHost(p *netlab.Pod) host {
+	return host{NS: p.NS, name: p.PodName(), v4: p.IPv4(), v6: p.IPv6()}
+}
 
 // env is one scenario's world: a fresh lab, a vipd programming node1, and a
 // client for vipd's API.
 //
 //	node1: client, client2 (clients); be1, be2, be3 (backends)
 //	node2: be4 (a backend on another node)
+//
+// node1's own requests come from a client process in the env's test cgroup,
+// which is the cgroup vipd's eBPF dataplane attaches its socket hooks to;
+// its pinned objects go to the env's private bpffs directory.
 type env struct {
 	t    *testing.T
 	dp   string
 	name string // <dataplane>/<scenario>, the prefix of every failure
 
 	lab                    *netlab.Lab
+	cgroup                 string // node1's client process runs here; eBPF hooks attach here
 	node1, node2           host
 	client, client2        host
 	be1, be2, be3, be4     host
@@ -140,8 +211,16 @@ func newEnv(t *testing.T, dp, scenario string) *env {
 		{Pods: []string{"be4"}},
 	}})
 	n1, n2 := e.lab.Node(1), e.lab.Node(2)
-	e.node1 = host{n1.NS, "node1", n1.IPv4(), n1.IPv6()}
-	e.node2 = host{n2.NS, "node2", n2.IPv4(), n2.IPv6()}
+	e.cgroup = cgroup2.NewTestGroup(t)
+	node1Client := &cgroupClient{dir: e.cgroup}
+	t.Cleanup(func() {
+		// Before the cgroup goes, which would kill the client anyway.
+		if err := node1Client.close(); err != nil {
+			e.errorf("close node1's client process: %v", err)
+		}
+	})
+	e.node1 = host{NS: n1.NS, name: "node1", v4: n1.IPv4(), v6: n1.IPv6(), cg: node1Client}
+	e.node2 = host{NS: n2.NS, name: "node2", v4: n2.IPv4(), v6: n2.IPv6()}
 	e.client, e.client2 = podHost(n1.Pod("client")), podHost(n1.Pod("client2"))
 	e.be1, e.be2, e.be3 = podHost(n1.Pod("be1")), podHost(n1.Pod("be2")), podHost(n1.Pod("be3"))
 	e.be4 = podHost(n2.Pod("be4"))
@@ -157,8 +236,20 @@ func newEnv(t *testing.T, dp, scenario string) *env {
 	if err != nil {
 		e.fatalf("%v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e.vipd = &daemon{dp: dp, netns: n1.Path(), socket: filepath.Join(dir, "vipd.sock"), stateDir: filepath.Join(dir, "state")}
+	bpffs := filepath.Join(dir, "bpf") // vipd mounts a bpffs here
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		e.fatalf("%v", err)
+	}
+	// Registered before vipd's stop, so it runs after it.
+	t.Cleanup(func() {
+		if err := unmountBPFFS(bpffs); err != nil {
+			e.errorf("%v (leaving %s)", err, dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	e.vipd = &daemon{dp: dp, netns: n1.Path(), socket: filepath.Join(dir, "vipd.sock"), stateDir: filepath.Join(dir, "state"),
+		cgroup: e.cgroup, bpffs: bpffs}
 	e.api, err = client.New("unix://"+e.vipd.socket, client.WithTimeout(rpcTimeout))
 	if err != nil {
 		e.fatalf("vipd client: %v", err)
@@ -180,6 +271,28 @@ func newEnv(t *testing.T, dp, scenario string) *env {
 	e.supportedLoadBalancing = st.GetSupportedLoadBalancing()
 	e.supportedProtocols = st.GetSupportedProtocols()
 	return e
+}
+
+// unmountBPFFS detaches the bpffs mounted at dir, if any (or each of them,
+// should vipd have mounted more than one), and leaves dir an empty directory
+// of the file system below.
+func unmountBPFFS(dir string) error {
+	for range 10 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		if st.Type != unix.BPF_FS_MAGIC {
+			return nil
+		}
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount bpffs %s: %w", dir, err)
+		}
+	}
+	return fmt.Errorf("unmount bpffs %s: still a bpffs after 10 unmounts", dir)
 }
 
 // startVipd starts vipd and waits until its health check reports SERVING.
@@ -521,6 +634,9 @@ func (e *env) on(c *netlab.Conn, what string) string {
 // programming one namespace. It may be killed and started again.
 type daemon struct {
 	dp, netns, socket, stateDir string
+	// cgroup and bpffs are for the eBPF dataplane: the cgroup v2 directory
+	// its socket hooks attach to, and where it pins its objects.
+	cgroup, bpffs string
 
 	log lockedBuffer
 
@@ -536,8 +652,14 @@ func (d *daemon) start() error {
 		return errors.New("vipd is already running")
 	}
 	fmt.Fprintf(&d.log, "=== starting vipd at %s\n", time.Now().Format(time.StampMilli))
-	cmd := exec.Command(vipdBin, "run", "--dataplane", d.dp, "--netns", d.netns,
-		"--socket", d.socket, "--state-dir", d.stateDir, "--log-level", "debug")
+	args := []string{"run", "--dataplane", d.dp, "--netns", d.netns,
+		"--socket", d.socket, "--state-dir", d.stateDir, "--log-level", "debug"}
+	if d.dp == "ebpf" {
+		// Never the machine's root cgroup: only the test's client
+		// processes are in this one.
+		args = append(args, "--cgroup-path", d.cgroup, "--bpffs", d.bpffs)
+	}
+	cmd := exec.Command(vipdBin, args...)
 	cmd.Stdout, cmd.Stderr = &d.log, &d.log
 	// vipd dies with the test binary, even on a go test timeout. The signal
 	// follows the thread that started vipd, so that thread stays locked (and

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/version"
@@ -44,6 +45,8 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// IPTablesMode picks the iptables binaries: auto, nft or legacy.
 	IPTablesMode iptables.Mode
+	// EBPF configures the eBPF dataplane (its NetNS is taken from NetNS).
+	EBPF ebpf.Config
 }
 
 // Dataplane names accepted by Config.Dataplane.
@@ -56,9 +59,13 @@ const (
 
 // Cleanup removes everything vipd's dataplanes put into the kernel of the
 // namespace at netns (the current one when empty): the iptables hooks and
-// chains, in every iptables mode that works there.
-func Cleanup(ctx context.Context, log hclog.Logger, netns string) error {
-	return iptables.Cleanup(ctx, log.Named("iptables"), netns, iptables.ModeAuto)
+// chains, in every iptables mode that works there, and the eBPF dataplane's
+// tc programs, socket hooks and pinned maps under bpffs.
+func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
+	return errors.Join(
+		iptables.Cleanup(ctx, log.Named("iptables"), netns, iptables.ModeAuto),
+		ebpf.Cleanup(log.Named("ebpf"), netns, bpffs),
+	)
 }
 
 // Run runs vipd until ctx ends, then shuts down gracefully, leaving the
@@ -141,18 +148,36 @@ func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane
 	case DataplaneFake:
 		log.Warn("using the fake dataplane: nothing is programmed into the kernel")
 		return fake.New(), nil
-	case DataplaneAuto, DataplaneIPTables:
-		if cfg.Dataplane == DataplaneAuto {
-			log.Info("auto selects the iptables dataplane: the eBPF dataplane is not built yet")
-		}
-		dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto)})
-		if err != nil {
-			return nil, fmt.Errorf("open iptables dataplane: %w", err)
-		}
-		log.Info("iptables dataplane ready", "mode", dp.Mode())
-		return dp, nil
 	case DataplaneEBPF:
-		return nil, fmt.Errorf("dataplane %q is not available in this build yet; use --dataplane=iptables", cfg.Dataplane)
+		return openEBPF(ctx, log, cfg)
+	case DataplaneAuto:
+		if err := ebpf.Supported(); err != nil {
+			log.Warn("auto falls back to the iptables dataplane: the eBPF dataplane cannot run here", "reason", err)
+			return openIPTables(ctx, log, cfg)
+		}
+		log.Info("auto selects the eBPF dataplane")
+		return openEBPF(ctx, log, cfg)
+	case DataplaneIPTables:
+		return openIPTables(ctx, log, cfg)
 	}
 	return nil, fmt.Errorf("unknown dataplane %q; use auto, ebpf, iptables or fake", cfg.Dataplane)
+}
+
+func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
+	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto)})
+	if err != nil {
+		return nil, fmt.Errorf("open iptables dataplane: %w", err)
+	}
+	log.Info("iptables dataplane ready", "mode", dp.Mode())
+	return dp, nil
+}
+
+func openEBPF(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
+	ecfg := cfg.EBPF
+	ecfg.NetNS = cfg.NetNS
+	dp, err := ebpf.New(ctx, log.Named("ebpf"), ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
+	}
+	return dp, nil
 }

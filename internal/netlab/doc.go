@@ -49,6 +49,19 @@
 // Host numbers start at 10 and are never reused within a lab, so a removed
 // pod's address does not come back as a different pod.
 //
+// # Client processes
+//
+// A socket belongs to the cgroup of the process that creates it, whatever
+// namespace it is created in, so hooks attached to a cgroup (the eBPF
+// dataplane's socket-level load balancing) never see the test process's own
+// requests. NS.StartClient starts a Client: the running binary again, born
+// in a given cgroup v2 directory (CLONE_INTO_CGROUP, so it never runs
+// outside it), that makes NS.Request's requests from inside the namespace
+// and reports replies and errors back over a pipe. NS.RequestInCgroup does
+// one request with a Client of its own. A binary that uses either must call
+// RunClientIfRequested first thing in TestMain. Client processes die with
+// the Client, with their NS, or with the process that started them.
+//
 // # Names and cleanup
 //
 // Namespaces are bind-mounted under /run/netns, so `ip netns exec NAME` and

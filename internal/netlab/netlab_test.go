@@ -24,8 +24,10 @@ const echoPort = 8080
 
 // TestMain checks, as root, that the tests left the root namespace as they
 // found it: links, addresses, routes and forwarding sysctls, and no
-// namespaces of this process under /run/netns.
+// namespaces of this process under /run/netns. The client processes of
+// StartClient run this binary too: RunClientIfRequested comes first.
 func TestMain(m *testing.M) {
+	RunClientIfRequested()
 	if os.Geteuid() != 0 {
 		os.Exit(m.Run())
 	}

@@ -45,9 +45,10 @@ type NS struct {
 	// closed netlink.Handle quietly falls back to those package functions.
 	nl *netlink.Handle
 
-	mu     sync.Mutex // guards closed and echoes
-	closed bool
-	echoes []*Echo
+	mu      sync.Mutex // guards closed, echoes and clients
+	closed  bool
+	echoes  []*Echo
+	clients map[*Client]struct{}
 }
 
 // Name returns the namespace's name, as `ip netns list` shows it.
@@ -129,9 +130,10 @@ func (n *NS) prepare() error {
 	return err
 }
 
-// close stops the namespace's echo servers, closes its sockets and removes
-// its bind mount. The kernel destroys the namespace, and the links in it,
-// once nothing else holds it. close is idempotent.
+// close ends the namespace's client processes, stops its echo servers,
+// closes its sockets and removes its bind mount. The kernel destroys the
+// namespace, and the links in it, once nothing else holds it. close is
+// idempotent.
 func (n *NS) close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -139,11 +141,14 @@ func (n *NS) close() error {
 		return nil
 	}
 	n.closed = true
-	echoes := n.echoes
-	n.echoes = nil
+	echoes, clients := n.echoes, n.clients
+	n.echoes, n.clients = nil, nil
 	n.mu.Unlock()
 
 	var errs []error
+	for c := range clients {
+		errs = append(errs, c.Close())
+	}
 	for _, e := range echoes {
 		errs = append(errs, e.Close())
 	}

@@ -1,0 +1,302 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/nsdo"
+)
+
+// DefaultPodInterfaces are the host-side pod interfaces the tc programs go
+// on: veth pairs as most CNIs name them, Cilium's lxc and Calico's cali.
+var DefaultPodInterfaces = []string{"veth*", "lxc*", "cali*"}
+
+// tcAttacher keeps vipd_from_pod on the ingress and vipd_to_pod on the
+// egress of every pod interface of one namespace, including interfaces
+// that appear later (a netlink link subscription).
+//
+// It uses tcx links where the kernel has them (Linux 6.6), pinned under
+// linkDir so that they outlive vipd, and clsact filters elsewhere (which
+// outlive vipd by themselves).
+type tcAttacher struct {
+	log      hclog.Logger
+	netns    string
+	patterns []string
+	linkDir  string
+	ingress  *ebpf.Program
+	egress   *ebpf.Program
+
+	mu       sync.Mutex
+	attached map[int]string // ifindex -> name
+	useTCX   bool
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDir string, ingress, egress *ebpf.Program) *tcAttacher {
+	return &tcAttacher{
+		log: log, netns: netnsPath, patterns: patterns, linkDir: linkDir,
+		ingress: ingress, egress: egress,
+		attached: map[int]string{}, useTCX: true, done: make(chan struct{}),
+	}
+}
+
+// matches reports whether an interface name is a pod interface.
+func (a *tcAttacher) matches(name string) bool {
+	for _, p := range a.patterns {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *tcAttacher) pinPath(ifindex int, dir string) string {
+	return filepath.Join(a.linkDir, fmt.Sprintf("tcx_%d_%s", ifindex, dir))
+}
+
+// start attaches to every existing pod interface, drops pinned links of
+// interfaces that are gone, and follows link changes until stop.
+func (a *tcAttacher) start() error {
+	if err := os.MkdirAll(a.linkDir, 0o700); err != nil {
+		return fmt.Errorf("create link pin directory: %w", err)
+	}
+	var links []netlink.Link
+	if err := nsdo.Do(a.netns, func() (err error) {
+		links, err = netlink.LinkList()
+		return err
+	}); err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	present := map[int]bool{}
+	var errs []error
+	for _, l := range links {
+		present[l.Attrs().Index] = true
+		if a.matches(l.Attrs().Name) {
+			if err := a.attach(l.Attrs().Index, l.Attrs().Name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	a.dropStalePins(present)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return a.watch()
+}
+
+// dropStalePins unpins tcx links of interfaces that no longer exist.
+func (a *tcAttacher) dropStalePins(present map[int]bool) {
+	entries, _ := os.ReadDir(a.linkDir)
+	for _, e := range entries {
+		var idx int
+		var dir string
+		name := strings.Replace(e.Name(), "_", " ", -1)
+		if _, err := fmt.Sscanf(name, "tcx %d %s", &idx, &dir); err != nil {
+			continue
+		}
+		if !present[idx] {
+			os.Remove(filepath.Join(a.linkDir, e.Name()))
+		}
+	}
+}
+
+// attach puts both programs on one interface, replacing the programs of
+// an earlier vipd in place (atomically) when it finds its pinned links.
+func (a *tcAttacher) attach(ifindex int, name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	err := nsdo.Do(a.netns, func() error {
+		if a.useTCX {
+			err := a.attachTCX(ifindex)
+			if !errors.Is(err, ebpf.ErrNotSupported) {
+				return err
+			}
+			a.log.Info("tcx is not supported by this kernel: using clsact filters")
+			a.useTCX = false
+		}
+		return a.attachClsact(ifindex)
+	})
+	if err != nil {
+		return fmt.Errorf("attach to %s: %w", name, err)
+	}
+	if _, ok := a.attached[ifindex]; !ok {
+		a.log.Debug("attached", "interface", name, "ifindex", ifindex)
+	}
+	a.attached[ifindex] = name
+	return nil
+}
+
+func (a *tcAttacher) attachTCX(ifindex int) error {
+	for _, d := range []struct {
+		dir    string
+		typ    ebpf.AttachType
+		prog   *ebpf.Program
+	}{{"ingress", ebpf.AttachTCXIngress, a.ingress}, {"egress", ebpf.AttachTCXEgress, a.egress}} {
+		pin := a.pinPath(ifindex, d.dir)
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			err = l.Update(d.prog)
+			l.Close()
+			if err == nil {
+				continue
+			}
+			// Defunct (its interface went away): replace it.
+			os.Remove(pin)
+		}
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: d.prog, Attach: d.typ, Anchor: link.Head()})
+		if err != nil {
+			return err
+		}
+		err = l.Pin(pin)
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("pin tcx link: %w", err)
+		}
+	}
+	return nil
+}
+
+// clsact filters carry this name so that vipd finds (and replaces) its own.
+const filterName = "vipd"
+
+func (a *tcAttacher) attachClsact(ifindex int) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscReplace(qdisc); err != nil {
+		return fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	for _, d := range []struct {
+		parent uint32
+		prog   *ebpf.Program
+	}{{netlink.HANDLE_MIN_INGRESS, a.ingress}, {netlink.HANDLE_MIN_EGRESS, a.egress}} {
+		f := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: d.parent, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			Fd:          d.prog.FD(),
+			Name:        filterName,
+			DirectAction: true,
+		}
+		if err := netlink.FilterReplace(f); err != nil {
+			return fmt.Errorf("add bpf filter: %w", err)
+		}
+	}
+	return nil
+}
+
+// watch follows link changes in the namespace.
+func (a *tcAttacher) watch() error {
+	var h netns.NsHandle = -1
+	if a.netns != "" {
+		var err error
+		if h, err = netns.GetFromPath(a.netns); err != nil {
+			return fmt.Errorf("open network namespace %s: %w", a.netns, err)
+		}
+	}
+	ch := make(chan netlink.LinkUpdate, 256)
+	opts := netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { a.log.Warn("link subscription", "error", err) },
+	}
+	if h >= 0 {
+		opts.Namespace = &h
+	}
+	if err := netlink.LinkSubscribeWithOptions(ch, a.done, opts); err != nil {
+		if h >= 0 {
+			h.Close()
+		}
+		return fmt.Errorf("subscribe to link changes: %w", err)
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if h >= 0 {
+			defer h.Close()
+		}
+		for u := range ch {
+			attrs := u.Attrs()
+			switch u.Header.Type {
+			case unix.RTM_NEWLINK:
+				a.mu.Lock()
+				_, have := a.attached[attrs.Index]
+				a.mu.Unlock()
+				if !have && a.matches(attrs.Name) {
+					if err := a.attach(attrs.Index, attrs.Name); err != nil {
+						a.log.Error("attach to a new pod interface", "interface", attrs.Name, "error", err)
+					}
+				}
+			case unix.RTM_DELLINK:
+				a.mu.Lock()
+				delete(a.attached, attrs.Index)
+				a.mu.Unlock()
+				for _, d := range []string{"ingress", "egress"} {
+					os.Remove(a.pinPath(attrs.Index, d))
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// stop ends the link subscription. The programs stay attached.
+func (a *tcAttacher) stop() {
+	select {
+	case <-a.done:
+	default:
+		close(a.done)
+	}
+	a.wg.Wait()
+}
+
+// interfaces returns the names of the interfaces the programs are on.
+func (a *tcAttacher) interfaces() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, n := range a.attached {
+		out = append(out, n)
+	}
+	return out
+}
+
+// detachAll removes vipd's tc programs from every interface of the
+// namespace: pinned tcx links in linkDir and clsact filters named vipd.
+func detachAll(netnsPath, linkDir string) error {
+	entries, _ := os.ReadDir(linkDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "tcx_") {
+			os.Remove(filepath.Join(linkDir, e.Name()))
+		}
+	}
+	return nsdo.Do(netnsPath, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+				filters, err := netlink.FilterList(l, parent)
+				if err != nil {
+					continue
+				}
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+						netlink.FilterDel(f)
+					}
+				}
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * vipd's eBPF map layout. The Go side (dataplane/ebpf) mirrors every struct
+ * here through bpf2go; change LAYOUT_VERSION whenever a key, value or map
+ * type changes, so that a restarted vipd notices pinned maps of another
+ * layout instead of misreading them.
+ *
+ * Addresses are 16 bytes; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d), so
+ * one code path and one set of maps serve both families.
+ */
+#ifndef VIPD_MAPS_H
+#define VIPD_MAPS_H
+
+#define LAYOUT_VERSION 1
+
+union addr {
+	__u32 w[4];
+	__u8 b[16];
+};
+
+/* Frontend (service) flags, in svc_val.flags of a master entry. */
+#define SVC_F_AFFINITY 1 /* ClientIP session affinity */
+#define SVC_F_MAGLEV 2   /* pick by Maglev table, not at random */
+#define SVC_F_WEIGHTED 4 /* slots carry cumulative weights */
+
+/*
+ * One frontend is (VIP, port, protocol). Slot 0 is its master entry; slots
+ * 1..count name the backends that may take new connections.
+ */
+struct svc_key {
+	union addr addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+	__u32 slot;
+};
+
+struct svc_val {
+	__u32 backend_id;       /* slot: the backend */
+	__u32 count;            /* master: number of slots; 0 rejects */
+	__u32 rev_nat_id;       /* master: the frontend's ID */
+	__u32 flags;            /* master: SVC_F_* */
+	__u32 affinity_timeout; /* master: seconds */
+	__u32 weight;           /* master: total weight; slot: cumulative weight, exclusive end */
+	__u32 maglev_size;      /* master: Maglev table size M */
+	__u32 pad;
+};
+
+struct backend {
+	union addr addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+	__u32 pad2;
+};
+
+/* A backend is a member of a frontend while the service lists it. */
+struct member_key {
+	__u32 rev_nat_id;
+	__u32 backend_id;
+};
+
+#define MEMBER_F_ELIGIBLE 1 /* may take new connections */
+
+struct rev_nat {
+	union addr addr;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+	__u32 pad2;
+};
+
+#define CT_DIR_FORWARD 0 /* client -> VIP, as the client sent it */
+#define CT_DIR_REPLY 1   /* backend -> client, as the backend sent it */
+
+struct ct_key {
+	union addr src;
+	union addr dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u16 pad;
+};
+
+#define CT_F_HAIRPIN 1 /* client is its own backend: source NATed to the VIP */
+#define CT_F_CLOSING 2 /* TCP FIN or RST seen */
+#define CT_F_SEEN_REPLY 4
+
+struct ct_entry {
+	union addr nat_addr; /* forward: backend; reply: VIP */
+	__be16 nat_port;     /* forward: backend port; reply: VIP port */
+	__u8 flags;          /* CT_F_* */
+	__u8 tcp_flags;      /* TCP flags seen in this direction */
+	__u32 backend_id;
+	__u32 rev_nat_id;
+	__u32 expires;       /* monotonic seconds */
+	__u32 created;       /* monotonic seconds */
+	__u32 ifindex;       /* where the flow entered */
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct affinity_key {
+	__u32 rev_nat_id;
+	__u32 pad;
+	union addr client; /* client address, or netns cookie for sockets */
+};
+
+struct affinity_val {
+	__u32 backend_id;
+	__u32 last_used; /* monotonic seconds */
+};
+
+/* Socket LB: what a socket's translated peer stands for. */
+struct sock_key {
+	__u64 cookie;
+	union addr addr; /* backend */
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct sock_val {
+	union addr vip;
+	__be16 port;
+	__u16 pad;
+	__u32 rev_nat_id;
+	__u32 backend_id;
+	__u32 pad2;
+};
+
+struct config {
+	__u64 host_netns_cookie; /* socket hooks act only in this netns */
+	__u32 layout_version;
+	__u32 flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2000000);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2000000);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct member_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_members SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct rev_nat);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_revnat SEC(".maps");
+
+struct maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16381);
+	__uint(map_flags, BPF_F_INNER_MAP);
+	__type(key, __u32);
+	__type(value, __u32);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, 262144);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct maglev_inner);
+} vipd_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 524288);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct sock_key);
+	__type(value, struct sock_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_sock_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_config SEC(".maps");
+
+#endif

@@ -1,0 +1,900 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * vipd's eBPF dataplane: ClusterIP load balancing.
+ *
+ *   vipd_from_pod  tc ingress of a pod's host-side veth: DNAT of new and
+ *                  tracked flows to a backend; hairpin replies; rejects.
+ *   vipd_to_pod    tc egress of a pod's host-side veth: reverse NAT of
+ *                  replies, so the client only ever sees the VIP.
+ *   vipd_sock_*    cgroup sock_addr hooks: socket-level balancing for
+ *                  processes of the node itself (connect, sendmsg, recvmsg,
+ *                  getpeername), so no packet needs translating at all.
+ *
+ * Every lookup is a hash lookup: the cost per packet does not depend on the
+ * number of services.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/icmpv6.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "maps.h"
+#include "lb.h"
+
+/* linux/icmp.h drags in libc's socket headers: the two bits we need. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be32 unused;
+};
+
+#ifndef IPPROTO_SCTP
+#define IPPROTO_SCTP 132
+#endif
+#define ECONNREFUSED 111
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+/* Conntrack lifetimes, in seconds (those of kube-proxy's nf_conntrack). */
+#define CT_TCP_SYN 60
+#define CT_TCP_ESTABLISHED 86400
+#define CT_TCP_CLOSE 10
+#define CT_OTHER 60
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* pkt is what the packet path knows about one IPv4 or IPv6 packet. */
+struct pkt {
+	union addr src;
+	union addr dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 is6;
+	__u8 tcp_flags;
+	__u8 pad;
+	__u32 l3_off;
+	__u32 l4_off;
+};
+
+/* parse fills p for TCP, UDP and SCTP packets; it returns -1 for others. */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	__be16 ports[2];
+	__be16 eth_proto;
+
+	if (bpf_skb_load_bytes(skb, 12, &eth_proto, 2) < 0)
+		return -1;
+	p->l3_off = ETH_HLEN;
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5)
+			return -1;
+		/* Only first fragments carry ports; the rest pass untouched. */
+		if (ip.frag_off & bpf_htons(IP_OFFSET))
+			return -1;
+		p->is6 = 0;
+		p->proto = ip.protocol;
+		addr_from4(&p->src, ip.saddr);
+		addr_from4(&p->dst, ip.daddr);
+		p->l4_off = ETH_HLEN + ip.ihl * 4;
+	} else if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return -1;
+		p->is6 = 1;
+		p->proto = ip6.nexthdr;
+		__builtin_memcpy(p->src.b, ip6.saddr.s6_addr, 16);
+		__builtin_memcpy(p->dst.b, ip6.daddr.s6_addr, 16);
+		p->l4_off = ETH_HLEN + sizeof(ip6);
+	} else {
+		return -1;
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP && p->proto != IPPROTO_SCTP)
+		return -1;
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
+		return -1;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->tcp_flags = 0;
+	if (p->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline int csum_off(const struct pkt *p)
+{
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		return p->l4_off + 16;
+	case IPPROTO_UDP:
+		return p->l4_off + 6;
+	}
+	return -1; /* SCTP: its CRC32c covers no addresses, and ports never change */
+}
+
+#define SIDE_SRC 0
+#define SIDE_DST 1
+
+/*
+ * rewrite replaces the source or destination address and port of p,
+ * updating the IPv4 header checksum and the L4 checksum incrementally
+ * (which keeps CHECKSUM_PARTIAL packets right).
+ */
+static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int side, const union addr *to, __be16 port)
+{
+	union addr *from = side == SIDE_SRC ? &p->src : &p->dst;
+	__be16 *from_port = side == SIDE_SRC ? &p->sport : &p->dport;
+	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int coff = csum_off(p);
+
+	if (!addr_eq(from, to)) {
+		if (!p->is6) {
+			__u32 off = p->l3_off + (side == SIDE_SRC ? 12 : 16);
+
+			if (bpf_l3_csum_replace(skb, p->l3_off + 10, from->w[3], to->w[3], 4) < 0)
+				return -1;
+			if (coff >= 0 &&
+			    bpf_l4_csum_replace(skb, coff, from->w[3], to->w[3], BPF_F_PSEUDO_HDR | l4flags | 4) < 0)
+				return -1;
+			if (bpf_skb_store_bytes(skb, off, &to->w[3], 4, 0) < 0)
+				return -1;
+		} else {
+			__u32 off = p->l3_off + (side == SIDE_SRC ? 8 : 24);
+			__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
+
+			if (coff >= 0 && bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
+				return -1;
+			if (bpf_skb_store_bytes(skb, off, to->b, 16, 0) < 0)
+				return -1;
+		}
+		*from = *to;
+	}
+	if (*from_port != port) {
+		__u32 off = p->l4_off + (side == SIDE_SRC ? 0 : 2);
+
+		if (coff >= 0 && bpf_l4_csum_replace(skb, coff, *from_port, port, l4flags | 2) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, off, &port, 2, 0) < 0)
+			return -1;
+		*from_port = port;
+	}
+	return 0;
+}
+
+/* bounce sends the (rewritten) frame back out of the interface it came in. */
+static __always_inline int bounce(struct __sk_buff *skb)
+{
+	__u8 mac[12], swapped[12];
+
+	if (bpf_skb_load_bytes(skb, 0, mac, 12) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(swapped, mac + 6, 6);
+	__builtin_memcpy(swapped + 6, mac, 6);
+	if (bpf_skb_store_bytes(skb, 0, swapped, 12, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+struct pseudo4 {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+struct pseudo6 {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+struct tcp_reset_fields {
+	__be32 seq;
+	__be32 ack_seq;
+};
+
+/*
+ * rst_fields computes the sequence numbers of a RST answering the TCP
+ * segment at p (RFC 9293 3.10.7.1), given the segment's payload length.
+ */
+static __always_inline int rst_fields(struct __sk_buff *skb, const struct pkt *p, __u32 l4_len,
+				      struct tcp_reset_fields *r, __u16 *flags)
+{
+	struct tcphdr tcp;
+	__u32 payload;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off, &tcp, sizeof(tcp)) < 0)
+		return -1;
+	if (tcp.doff * 4 > l4_len)
+		return -1;
+	payload = l4_len - tcp.doff * 4 + tcp.syn + tcp.fin;
+	if (tcp.ack) {
+		r->seq = tcp.ack_seq;
+		r->ack_seq = 0;
+		*flags = TCP_FLAG_RST;
+	} else {
+		r->seq = 0;
+		r->ack_seq = bpf_htonl(bpf_ntohl(tcp.seq) + payload);
+		*flags = TCP_FLAG_RST | TCP_FLAG_ACK;
+	}
+	return 0;
+}
+
+/*
+ * Frames built on the stack start with two bytes of padding, so that the
+ * IP header is 4-byte aligned; frame_len and frame_data skip them.
+ */
+#define frame_len(f) (sizeof(f) - 2)
+#define frame_data(f) ((void *)&(f) + 2)
+
+struct rst4 {
+	__u8 pad[2];
+	__u8 mac[12];
+	__be16 eth_proto;
+	struct iphdr ip;
+	struct tcphdr tcp;
+};
+
+struct icmp4 {
+	__u8 pad[2];
+	__u8 mac[12];
+	__be16 eth_proto;
+	struct iphdr ip;
+	struct icmphdr icmp;
+	__u8 quote[28]; /* the offending IPv4 header and 8 bytes of L4 */
+};
+
+struct rst6 {
+	__u8 pad[2];
+	__u8 mac[12];
+	__be16 eth_proto;
+	struct ipv6hdr ip;
+	struct tcphdr tcp;
+};
+
+struct icmp6 {
+	__u8 pad[2];
+	__u8 mac[12];
+	__be16 eth_proto;
+	struct ipv6hdr ip;
+	struct icmp6hdr icmp;
+	__u8 quote[48]; /* the offending IPv6 header and 8 bytes of L4 */
+};
+
+static __always_inline void swap_macs(struct __sk_buff *skb, __u8 *mac)
+{
+	__u8 orig[12];
+
+	if (bpf_skb_load_bytes(skb, 0, orig, 12) < 0)
+		__builtin_memset(orig, 0, 12);
+	__builtin_memcpy(mac, orig + 6, 6);
+	__builtin_memcpy(mac + 6, orig, 6);
+}
+
+static __always_inline __u16 ip4_csum(struct iphdr *ip)
+{
+	ip->check = 0;
+	return csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
+/*
+ * reject4 turns the IPv4 packet at p into a refusal sent back to its
+ * sender: a TCP RST, or an ICMP port unreachable for UDP and SCTP.
+ */
+static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct iphdr orig;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &orig, sizeof(orig)) < 0)
+		return TC_ACT_SHOT;
+	if (p->proto == IPPROTO_TCP) {
+		struct rst4 r = {};
+		struct pseudo4 ph = {};
+		struct tcp_reset_fields f;
+		__u16 flags;
+		__s64 sum;
+
+		if (p->tcp_flags & TCP_FLAG_RST)
+			return TC_ACT_SHOT; /* never answer a RST */
+		if (rst_fields(skb, p, bpf_ntohs(orig.tot_len) - (p->l4_off - ETH_HLEN), &f, &flags) < 0)
+			return TC_ACT_SHOT;
+		swap_macs(skb, r.mac);
+		r.eth_proto = bpf_htons(ETH_P_IP);
+		r.ip.version = 4;
+		r.ip.ihl = 5;
+		r.ip.tot_len = bpf_htons(sizeof(r.ip) + sizeof(r.tcp));
+		r.ip.ttl = 64;
+		r.ip.protocol = IPPROTO_TCP;
+		r.ip.saddr = orig.daddr;
+		r.ip.daddr = orig.saddr;
+		r.ip.check = ip4_csum(&r.ip);
+		r.tcp.source = p->dport;
+		r.tcp.dest = p->sport;
+		r.tcp.seq = f.seq;
+		r.tcp.ack_seq = f.ack_seq;
+		r.tcp.doff = 5;
+		r.tcp.rst = 1;
+		r.tcp.ack = !!(flags & TCP_FLAG_ACK);
+		ph.saddr = r.ip.saddr;
+		ph.daddr = r.ip.daddr;
+		ph.proto = IPPROTO_TCP;
+		ph.len = bpf_htons(sizeof(r.tcp));
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.tcp, sizeof(r.tcp), (__u32)sum);
+		r.tcp.check = csum_fold(sum);
+		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
+			return TC_ACT_SHOT;
+		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	} else {
+		struct icmp4 m = {};
+		__s64 sum;
+
+		if (orig.ihl != 5)
+			return TC_ACT_SHOT; /* IP options: nothing to quote simply */
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, m.quote, sizeof(m.quote)) < 0)
+			return TC_ACT_SHOT;
+		swap_macs(skb, m.mac);
+		m.eth_proto = bpf_htons(ETH_P_IP);
+		m.ip.version = 4;
+		m.ip.ihl = 5;
+		m.ip.tot_len = bpf_htons(frame_len(m) - ETH_HLEN);
+		m.ip.ttl = 64;
+		m.ip.protocol = IPPROTO_ICMP;
+		m.ip.saddr = orig.daddr;
+		m.ip.daddr = orig.saddr;
+		m.ip.check = ip4_csum(&m.ip);
+		m.icmp.type = ICMP_DEST_UNREACH;
+		m.icmp.code = ICMP_PORT_UNREACH;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), 0);
+		m.icmp.checksum = csum_fold(sum);
+		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
+			return TC_ACT_SHOT;
+		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
+}
+
+/* reject6 is reject4 for IPv6: a TCP RST or an ICMPv6 port unreachable. */
+static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct ipv6hdr orig;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &orig, sizeof(orig)) < 0)
+		return TC_ACT_SHOT;
+	if (p->proto == IPPROTO_TCP) {
+		struct rst6 r = {};
+		struct pseudo6 ph = {};
+		struct tcp_reset_fields f;
+		__u16 flags;
+		__s64 sum;
+
+		if (p->tcp_flags & TCP_FLAG_RST)
+			return TC_ACT_SHOT;
+		if (rst_fields(skb, p, bpf_ntohs(orig.payload_len), &f, &flags) < 0)
+			return TC_ACT_SHOT;
+		swap_macs(skb, r.mac);
+		r.eth_proto = bpf_htons(ETH_P_IPV6);
+		r.ip.version = 6;
+		r.ip.payload_len = bpf_htons(sizeof(r.tcp));
+		r.ip.nexthdr = IPPROTO_TCP;
+		r.ip.hop_limit = 64;
+		r.ip.saddr = orig.daddr;
+		r.ip.daddr = orig.saddr;
+		r.tcp.source = p->dport;
+		r.tcp.dest = p->sport;
+		r.tcp.seq = f.seq;
+		r.tcp.ack_seq = f.ack_seq;
+		r.tcp.doff = 5;
+		r.tcp.rst = 1;
+		r.tcp.ack = !!(flags & TCP_FLAG_ACK);
+		__builtin_memcpy(ph.saddr, &r.ip.saddr, 16);
+		__builtin_memcpy(ph.daddr, &r.ip.daddr, 16);
+		ph.len = bpf_htonl(sizeof(r.tcp));
+		ph.nexthdr = IPPROTO_TCP;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.tcp, sizeof(r.tcp), (__u32)sum);
+		r.tcp.check = csum_fold(sum);
+		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
+			return TC_ACT_SHOT;
+		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	} else {
+		struct icmp6 m = {};
+		struct pseudo6 ph = {};
+		__s64 sum;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, m.quote, sizeof(m.quote)) < 0)
+			return TC_ACT_SHOT;
+		swap_macs(skb, m.mac);
+		m.eth_proto = bpf_htons(ETH_P_IPV6);
+		m.ip.version = 6;
+		m.ip.payload_len = bpf_htons(sizeof(m.icmp) + sizeof(m.quote));
+		m.ip.nexthdr = IPPROTO_ICMPV6;
+		m.ip.hop_limit = 64;
+		m.ip.saddr = orig.daddr;
+		m.ip.daddr = orig.saddr;
+		m.icmp.icmp6_type = ICMPV6_DEST_UNREACH;
+		m.icmp.icmp6_code = ICMPV6_PORT_UNREACH;
+		__builtin_memcpy(ph.saddr, &m.ip.saddr, 16);
+		__builtin_memcpy(ph.daddr, &m.ip.daddr, 16);
+		ph.len = bpf_htonl(sizeof(m.icmp) + sizeof(m.quote));
+		ph.nexthdr = IPPROTO_ICMPV6;
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), (__u32)sum);
+		m.icmp.icmp6_cksum = csum_fold(sum);
+		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
+			return TC_ACT_SHOT;
+		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
+}
+
+static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
+{
+	return p->is6 ? reject6(skb, p) : reject4(skb, p);
+}
+
+/* ct_lifetime is how long an entry lives after a packet with tcp_flags. */
+static __always_inline __u32 ct_lifetime(const struct pkt *p, struct ct_entry *e)
+{
+	if (p->proto != IPPROTO_TCP)
+		return CT_OTHER;
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		e->flags |= CT_F_CLOSING;
+	if (e->flags & CT_F_CLOSING)
+		return CT_TCP_CLOSE;
+	if (!(e->flags & CT_F_SEEN_REPLY))
+		return CT_TCP_SYN;
+	return CT_TCP_ESTABLISHED;
+}
+
+static __always_inline void ct_account(struct __sk_buff *skb, const struct pkt *p, struct ct_entry *e, __u32 now)
+{
+	__sync_fetch_and_add(&e->packets, 1);
+	__sync_fetch_and_add(&e->bytes, skb->len);
+	e->tcp_flags |= p->tcp_flags;
+	e->expires = now + ct_lifetime(p, e);
+}
+
+static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, const union addr *backend,
+				      __be16 backend_port, int hairpin)
+{
+	__builtin_memset(rk, 0, sizeof(*rk));
+	rk->src = *backend;
+	rk->sport = backend_port;
+	rk->dst = hairpin ? p->dst : p->src; /* p: the forward packet before NAT */
+	rk->dport = p->sport;
+	rk->proto = p->proto;
+	rk->dir = CT_DIR_REPLY;
+}
+
+/*
+ * ct_create records a new flow of frontend svc to backend b: the forward
+ * entry (keyed as the client sent it) and the reply entry (keyed as the
+ * backend answers). It fails, and the caller drops the packet, when either
+ * entry cannot be stored: no flow is ever half-tracked (fail closed).
+ */
+static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key *fk, const struct pkt *p,
+				     const struct svc_val *svc, __u32 backend_id, const struct backend *b,
+				     int hairpin, __u32 now)
+{
+	struct ct_entry fwd = {}, rev = {};
+	struct ct_key rk;
+
+	fwd.nat_addr = b->addr;
+	fwd.nat_port = b->port;
+	fwd.flags = hairpin ? CT_F_HAIRPIN : 0;
+	fwd.backend_id = backend_id;
+	fwd.rev_nat_id = svc->rev_nat_id;
+	fwd.created = now;
+	fwd.ifindex = skb->ifindex;
+	fwd.packets = 1;
+	fwd.bytes = skb->len;
+	fwd.tcp_flags = p->tcp_flags;
+	fwd.expires = now + ct_lifetime(p, &fwd);
+
+	rev.nat_addr = p->dst;
+	rev.nat_port = p->dport;
+	rev.flags = fwd.flags;
+	rev.backend_id = backend_id;
+	rev.rev_nat_id = svc->rev_nat_id;
+	rev.created = now;
+	rev.ifindex = skb->ifindex;
+	rev.expires = fwd.expires;
+
+	reply_key(&rk, p, &b->addr, b->port, hairpin);
+	if (bpf_map_update_elem(&vipd_ct, &rk, &rev, BPF_ANY) < 0)
+		return -1;
+	if (bpf_map_update_elem(&vipd_ct, fk, &fwd, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&vipd_ct, &rk);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * reusable tells whether a tracked flow keeps its backend. TCP and SCTP
+ * flows keep it until they close, whatever happens to the backend (as
+ * netfilter's conntrack keeps a DNAT); a new SYN on a closing or stale
+ * entry, or one to a backend that may not take new connections, starts
+ * afresh. UDP flows move when their backend left the service.
+ */
+static __always_inline int reusable(const struct pkt *p, const struct ct_entry *e, __u32 now)
+{
+	int f;
+
+	if ((__s32)(e->expires - now) < 0)
+		return 0;
+	f = member_flags(e->rev_nat_id, e->backend_id);
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		if (e->flags & CT_F_CLOSING)
+			return 0;
+		return f >= 0 && (f & MEMBER_F_ELIGIBLE);
+	}
+	if (p->proto == IPPROTO_UDP)
+		return f >= 0;
+	return 1;
+}
+
+static __always_inline __u32 flow_hash(const struct pkt *p)
+{
+	__u32 h = hash_addr(0x9e3779b9, &p->src);
+
+	h = hash_addr(h, &p->dst);
+	return mix32(h ^ ((__u32)p->sport << 16 | p->dport) ^ p->proto);
+}
+
+/* forward handles a packet to a frontend: tracked, new, or refused. */
+static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
+				   const struct svc_val *svc)
+{
+	struct ct_key fk = {};
+	struct ct_entry *e;
+	struct backend b;
+	__u32 now = now_sec(), id;
+	int hairpin;
+
+	fk.src = p->src;
+	fk.dst = p->dst;
+	fk.sport = p->sport;
+	fk.dport = p->dport;
+	fk.proto = p->proto;
+	fk.dir = CT_DIR_FORWARD;
+
+	e = bpf_map_lookup_elem(&vipd_ct, &fk);
+	if (e && reusable(p, e, now)) {
+		ct_account(skb, p, e, now);
+		b.addr = e->nat_addr;
+		b.port = e->nat_port;
+		hairpin = e->flags & CT_F_HAIRPIN;
+	} else {
+		struct backend *bp;
+
+		if (e) {
+			/* Replaced: the old reply entry goes with it. */
+			struct ct_key rk;
+
+			reply_key(&rk, p, &e->nat_addr, e->nat_port, e->flags & CT_F_HAIRPIN);
+			bpf_map_delete_elem(&vipd_ct, &rk);
+		}
+		if (svc->count == 0)
+			return reject(skb, p);
+		if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
+			/* A mid-stream segment of a flow that is not tracked
+			 * (never seen, or idle past its lifetime): refuse it
+			 * rather than guess a backend. */
+			return reject(skb, p);
+		}
+		id = select_backend(sk, svc, &p->src, flow_hash(p));
+		bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
+		if (!bp)
+			return TC_ACT_SHOT;
+		b = *bp;
+		hairpin = addr_eq(&b.addr, &p->src);
+		if (ct_create(skb, &fk, p, svc, id, &b, hairpin, now) < 0)
+			return TC_ACT_SHOT;
+	}
+	if (hairpin) {
+		union addr vip = p->dst;
+
+		if (rewrite(skb, p, SIDE_DST, &b.addr, b.port) < 0 ||
+		    rewrite(skb, p, SIDE_SRC, &vip, p->sport) < 0)
+			return TC_ACT_SHOT;
+		return bounce(skb);
+	}
+	if (rewrite(skb, p, SIDE_DST, &b.addr, b.port) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+/*
+ * reverse translates a reply of a tracked flow back to the VIP. Hairpin
+ * replies are translated only on the way in (hairpin_only), where they are
+ * also sent straight back to the pod; others on the way out to the client.
+ */
+static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hairpin_only, int *done)
+{
+	struct ct_key rk = {};
+	struct ct_entry *e;
+	__u32 now = now_sec();
+	union addr vip;
+	__be16 vport;
+	int hairpin;
+
+	*done = 0;
+	rk.src = p->src;
+	rk.dst = p->dst;
+	rk.sport = p->sport;
+	rk.dport = p->dport;
+	rk.proto = p->proto;
+	rk.dir = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(&vipd_ct, &rk);
+	if (!e)
+		return TC_ACT_OK;
+	hairpin = e->flags & CT_F_HAIRPIN;
+	if (hairpin_only && !hairpin)
+		return TC_ACT_OK;
+	if ((__s32)(e->expires - now) < 0 && p->proto != IPPROTO_TCP)
+		return TC_ACT_OK;
+	vip = e->nat_addr;
+	vport = e->nat_port;
+	ct_account(skb, p, e, now);
+
+	/* Keep the forward entry alive and mark the flow as answered. */
+	{
+		struct ct_key fk = {};
+		struct ct_entry *f;
+
+		fk.src = hairpin ? p->src : p->dst;
+		fk.dst = vip;
+		fk.sport = p->dport;
+		fk.dport = vport;
+		fk.proto = p->proto;
+		fk.dir = CT_DIR_FORWARD;
+		f = bpf_map_lookup_elem(&vipd_ct, &fk);
+		if (f) {
+			if (!(f->flags & CT_F_SEEN_REPLY))
+				f->flags |= CT_F_SEEN_REPLY;
+			if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+				f->flags |= CT_F_CLOSING;
+			f->expires = e->expires;
+			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING))
+				f->expires = now + CT_TCP_ESTABLISHED;
+			e->expires = f->expires;
+		}
+	}
+	*done = 1;
+	if (hairpin) {
+		union addr client = p->src;
+
+		if (rewrite(skb, p, SIDE_SRC, &vip, vport) < 0 || rewrite(skb, p, SIDE_DST, &client, p->dport) < 0)
+			return TC_ACT_SHOT;
+		return bounce(skb);
+	}
+	if (rewrite(skb, p, SIDE_SRC, &vip, vport) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int vipd_from_pod(struct __sk_buff *skb)
+{
+	struct svc_key sk = {};
+	struct svc_val *svc;
+	struct pkt p = {};
+	int ret, done;
+
+	if (parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	ret = reverse(skb, &p, 1, &done);
+	if (done)
+		return ret;
+	sk.addr = p.dst;
+	sk.port = p.dport;
+	sk.proto = p.proto;
+	svc = bpf_map_lookup_elem(&vipd_services, &sk);
+	if (!svc)
+		return TC_ACT_OK;
+	return forward(skb, &p, &sk, svc);
+}
+
+SEC("tc")
+int vipd_to_pod(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int done;
+
+	if (parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	return reverse(skb, &p, 0, &done);
+}
+
+/* ---- socket-level load balancing for the node's own processes ---- */
+
+static __always_inline int in_host_netns(struct bpf_sock_addr *ctx)
+{
+	__u32 zero = 0;
+	struct config *cfg = bpf_map_lookup_elem(&vipd_config, &zero);
+
+	return cfg && cfg->host_netns_cookie && cfg->host_netns_cookie == bpf_get_netns_cookie(ctx);
+}
+
+static __always_inline int sock_proto(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type == 1 /* SOCK_STREAM */ && (ctx->protocol == IPPROTO_TCP || ctx->protocol == 0))
+		return IPPROTO_TCP;
+	if (ctx->type == 2 /* SOCK_DGRAM */ && (ctx->protocol == IPPROTO_UDP || ctx->protocol == 0))
+		return IPPROTO_UDP;
+	if (ctx->protocol == IPPROTO_SCTP)
+		return IPPROTO_SCTP;
+	return 0;
+}
+
+static __always_inline void sock_addr_get(struct bpf_sock_addr *ctx, int v6, union addr *a)
+{
+	if (!v6) {
+		addr_from4(a, ctx->user_ip4);
+		return;
+	}
+	a->w[0] = ctx->user_ip6[0];
+	a->w[1] = ctx->user_ip6[1];
+	a->w[2] = ctx->user_ip6[2];
+	a->w[3] = ctx->user_ip6[3];
+}
+
+static __always_inline int sock_addr_set(struct bpf_sock_addr *ctx, int v6, const union addr *a)
+{
+	if (!v6) {
+		if (!addr_is4(a))
+			return -1;
+		ctx->user_ip4 = a->w[3];
+		return 0;
+	}
+	ctx->user_ip6[0] = a->w[0];
+	ctx->user_ip6[1] = a->w[1];
+	ctx->user_ip6[2] = a->w[2];
+	ctx->user_ip6[3] = a->w[3];
+	return 0;
+}
+
+/*
+ * sock_translate rewrites the destination of a connect() or sendmsg() to a
+ * VIP into a backend, and remembers the backend so that replies and
+ * getpeername() show the VIP. With no usable backend it refuses the call
+ * with ECONNREFUSED.
+ */
+static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6)
+{
+	struct svc_key sk = {};
+	struct svc_val *svc;
+	struct backend *b;
+	struct sock_key k = {};
+	struct sock_val v = {};
+	union addr client = {};
+	__u64 cookie, netns;
+	__u32 id;
+	int proto;
+
+	if (!in_host_netns(ctx))
+		return 1;
+	proto = sock_proto(ctx);
+	if (!proto)
+		return 1;
+	sock_addr_get(ctx, v6, &sk.addr);
+	sk.port = (__be16)ctx->user_port;
+	sk.proto = proto;
+	svc = bpf_map_lookup_elem(&vipd_services, &sk);
+	if (!svc)
+		return 1;
+	if (svc->count == 0) {
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	}
+	cookie = bpf_get_socket_cookie(ctx);
+	netns = bpf_get_netns_cookie(ctx);
+	/* The client of a node-local socket is its network namespace. */
+	client.w[0] = (__u32)netns;
+	client.w[1] = (__u32)(netns >> 32);
+	id = select_backend(&sk, svc, &client, mix32((__u32)cookie ^ (__u32)(cookie >> 32)));
+	b = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
+	if (!b) {
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	}
+	k.cookie = cookie;
+	k.addr = b->addr;
+	k.port = b->port;
+	v.vip = sk.addr;
+	v.port = sk.port;
+	v.rev_nat_id = svc->rev_nat_id;
+	v.backend_id = id;
+	if (bpf_map_update_elem(&vipd_sock_revnat, &k, &v, BPF_ANY) < 0) {
+		bpf_set_retval(-ECONNREFUSED);
+		return 0; /* fail closed: an untracked translation could not be undone */
+	}
+	if (sock_addr_set(ctx, v6, &b->addr) < 0) {
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	}
+	ctx->user_port = b->port;
+	return 1;
+}
+
+/* sock_reverse shows the VIP instead of the backend a socket talks to. */
+static __always_inline int sock_reverse(struct bpf_sock_addr *ctx, int v6)
+{
+	struct sock_key k = {};
+	struct sock_val *v;
+
+	k.cookie = bpf_get_socket_cookie(ctx);
+	sock_addr_get(ctx, v6, &k.addr);
+	k.port = (__be16)ctx->user_port;
+	v = bpf_map_lookup_elem(&vipd_sock_revnat, &k);
+	if (!v)
+		return 1;
+	if (sock_addr_set(ctx, v6, &v->vip) < 0)
+		return 1;
+	ctx->user_port = v->port;
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int vipd_sock_connect4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0); }
+
+SEC("cgroup/connect6")
+int vipd_sock_connect6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1); }
+
+SEC("cgroup/sendmsg4")
+int vipd_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0); }
+
+SEC("cgroup/sendmsg6")
+int vipd_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1); }
+
+SEC("cgroup/recvmsg4")
+int vipd_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_reverse(ctx, 0); }
+
+SEC("cgroup/recvmsg6")
+int vipd_sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock_reverse(ctx, 1); }
+
+SEC("cgroup/getpeername4")
+int vipd_sock_getpeername4(struct bpf_sock_addr *ctx) { return sock_reverse(ctx, 0); }
+
+SEC("cgroup/getpeername6")
+int vipd_sock_getpeername6(struct bpf_sock_addr *ctx) { return sock_reverse(ctx, 1); }

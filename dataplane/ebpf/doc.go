@@ -1,0 +1,19 @@
+// Package ebpf is vipd's eBPF dataplane: ClusterIP load balancing in BPF
+// maps and programs, with per-packet and per-update cost independent of the
+// number of services.
+//
+// It owns:
+//   - the BPF programs (bpf/*.c, compiled by bpf2go into bpf_bpfel.{go,o},
+//     committed): tc programs on the host side of pod interfaces (attached
+//     with tcx, or clsact on older kernels) and cgroup sock_addr hooks for
+//     the node's own processes;
+//   - the maps, pinned under a bpffs directory so that traffic keeps flowing
+//     while vipd is down and a restarted vipd picks up where it left off;
+//   - the translation of a dataplane.State into map entries, written in
+//     make-before-break order (see programmer.go);
+//   - conntrack garbage collection and the destruction of node-local UDP
+//     sockets stuck on removed backends.
+//
+// It must not touch anything outside the namespace, bpffs directory and
+// cgroup it is configured with.
+package ebpf

@@ -1,0 +1,365 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/ebpf/maglev"
+	"github.com/vipd/vipd/dataplane/ebpf/sockdiag"
+	"github.com/vipd/vipd/internal/cgroup2"
+)
+
+// Name is the dataplane's name.
+const Name = "ebpf"
+
+// DefaultBPFFS is where vipd pins its maps and links.
+const DefaultBPFFS = "/sys/fs/bpf/vipd"
+
+// Config configures the eBPF dataplane.
+type Config struct {
+	// NetNS is the path of the node's network namespace; empty means the
+	// current one.
+	NetNS string
+	// BPFFS is the directory for pinned maps and links (a bpffs is mounted
+	// there when it is on another file system). Default DefaultBPFFS.
+	BPFFS string
+	// CgroupPath is the cgroup v2 directory the socket hooks attach to.
+	// Empty: the root of a cgroup2 mount at DefaultCgroupMount (mounted if
+	// absent). Tests pass a child cgroup of their own.
+	CgroupPath string
+	// PodInterfaces are glob patterns of the host-side pod interfaces.
+	// Default DefaultPodInterfaces.
+	PodInterfaces []string
+	// MaglevTableSize is the smallest Maglev table size M, a prime.
+	// Default maglev.DefaultTableSize.
+	MaglevTableSize uint32
+	// Maps sizes the maps. Zero fields take DefaultMapSizes.
+	Maps MapSizes
+	// GCInterval is how often expired conntrack entries are deleted.
+	// Default 30s.
+	GCInterval time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.BPFFS == "" {
+		c.BPFFS = DefaultBPFFS
+	}
+	if len(c.PodInterfaces) == 0 {
+		c.PodInterfaces = DefaultPodInterfaces
+	}
+	if c.MaglevTableSize == 0 {
+		c.MaglevTableSize = maglev.DefaultTableSize
+	}
+	d := DefaultMapSizes
+	for _, f := range []struct{ v, def *uint32 }{
+		{&c.Maps.LB, &d.LB}, {&c.Maps.Backends, &d.Backends}, {&c.Maps.Conntrack, &d.Conntrack},
+		{&c.Maps.Affinity, &d.Affinity}, {&c.Maps.Sockets, &d.Sockets},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.def
+		}
+	}
+	if c.GCInterval == 0 {
+		c.GCInterval = 30 * time.Second
+	}
+}
+
+// Dataplane is the eBPF dataplane. See the package documentation.
+type Dataplane struct {
+	log  hclog.Logger
+	cfg  Config
+	objs *bpfObjects
+	prog *programmer
+
+	needFull bool
+	attached bool
+	tc       *tcAttacher
+
+	stopGC chan struct{}
+	wg     sync.WaitGroup
+}
+
+var _ dataplane.Dataplane = (*Dataplane)(nil)
+
+// New loads the programs and the pinned maps (creating them on first use)
+// and restores the IDs a previous vipd left in them. The programs are
+// attached by the first successful Apply, once the maps hold the state:
+// a restarted vipd never exposes empty maps to traffic.
+//
+// It fails with a clear error when the kernel lacks what the dataplane
+// needs (BPF, BTF-less CO-RE is not needed; tc BPF; cgroup v2 sock_addr
+// hooks; SO_NETNS_COOKIE).
+func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
+	cfg.setDefaults()
+	if cfg.MaglevTableSize < 3 || !maglev.IsPrime(cfg.MaglevTableSize) {
+		return nil, fmt.Errorf("maglev table size %d is not a prime", cfg.MaglevTableSize)
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("remove memlock limit: %w", err)
+	}
+	if err := Supported(); err != nil {
+		return nil, err
+	}
+	mounted, err := ensureBPFFS(cfg.BPFFS)
+	if err != nil {
+		return nil, err
+	}
+	if mounted {
+		log.Info("mounted bpffs", "path", cfg.BPFFS)
+	}
+	if cfg.CgroupPath == "" {
+		if err := cgroup2.Mount(DefaultCgroupMount); err != nil {
+			return nil, fmt.Errorf("mount cgroup2 at %s: %w", DefaultCgroupMount, err)
+		}
+		cfg.CgroupPath = DefaultCgroupMount
+	}
+	if ok, err := cgroup2.IsCgroup2(cfg.CgroupPath); err != nil || !ok {
+		return nil, fmt.Errorf("cgroup path %s is not a cgroup v2 directory (err %v)", cfg.CgroupPath, err)
+	}
+	cookie, err := netnsCookie(cfg.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("network namespace cookie: %w", err)
+	}
+	objs, inner, err := loadObjects(log, cfg.BPFFS, cfg.Maps)
+	if err != nil {
+		return nil, err
+	}
+	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{})}
+	if err := writeConfig(&objs.bpfMaps, cookie); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	d.prog = newProgrammer(log, &objs.bpfMaps, inner, cfg.MaglevTableSize)
+	d.prog.onMembersRemoved = d.destroyStuckSockets
+	if err := d.prog.restore(); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if n := len(d.prog.revNatIDs); n > 0 {
+		log.Info("reusing pinned maps", "frontends", n, "backends", len(d.prog.backendIDs), "bpffs", cfg.BPFFS)
+	}
+	d.tc = newTCAttacher(log, cfg.NetNS, cfg.PodInterfaces, d.linkDir(), objs.VipdFromPod, objs.VipdToPod)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.gcLoop(cfg.GCInterval, d.stopGC)
+	}()
+	return d, nil
+}
+
+func (d *Dataplane) linkDir() string { return filepath.Join(d.cfg.BPFFS, "links") }
+
+// Name implements dataplane.Dataplane.
+func (d *Dataplane) Name() string { return Name }
+
+// Capabilities implements dataplane.Dataplane: everything, Maglev included.
+func (d *Dataplane) Capabilities() dataplane.Capabilities {
+	return dataplane.Capabilities{
+		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom, dataplane.LoadBalancingMaglev},
+		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+	}
+}
+
+// Apply implements dataplane.Dataplane. Only the frontends of changed
+// services are rewritten, each in make-before-break order; a full Apply
+// (the first one, and the one after an error) rewrites every entry and
+// prunes what no service accounts for. A failed Apply rolls the maps back
+// to the previously applied state.
+func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
+	full := d.needFull || s.Changed == nil
+	names := s.Changed
+	if full {
+		names = make([]string, 0, len(s.Services)+len(d.prog.byService))
+		for n := range s.Services {
+			names = append(names, n)
+		}
+		for n := range d.prog.byService {
+			if _, ok := s.Services[n]; !ok {
+				names = append(names, n)
+			}
+		}
+	}
+	sort.Strings(names)
+	desired := map[feKey]*frontend{}
+	var changes []change
+	for _, name := range names {
+		svc := s.Services[name]
+		if svc == nil {
+			continue
+		}
+		if err := d.Capabilities().Check(svc); err != nil {
+			return err
+		}
+		fes, err := frontendsOf(svc, d.cfg.MaglevTableSize)
+		if err != nil {
+			return err
+		}
+		for _, fe := range fes {
+			desired[fe.key] = fe
+		}
+	}
+	for _, name := range names {
+		for _, k := range d.prog.byService[name] {
+			if _, ok := desired[k]; !ok {
+				changes = append(changes, change{key: k})
+			}
+		}
+	}
+	for k, fe := range desired {
+		if old := d.prog.frontends[k]; full || old == nil || !old.fe.equal(fe) || old.fe.service != fe.service {
+			changes = append(changes, change{key: k, fe: fe})
+		}
+	}
+	if err := d.prog.checkCapacity(changes); err != nil {
+		return err
+	}
+	if err := d.prog.apply(changes, desired, full); err != nil {
+		d.needFull = true
+		if rerr := d.prog.rollback(); rerr != nil {
+			d.log.Error("roll back after a failed apply", "error", rerr)
+		}
+		return err
+	}
+	d.needFull = false
+	if !d.attached {
+		if err := d.attach(); err != nil {
+			d.needFull = true
+			return err
+		}
+		d.attached = true
+	}
+	return nil
+}
+
+// attach puts the programs in place: tc on pod interfaces, socket hooks on
+// the cgroup.
+func (d *Dataplane) attach() error {
+	if err := attachCgroup(d.cfg.CgroupPath, d.linkDir(), cgroupHooks(&d.objs.bpfPrograms)); err != nil {
+		return err
+	}
+	if err := d.tc.start(); err != nil {
+		return err
+	}
+	d.log.Info("programs attached", "cgroup", d.cfg.CgroupPath, "interfaces", len(d.tc.interfaces()))
+	return nil
+}
+
+// rollback rewrites the state of the last successful apply and prunes
+// whatever a failed one added.
+func (p *programmer) rollback() error {
+	desired := make(map[feKey]*frontend, len(p.frontends))
+	changes := make([]change, 0, len(p.frontends))
+	for k, pr := range p.frontends {
+		desired[k] = pr.fe
+		changes = append(changes, change{key: k, fe: pr.fe})
+	}
+	return p.apply(changes, desired, true)
+}
+
+// destroyStuckSockets destroys node-local UDP sockets that the socket hooks
+// connected to backends that have now left a frontend: such a socket would
+// otherwise keep sending to the removed backend.
+func (d *Dataplane) destroyStuckSockets(fe feKey, revNat uint32, gone []beKey) {
+	goneSet := map[beKey]bool{}
+	var dsts []netip.AddrPort
+	for _, b := range gone {
+		goneSet[b] = true
+		dsts = append(dsts, netip.AddrPortFrom(b.addr, b.port))
+	}
+	cookies := map[uint64]bool{}
+	var k bpfSockKey
+	var v bpfSockVal
+	it := d.objs.VipdSockRevnat.Iterate()
+	for it.Next(&k, &v) {
+		if v.RevNatId == revNat && goneSet[beKey{addr: fromWords(k.Addr.W), port: fromBE16(k.Port)}] {
+			cookies[k.Cookie] = true
+		}
+	}
+	if len(cookies) == 0 {
+		return
+	}
+	n, err := sockdiag.DestroyUDP(d.cfg.NetNS, dsts, cookies)
+	if err != nil {
+		d.log.Warn("destroy UDP sockets stuck on removed backends", "frontend", fe.String(), "error", err)
+		return
+	}
+	d.log.Debug("destroyed UDP sockets stuck on removed backends", "frontend", fe.String(), "sockets", n)
+}
+
+// Close stops vipd's goroutines and closes its handles. Programs, links and
+// maps stay in the kernel (pinned): traffic keeps flowing.
+func (d *Dataplane) Close() error {
+	close(d.stopGC)
+	d.tc.stop()
+	d.wg.Wait()
+	return d.objs.Close()
+}
+
+// Supported reports, with an error naming what is missing, whether the
+// kernel can run this dataplane.
+func Supported() error {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return fmt.Errorf("ebpf dataplane: %w", err)
+	}
+	spec, err := loadBpf()
+	if err != nil {
+		return fmt.Errorf("ebpf dataplane: %w", err)
+	}
+	// Loading one program exercises BPF, tc programs and the helpers the
+	// packet path needs; a tiny map set keeps it cheap.
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+		if m.Type != ebpf.Array && m.Type != ebpf.HashOfMaps {
+			m.MaxEntries = 1
+		}
+	}
+	for name := range spec.Programs {
+		if name != "vipd_from_pod" && name != "vipd_sock_connect4" {
+			delete(spec.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		if errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("ebpf dataplane: loading BPF programs is not permitted (needs root or CAP_BPF+CAP_NET_ADMIN): %w", err)
+		}
+		return fmt.Errorf("ebpf dataplane: this kernel cannot load vipd's BPF programs: %w", err)
+	}
+	coll.Close()
+	return nil
+}
+
+// Cleanup removes everything the dataplane put into the kernel for the
+// namespace at netnsPath and the bpffs directory bpffs: tc programs (tcx
+// links and clsact filters), the socket hooks' cgroup links, and the
+// pinned maps. Traffic to VIPs stops being translated.
+func Cleanup(log hclog.Logger, netnsPath, bpffs string) error {
+	if bpffs == "" {
+		bpffs = DefaultBPFFS
+	}
+	links := filepath.Join(bpffs, "links")
+	var errs []error
+	if err := detachCgroup(links); err != nil {
+		errs = append(errs, fmt.Errorf("detach socket hooks: %w", err))
+	}
+	if err := detachAll(netnsPath, links); err != nil {
+		errs = append(errs, fmt.Errorf("detach tc programs: %w", err))
+	}
+	removePinnedMaps(bpffs)
+	os.Remove(links)
+	log.Info("removed the eBPF dataplane", "bpffs", bpffs)
+	return errors.Join(errs...)
+}

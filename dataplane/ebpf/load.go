@@ -1,0 +1,166 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/nsdo"
+)
+
+// MapSizes are the capacities of the BPF maps. The defaults fit 100,000
+// services × 10 backends (1.1M service entries, 1M members, 1M backends).
+type MapSizes struct {
+	// LB sizes the service map (a master entry per VIP:port plus one slot
+	// per eligible backend), the member map and the reverse-NAT map.
+	LB uint32
+	// Backends sizes the backend map: distinct backend address:port pairs.
+	Backends uint32
+	// Conntrack sizes the conntrack map (LRU; two entries per flow).
+	Conntrack uint32
+	// Affinity sizes the session-affinity map (LRU).
+	Affinity uint32
+	// Sockets sizes the socket reverse-NAT map (LRU) of node-local sockets.
+	Sockets uint32
+}
+
+// DefaultMapSizes are the sizes vipd uses unless told otherwise.
+var DefaultMapSizes = MapSizes{
+	LB:        2_500_000,
+	Backends:  1_200_000,
+	Conntrack: 524_288,
+	Affinity:  131_072,
+	Sockets:   262_144,
+}
+
+const (
+	bpffsMagic    = 0xcafe4a11
+	soNetnsCookie = 71 // SO_NETNS_COOKIE, Linux 5.14
+)
+
+// ensureBPFFS makes dir a directory on a bpffs, mounting one there when it
+// is on another file system. It reports whether it mounted.
+func ensureBPFFS(dir string) (bool, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, fmt.Errorf("create bpffs directory %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if uint32(st.Type) == bpffsMagic {
+		return false, nil
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return false, fmt.Errorf("mount bpffs at %s: %w", dir, err)
+	}
+	return true, nil
+}
+
+// netnsCookie returns the cookie of the network namespace at path.
+func netnsCookie(path string) (uint64, error) {
+	var cookie uint64
+	err := nsdo.Do(path, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, soNetnsCookie)
+		if err != nil {
+			return fmt.Errorf("SO_NETNS_COOKIE (Linux 5.14 or later): %w", err)
+		}
+		cookie = v
+		return nil
+	})
+	return cookie, err
+}
+
+// loadObjects loads the BPF programs and the maps pinned in dir, creating
+// and pinning the maps that do not exist yet. Pinned maps of another layout
+// version, or whose sizes no longer match the configuration, are replaced
+// (and the log says so: established flows through VIPs may then reset).
+func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *ebpf.MapSpec, error) {
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	for name, size := range map[string]uint32{
+		"vipd_services":    sizes.LB,
+		"vipd_members":     sizes.LB,
+		"vipd_revnat":      sizes.LB / 4,
+		"vipd_maglev":      sizes.LB / 4,
+		"vipd_backends":    sizes.Backends,
+		"vipd_ct":          sizes.Conntrack,
+		"vipd_affinity":    sizes.Affinity,
+		"vipd_sock_revnat": sizes.Sockets,
+	} {
+		if size == 0 {
+			return nil, nil, fmt.Errorf("map %s: size 0", name)
+		}
+		spec.Maps[name].MaxEntries = size
+	}
+	inner := spec.Maps["vipd_maglev"].InnerMap.Copy()
+
+	if v, ok := pinnedLayout(dir); ok && v != layoutVersion {
+		log.Warn("pinned maps have another layout version: replacing them; established flows through VIPs may reset",
+			"pinned", v, "ours", layoutVersion)
+		removePinnedMaps(dir)
+	}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	var objs bpfObjects
+	err = spec.LoadAndAssign(&objs, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		log.Warn("pinned maps do not match the configured sizes: replacing them; established flows through VIPs may reset",
+			"error", err)
+		removePinnedMaps(dir)
+		err = spec.LoadAndAssign(&objs, opts)
+	}
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, nil, fmt.Errorf("load BPF programs: %+v", ve)
+		}
+		return nil, nil, fmt.Errorf("load BPF objects: %w", err)
+	}
+	return &objs, inner, nil
+}
+
+// pinnedLayout reads the layout version of the maps pinned in dir.
+func pinnedLayout(dir string) (uint32, bool) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "vipd_config"), nil)
+	if err != nil {
+		return 0, false
+	}
+	defer m.Close()
+	var cfg bpfConfig
+	if err := m.Lookup(uint32(0), &cfg); err != nil || cfg.LayoutVersion == 0 {
+		return 0, false
+	}
+	return cfg.LayoutVersion, true
+}
+
+// removePinnedMaps unpins every vipd map in dir (links stay).
+func removePinnedMaps(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "vipd_") {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// writeConfig stores what the programs need to know about this node.
+func writeConfig(m *bpfMaps, hostNetnsCookie uint64) error {
+	cfg := bpfConfig{HostNetnsCookie: hostNetnsCookie, LayoutVersion: layoutVersion}
+	if err := m.VipdConfig.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("write config map: %w", err)
+	}
+	return nil
+}

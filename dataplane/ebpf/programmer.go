@@ -1,0 +1,505 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/cilium/ebpf"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/ebpf/maglev"
+)
+
+// programmer turns frontends into map entries and keeps the IDs stable.
+//
+// IDs: every frontend has a reverse-NAT ID and every backend (address,
+// port) a backend ID. Both only grow and are never reused while vipd runs,
+// so a conntrack entry naming an old ID can never point at a different
+// backend. A restarted vipd reads them back from the maps (restore).
+type programmer struct {
+	log       hclog.Logger
+	maps      *bpfMaps
+	innerSpec *ebpf.MapSpec // template of a Maglev table
+	maglevMin uint32
+
+	frontends map[feKey]*programmed
+	byService map[string][]feKey
+
+	revNatIDs   map[feKey]uint32
+	nextRevNat  uint32
+	backendIDs  map[beKey]uint32
+	backendRefs map[uint32]int
+	nextBackend uint32
+
+	// Entry counts, for capacity checks before any write.
+	svcEntries, memberEntries int
+
+	// onMembersRemoved is called with the UDP backends that left a
+	// frontend, after they did (to destroy node-local sockets stuck on them).
+	onMembersRemoved func(fe feKey, revNat uint32, gone []beKey)
+}
+
+// programmed is a frontend as written into the maps.
+type programmed struct {
+	fe        *frontend
+	revNat    uint32
+	slotIDs   []uint32
+	memberIDs map[uint32]uint32
+}
+
+func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, maglevMin uint32) *programmer {
+	return &programmer{
+		log:         log,
+		maps:        maps,
+		innerSpec:   innerSpec,
+		maglevMin:   maglevMin,
+		frontends:   map[feKey]*programmed{},
+		byService:   map[string][]feKey{},
+		revNatIDs:   map[feKey]uint32{},
+		backendIDs:  map[beKey]uint32{},
+		backendRefs: map[uint32]int{},
+		nextRevNat:  1,
+		nextBackend: 1,
+	}
+}
+
+// restore reads the IDs a previous vipd left in the pinned maps, so that
+// the entries it wrote keep their meaning: conntrack and affinity entries
+// name backends and frontends by ID.
+func (p *programmer) restore() error {
+	var (
+		id uint32
+		rn bpfRevNat
+		be bpfBackend
+	)
+	it := p.maps.VipdRevnat.Iterate()
+	for it.Next(&id, &rn) {
+		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
+		p.revNatIDs[k] = id
+		p.nextRevNat = max(p.nextRevNat, id+1)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read reverse-NAT map: %w", err)
+	}
+	it = p.maps.VipdBackends.Iterate()
+	for it.Next(&id, &be) {
+		k := beKey{addr: fromWords(be.Addr.W), port: fromBE16(be.Port)}
+		p.backendIDs[k] = id
+		p.nextBackend = max(p.nextBackend, id+1)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read backend map: %w", err)
+	}
+	return nil
+}
+
+// change is the desired content of one frontend: nil removes it.
+type change struct {
+	key feKey
+	fe  *frontend
+}
+
+// apply writes changes into the maps. prune additionally deletes every
+// map entry that no desired frontend accounts for (a full sync after a
+// restart or an error).
+//
+// Order (make-before-break; no packet ever sees a half-written frontend):
+//  1. backends, reverse-NAT entries and members;
+//  2. Maglev tables (a new inner map, swapped in whole);
+//  3. slots 1..n of each frontend;
+//  4. the master entry (slot 0, with the count) last of the frontend's
+//     entries: before it, packets use the old slots 1..old count, which all
+//     still name live backends;
+//  5. then stale slots beyond the new count, removed frontends (master
+//     first), members and reverse-NAT entries no longer used, and backends
+//     no frontend references any more.
+func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) error {
+	if err := p.checkCapacity(changes); err != nil {
+		return err
+	}
+	var (
+		newBackends []beKey
+		w           writes
+		trim        writes
+		gone        []change
+	)
+	// Allocate IDs; compute the new programmed state of each frontend.
+	next := make(map[feKey]*programmed, len(changes))
+	refDelta := map[uint32]int{}
+	for _, c := range changes {
+		old := p.frontends[c.key]
+		if c.fe == nil {
+			if old != nil {
+				gone = append(gone, c)
+				for id := range old.memberIDs {
+					refDelta[id]--
+				}
+			}
+			continue
+		}
+		revNat, ok := p.revNatIDs[c.key]
+		if !ok {
+			revNat = p.nextRevNat
+			p.nextRevNat++
+			p.revNatIDs[c.key] = revNat
+		}
+		pr := &programmed{fe: c.fe, revNat: revNat, memberIDs: make(map[uint32]uint32, len(c.fe.members))}
+		for k, flags := range c.fe.members {
+			id, ok := p.backendIDs[k]
+			if !ok {
+				id = p.nextBackend
+				p.nextBackend++
+				p.backendIDs[k] = id
+				newBackends = append(newBackends, k)
+			}
+			pr.memberIDs[id] = flags
+			refDelta[id]++
+		}
+		for _, s := range c.fe.slots {
+			pr.slotIDs = append(pr.slotIDs, p.backendIDs[s.backend])
+		}
+		if old != nil {
+			for id := range old.memberIDs {
+				refDelta[id]--
+			}
+		}
+		next[c.key] = pr
+	}
+
+	// 1. Backends, reverse NAT, members.
+	if prune {
+		// Rewrite every backend: idempotent, and it repairs whatever an
+		// earlier failed apply left half-written.
+		for k, id := range p.backendIDs {
+			w.backend(id, k)
+		}
+	} else {
+		for _, k := range newBackends {
+			w.backend(p.backendIDs[k], k)
+		}
+	}
+	for _, c := range changes {
+		pr := next[c.key]
+		if pr == nil {
+			continue
+		}
+		old := p.frontends[c.key]
+		if old == nil || prune {
+			w.revNat(pr.revNat, c.key)
+		}
+		for id, flags := range pr.memberIDs {
+			if old == nil || prune {
+				w.member(pr.revNat, id, flags)
+			} else if f, had := old.memberIDs[id]; !had || f != flags {
+				w.member(pr.revNat, id, flags)
+			}
+		}
+	}
+	if err := w.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+
+	// 2. Maglev tables.
+	for _, c := range changes {
+		pr := next[c.key]
+		if pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
+			continue
+		}
+		old := p.frontends[c.key]
+		if old != nil && !prune && old.fe.maglevM == pr.fe.maglevM && slices.Equal(old.fe.slots, pr.fe.slots) &&
+			old.fe.flags&svcFlagMaglev != 0 {
+			continue
+		}
+		if err := p.writeMaglev(pr); err != nil {
+			return p.fail(fmt.Errorf("frontend %s: %w", c.key, err))
+		}
+	}
+
+	// 3. Slots, then 4. masters.
+	var masters writes
+	for _, c := range changes {
+		pr := next[c.key]
+		if pr == nil {
+			continue
+		}
+		old := p.frontends[c.key]
+		for i, id := range pr.slotIDs {
+			if old == nil || prune || i >= len(old.slotIDs) || old.slotIDs[i] != id || old.fe.slots[i].cum != pr.fe.slots[i].cum {
+				w.slot(c.key, uint32(i+1), id, pr.fe.slots[i].cum)
+			}
+		}
+		if old == nil || prune || !old.fe.equal(pr.fe) || old.revNat != pr.revNat {
+			masters.master(c.key, pr)
+		}
+		if old != nil {
+			for i := len(pr.slotIDs); i < len(old.slotIDs); i++ {
+				trim.deleteSlot(c.key, uint32(i+1))
+			}
+			for id := range old.memberIDs {
+				if _, keep := pr.memberIDs[id]; !keep {
+					trim.deleteMember(old.revNat, id)
+				}
+			}
+		}
+	}
+	if err := w.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+	if err := masters.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+
+	// 5. Break: stale slots, removed frontends (master first), members,
+	// reverse NAT, Maglev tables, and unreferenced backends.
+	var removedMasters writes
+	for _, c := range gone {
+		old := p.frontends[c.key]
+		removedMasters.deleteSlot(c.key, 0)
+		for i := range old.slotIDs {
+			trim.deleteSlot(c.key, uint32(i+1))
+		}
+		for id := range old.memberIDs {
+			trim.deleteMember(old.revNat, id)
+		}
+		trim.deleteRevNat(old.revNat)
+		if old.fe.flags&svcFlagMaglev != 0 {
+			trim.deleteMaglev(old.revNat)
+		}
+	}
+	for _, c := range changes {
+		if pr, old := next[c.key], p.frontends[c.key]; pr != nil && old != nil &&
+			old.fe.flags&svcFlagMaglev != 0 && pr.fe.flags&svcFlagMaglev == 0 {
+			trim.deleteMaglev(old.revNat)
+		}
+	}
+	if err := removedMasters.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+	if err := trim.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+
+	// Commit the in-memory view.
+	for _, c := range gone {
+		old := p.frontends[c.key]
+		p.svcEntries -= 1 + len(old.slotIDs)
+		p.memberEntries -= len(old.memberIDs)
+		delete(p.frontends, c.key)
+		delete(p.revNatIDs, c.key)
+	}
+	var udpGone []func()
+	for key, pr := range next {
+		if old := p.frontends[key]; old != nil {
+			p.svcEntries -= 1 + len(old.slotIDs)
+			p.memberEntries -= len(old.memberIDs)
+			if key.proto == ipprotoUDP && p.onMembersRemoved != nil {
+				var removed []beKey
+				for k := range old.fe.members {
+					if _, ok := pr.fe.members[k]; !ok {
+						removed = append(removed, k)
+					}
+				}
+				if len(removed) > 0 {
+					udpGone = append(udpGone, func() { p.onMembersRemoved(key, old.revNat, removed) })
+				}
+			}
+		}
+		p.svcEntries += 1 + len(pr.slotIDs)
+		p.memberEntries += len(pr.memberIDs)
+		p.frontends[key] = pr
+	}
+	var deadBackends writes
+	for id, d := range refDelta {
+		p.backendRefs[id] += d
+		if p.backendRefs[id] <= 0 {
+			delete(p.backendRefs, id)
+			for k, bid := range p.backendIDs {
+				if bid == id {
+					delete(p.backendIDs, k)
+					break
+				}
+			}
+			deadBackends.deleteBackend(id)
+		}
+	}
+	if err := deadBackends.flush(p.maps); err != nil {
+		p.log.Warn("delete unreferenced backends", "error", err)
+	}
+	p.byService = map[string][]feKey{}
+	for key, pr := range p.frontends {
+		p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
+	}
+	if prune {
+		if err := p.prune(desiredAll); err != nil {
+			return fmt.Errorf("prune stale entries: %w", err)
+		}
+	}
+	for _, f := range udpGone {
+		f()
+	}
+	return nil
+}
+
+// fail marks the programmer's in-memory IDs as possibly ahead of the maps:
+// the caller rebuilds fully on the next apply.
+func (p *programmer) fail(err error) error {
+	if errors.Is(err, errMapFull) {
+		return fmt.Errorf("%w: %w", dataplane.ErrResourceExhausted, err)
+	}
+	return err
+}
+
+// writeMaglev builds the frontend's Maglev table into a new inner map and
+// swaps it into the outer map in one update.
+func (p *programmer) writeMaglev(pr *programmed) error {
+	backends := make([]maglev.Backend, len(pr.fe.slots))
+	for i, s := range pr.fe.slots {
+		backends[i] = maglev.Backend{ID: pr.slotIDs[i], Key: s.backend.String(), Weight: s.weight}
+	}
+	table, err := maglev.Table(backends, pr.fe.maglevM)
+	if err != nil {
+		return err
+	}
+	spec := p.innerSpec.Copy()
+	spec.MaxEntries = pr.fe.maglevM
+	inner, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("create Maglev table: %w", err)
+	}
+	defer inner.Close()
+	keys := make([]uint32, len(table))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if err := batchPut(inner, keys, table); err != nil {
+		return fmt.Errorf("fill Maglev table: %w", err)
+	}
+	if err := p.maps.VipdMaglev.Put(pr.revNat, inner); err != nil {
+		return fmt.Errorf("install Maglev table: %w", mapErr(err))
+	}
+	return nil
+}
+
+// checkCapacity fails, before anything is written, when the changes would
+// not fit the maps.
+func (p *programmer) checkCapacity(changes []change) error {
+	svc, members, frontends := p.svcEntries, p.memberEntries, len(p.frontends)
+	newBackends := map[beKey]bool{}
+	for _, c := range changes {
+		if old := p.frontends[c.key]; old != nil {
+			svc -= 1 + len(old.slotIDs)
+			members -= len(old.memberIDs)
+			frontends--
+		}
+		if c.fe != nil {
+			frontends++
+			svc += 1 + len(c.fe.slots)
+			members += len(c.fe.members)
+			for k := range c.fe.members {
+				if _, ok := p.backendIDs[k]; !ok {
+					newBackends[k] = true
+				}
+			}
+		}
+	}
+	check := func(what string, n int, m *ebpf.Map, flag string) error {
+		if max := int(m.MaxEntries()); n > max {
+			return fmt.Errorf("%w: the %s map would need %d entries and holds %d (raise %s)", dataplane.ErrResourceExhausted, what, n, max, flag)
+		}
+		return nil
+	}
+	return errors.Join(
+		check("service", svc, p.maps.VipdServices, "--bpf-lb-map-max"),
+		check("member", members, p.maps.VipdMembers, "--bpf-lb-map-max"),
+		check("backend", len(p.backendRefs)+len(newBackends), p.maps.VipdBackends, "--bpf-backend-map-max"),
+		check("reverse-NAT", frontends, p.maps.VipdRevnat, "--bpf-lb-map-max"),
+	)
+}
+
+// prune deletes map entries that no desired frontend accounts for: what a
+// previous run left behind for services that no longer exist.
+func (p *programmer) prune(desired map[feKey]*frontend) error {
+	var del writes
+	var sk bpfSvcKey
+	var sv bpfSvcVal
+	it := p.maps.VipdServices.Iterate()
+	for it.Next(&sk, &sv) {
+		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
+		pr := p.frontends[k]
+		if pr == nil || desired[k] == nil || int(sk.Slot) > len(pr.slotIDs) {
+			del.svcDeletes = append(del.svcDeletes, sk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	// Masters before slots: sort deletes so that slot 0 goes first.
+	sort.SliceStable(del.svcDeletes, func(i, j int) bool { return del.svcDeletes[i].Slot < del.svcDeletes[j].Slot })
+
+	byRevNat := map[uint32]*programmed{}
+	for _, pr := range p.frontends {
+		byRevNat[pr.revNat] = pr
+	}
+	var mk bpfMemberKey
+	var mv uint32
+	it = p.maps.VipdMembers.Iterate()
+	for it.Next(&mk, &mv) {
+		if pr := byRevNat[mk.RevNatId]; pr == nil {
+			del.memberDeletes = append(del.memberDeletes, mk)
+		} else if _, ok := pr.memberIDs[mk.BackendId]; !ok {
+			del.memberDeletes = append(del.memberDeletes, mk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	var id uint32
+	var rn bpfRevNat
+	it = p.maps.VipdRevnat.Iterate()
+	for it.Next(&id, &rn) {
+		if byRevNat[id] == nil {
+			del.revNatDeletes = append(del.revNatDeletes, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	var innerID ebpf.MapID
+	it = p.maps.VipdMaglev.Iterate()
+	for it.Next(&id, &innerID) {
+		if pr := byRevNat[id]; pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
+			del.maglevDeletes = append(del.maglevDeletes, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	var be bpfBackend
+	it = p.maps.VipdBackends.Iterate()
+	for it.Next(&id, &be) {
+		if p.backendRefs[id] == 0 {
+			del.backendDeletes = append(del.backendDeletes, id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for k, id := range p.backendIDs {
+		if p.backendRefs[id] == 0 {
+			delete(p.backendIDs, k)
+		}
+	}
+	for k, id := range p.revNatIDs {
+		if byRevNat[id] == nil {
+			delete(p.revNatIDs, k)
+		}
+	}
+	n := len(del.svcDeletes) + len(del.memberDeletes) + len(del.revNatDeletes) + len(del.maglevDeletes) + len(del.backendDeletes)
+	if n > 0 {
+		p.log.Info("pruned entries no service accounts for", "entries", n)
+	}
+	return del.flush(p.maps)
+}

@@ -1,0 +1,164 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// errMapFull is wrapped by map writes that failed because a map is full.
+var errMapFull = errors.New("BPF map full")
+
+// mapErr wraps the errors of a full map (E2BIG, ENOSPC, ENOMEM) in errMapFull.
+func mapErr(err error) error {
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+		return fmt.Errorf("%w: %w", errMapFull, err)
+	}
+	return err
+}
+
+// writes collects map updates and deletions, and flushes them in batches
+// in a fixed order: backends, reverse NAT, members, services (slots and
+// masters as queued), then deletions of services, members, reverse NAT,
+// Maglev tables and backends.
+type writes struct {
+	backendKeys []uint32
+	backendVals []bpfBackend
+	revNatKeys  []uint32
+	revNatVals  []bpfRevNat
+	memberKeys  []bpfMemberKey
+	memberVals  []uint32
+	svcKeys     []bpfSvcKey
+	svcVals     []bpfSvcVal
+
+	svcDeletes     []bpfSvcKey
+	memberDeletes  []bpfMemberKey
+	revNatDeletes  []uint32
+	maglevDeletes  []uint32
+	backendDeletes []uint32
+}
+
+func svcKeyOf(k feKey, slot uint32) bpfSvcKey {
+	var sk bpfSvcKey
+	sk.Addr.W = toWords(k.addr)
+	sk.Port = be16(k.port)
+	sk.Proto = k.proto
+	sk.Slot = slot
+	return sk
+}
+
+func (w *writes) backend(id uint32, k beKey) {
+	var b bpfBackend
+	b.Addr.W = toWords(k.addr)
+	b.Port = be16(k.port)
+	w.backendKeys = append(w.backendKeys, id)
+	w.backendVals = append(w.backendVals, b)
+}
+
+func (w *writes) revNat(id uint32, k feKey) {
+	var r bpfRevNat
+	r.Addr.W = toWords(k.addr)
+	r.Port = be16(k.port)
+	r.Proto = k.proto
+	w.revNatKeys = append(w.revNatKeys, id)
+	w.revNatVals = append(w.revNatVals, r)
+}
+
+func (w *writes) member(revNat, backend, flags uint32) {
+	w.memberKeys = append(w.memberKeys, bpfMemberKey{RevNatId: revNat, BackendId: backend})
+	w.memberVals = append(w.memberVals, flags)
+}
+
+func (w *writes) slot(k feKey, slot, backend, cum uint32) {
+	w.svcKeys = append(w.svcKeys, svcKeyOf(k, slot))
+	w.svcVals = append(w.svcVals, bpfSvcVal{BackendId: backend, Weight: cum})
+}
+
+func (w *writes) master(k feKey, pr *programmed) {
+	w.svcKeys = append(w.svcKeys, svcKeyOf(k, 0))
+	w.svcVals = append(w.svcVals, bpfSvcVal{
+		Count:           uint32(len(pr.slotIDs)),
+		RevNatId:        pr.revNat,
+		Flags:           pr.fe.flags,
+		AffinityTimeout: pr.fe.timeout,
+		Weight:          pr.fe.weight,
+		MaglevSize:      pr.fe.maglevM,
+	})
+}
+
+func (w *writes) deleteSlot(k feKey, slot uint32) { w.svcDeletes = append(w.svcDeletes, svcKeyOf(k, slot)) }
+func (w *writes) deleteMember(revNat, backend uint32) {
+	w.memberDeletes = append(w.memberDeletes, bpfMemberKey{RevNatId: revNat, BackendId: backend})
+}
+func (w *writes) deleteRevNat(id uint32)  { w.revNatDeletes = append(w.revNatDeletes, id) }
+func (w *writes) deleteMaglev(id uint32)  { w.maglevDeletes = append(w.maglevDeletes, id) }
+func (w *writes) deleteBackend(id uint32) { w.backendDeletes = append(w.backendDeletes, id) }
+
+// flush writes everything queued, in order, and empties w.
+func (w *writes) flush(m *bpfMaps) error {
+	defer func() { *w = writes{} }()
+	steps := []struct {
+		what string
+		run  func() error
+	}{
+		{"backends", func() error { return batchPut(m.VipdBackends, w.backendKeys, w.backendVals) }},
+		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
+		{"members", func() error { return batchPut(m.VipdMembers, w.memberKeys, w.memberVals) }},
+		{"services", func() error { return batchPut(m.VipdServices, w.svcKeys, w.svcVals) }},
+		{"delete services", func() error { return batchDelete(m.VipdServices, w.svcDeletes) }},
+		{"delete members", func() error { return batchDelete(m.VipdMembers, w.memberDeletes) }},
+		{"delete reverse NAT", func() error { return batchDelete(m.VipdRevnat, w.revNatDeletes) }},
+		{"delete Maglev tables", func() error { return batchDelete(m.VipdMaglev, w.maglevDeletes) }},
+		{"delete backends", func() error { return batchDelete(m.VipdBackends, w.backendDeletes) }},
+	}
+	for _, s := range steps {
+		if err := s.run(); err != nil {
+			return fmt.Errorf("write %s: %w", s.what, err)
+		}
+	}
+	return nil
+}
+
+// batchSize bounds one batch syscall, so that a huge sync does not need one
+// huge kernel buffer.
+const batchSize = 16384
+
+// batchPut writes keys[i] = vals[i] with BPF batch updates where the kernel
+// has them (about 3x cheaper per entry than single updates), one by one
+// elsewhere.
+func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	for len(keys) > 0 {
+		n := min(len(keys), batchSize)
+		if _, err := m.BatchUpdate(keys[:n], vals[:n], nil); err != nil {
+			if !errors.Is(err, ebpf.ErrNotSupported) {
+				return mapErr(err)
+			}
+			for i := range n {
+				if err := m.Put(&keys[i], &vals[i]); err != nil {
+					return mapErr(err)
+				}
+			}
+		}
+		keys, vals = keys[n:], vals[n:]
+	}
+	return nil
+}
+
+// batchDelete deletes keys; keys that are already gone are not an error.
+func batchDelete[K any](m *ebpf.Map, keys []K) error {
+	for len(keys) > 0 {
+		n := min(len(keys), batchSize)
+		if _, err := m.BatchDelete(keys[:n], nil); err != nil {
+			// A batch stops at the first missing key: finish one by one.
+			for i := range n {
+				if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+			}
+		}
+		keys = keys[n:]
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package cgroup2
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// removeTimeout bounds how long a test group's cleanup waits for killed
+// processes to leave the group.
+const removeTimeout = 10 * time.Second
+
+// NewTestGroup makes a new, empty cgroup for the test's own processes and
+// returns its absolute path, inside a private cgroup2 mount. The cgroup is a
+// child of the cgroup2 root (of the test's cgroup namespace) called
+// "vipd-test-<pid>-<random>"; /proc/PID/cgroup shows a process in it as
+// "0::/" + filepath.Base(path).
+//
+// Processes get into the group by being born there: start them with
+// syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd} and fd an open
+// descriptor of the path. When the test and its subtests have finished, a
+// cleanup kills whatever is still in the group, removes the group, unmounts
+// the private mount and removes its mount point. It also runs when the test
+// fails.
+//
+// NewTestGroup skips the test without root, or fails it with CI=true in the
+// environment. It fails the test if cgroup2 cannot be mounted. It also
+// removes the mounts and empty groups that test processes which died without
+// cleaning up left behind.
+func NewTestGroup(tb testing.TB) string {
+	tb.Helper()
+	requireRoot(tb)
+	if err := sweepMounts(tb.Logf); err != nil {
+		tb.Logf("sweep leftover test cgroup mounts: %v", err)
+	}
+	mnt, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", mountPrefix, os.Getpid()))
+	if err != nil {
+		tb.Fatalf("new test cgroup: %v", err)
+	}
+	if err := mount(mnt); err != nil {
+		os.Remove(mnt)
+		tb.Fatalf("new test cgroup: %v (is the kernel built with cgroup v2, and does the test have CAP_SYS_ADMIN?)", err)
+	}
+	tb.Cleanup(func() {
+		if err := unmount(mnt); err != nil {
+			tb.Errorf("remove test cgroup mount: %v", err)
+		}
+	})
+	if err := sweepGroups(mnt, tb.Logf); err != nil {
+		tb.Logf("sweep leftover test cgroups: %v", err)
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		tb.Fatalf("new test cgroup: %v", err)
+	}
+	dir := filepath.Join(mnt, fmt.Sprintf("%s%d-%s", groupPrefix, os.Getpid(), hex.EncodeToString(b[:])))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		tb.Fatalf("new test cgroup: %v", err)
+	}
+	tb.Cleanup(func() {
+		killed, err := removeGroup(dir, removeTimeout)
+		if len(killed) > 0 {
+			tb.Logf("test cgroup %s: killed leftover processes %v", filepath.Base(dir), killed)
+		}
+		if err != nil {
+			tb.Errorf("remove test cgroup: %v", err)
+		}
+	})
+	return dir
+}
+
+// removeGroup kills every process in the cgroup dir, which must have no child
+// cgroups, and removes it once the processes are gone. It returns the
+// processes it found there. A missing dir is not an error.
+//
+// The processes are killed with SIGKILL through cgroup.kill (Linux 5.14),
+// which also catches processes that fork meanwhile, or one by one on older
+// kernels. removeGroup does not reap them: that is up to their parent. It
+// gives up after timeout.
+func removeGroup(dir string, timeout time.Duration) (killed []int, err error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		pids, err := Procs(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			return killed, nil
+		}
+		if err != nil {
+			return killed, fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		for _, pid := range pids {
+			if !slices.Contains(killed, pid) {
+				killed = append(killed, pid)
+			}
+		}
+		if len(pids) > 0 {
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+				for _, pid := range pids {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+		// Killed processes leave the cgroup only once they have died,
+		// shortly after the signal; until then rmdir fails with EBUSY.
+		err = unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return killed, nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return killed, fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		if time.Now().After(deadline) {
+			return killed, fmt.Errorf("remove cgroup %s: still busy after %v (processes %v): %w", dir, timeout, pids, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// requireRoot skips the test unless it runs as root, or fails it with
+// CI=true in the environment, so that CI cannot pass by skipping.
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	const reason = "cgroup2 test groups need root to mount cgroup2 and create cgroups"
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(reason + " (CI=true: not skipping)")
+	}
+	tb.Skip(reason)
+}
+
+// unmount detaches the private mount mnt and removes its mount point. A
+// mount point that is no longer mounted is only removed.
+func unmount(mnt string) error {
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", mnt, err)
+	}
+	if err := os.Remove(mnt); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+const (
+	// mountPrefix starts the name of a test group's private mount point
+	// in the temporary directory, "vipd-cgroup2-<pid>-<random>".
+	mountPrefix = "vipd-cgroup2-"
+	// groupPrefix starts the name of a test group, "vipd-test-<pid>-<hex>".
+	groupPrefix = "vipd-test-"
+)
+
+var (
+	leftoverMountRE = regexp.MustCompile(`^` + mountPrefix + `([1-9][0-9]{0,9})-[0-9]+$`)
+	leftoverGroupRE = regexp.MustCompile(`^` + groupPrefix + `([1-9][0-9]{0,9})-[0-9a-f]+$`)
+)
+
+// sweepMounts removes the private cgroup2 mounts that test groups of
+// processes that no longer exist left behind in the temporary directory
+// (after a go test timeout, say). It leaves alone the mounts of live
+// processes, this one included, and mounts it did not name. As with
+// netlab.Sweep, the check is by pid only.
+func sweepMounts(logf func(string, ...any)) error {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Clean(os.TempDir())
+	var errs []error
+	for _, m := range mounts {
+		if m.fstype != "cgroup2" || filepath.Dir(m.mountPoint) != tmp {
+			continue
+		}
+		if pid, ok := pidOf(leftoverMountRE, filepath.Base(m.mountPoint)); !ok || alive(pid) {
+			continue
+		}
+		if err := unmount(m.mountPoint); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		logf("removed leftover cgroup2 mount %s", m.mountPoint)
+	}
+	return errors.Join(errs...)
+}
+
+// sweepGroups removes the test groups of processes that no longer exist
+// from the cgroup2 directory root, if they are empty. It kills nothing.
+func sweepGroups(root string, logf func(string, ...any)) error {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if pid, ok := pidOf(leftoverGroupRE, e.Name()); !ok || alive(pid) {
+			continue
+		}
+		dir := filepath.Join(root, e.Name())
+		if err := unix.Rmdir(dir); err != nil {
+			if !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove leftover cgroup %s: %w", dir, err))
+			}
+			continue
+		}
+		logf("removed leftover cgroup %s", dir)
+	}
+	return errors.Join(errs...)
+}
+
+func pidOf(re *regexp.Regexp, name string) (int, bool) {
+	m := re.FindStringSubmatch(name)
+	if m == nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(m[1])
+	return pid, err == nil
+}
+
+// alive reports whether a process with the given pid exists.
+func alive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
+}
