@@ -31,8 +31,11 @@ lint:
 	$(GO) vet ./...
 	cd proto && $(TOOL) buf lint
 
+# DATAPLANE picks vipd's dataplane for the demo: ebpf or iptables.
+DATAPLANE ?= ebpf
+
 demo: deps build $(BIN)/grpcurl
-	$(GO) run ./internal/demo -bin $(BIN)
+	$(GO) run ./internal/demo -bin $(BIN) -dataplane $(DATAPLANE)
 
 clean:
 	rm -rf $(BIN)

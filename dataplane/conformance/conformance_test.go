@@ -36,7 +36,7 @@ func run(m *testing.M) int {
 }
 
 // dataplanes returns the dataplanes to test: VIPD_CONFORMANCE_DATAPLANES,
-// comma-separated, or iptables.
+// comma-separated, or both iptables and ebpf.
 func dataplanes() []string {
 	var dps []string
 	for _, dp := range strings.Split(os.Getenv("VIPD_CONFORMANCE_DATAPLANES"), ",") {
@@ -45,7 +45,7 @@ func dataplanes() []string {
 		}
 	}
 	if len(dps) == 0 {
-		dps = []string{"iptables"}
+		dps = []string{"iptables", "ebpf"}
 	}
 	return dps
 }

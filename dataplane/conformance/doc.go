@@ -15,7 +15,7 @@
 // creates lives in netlab namespaces, its test cgroups or temporary
 // directories and is removed when a scenario ends, even when it fails.
 //
-//	go test ./dataplane/conformance/ -count=1 -v                      # as root
-//	VIPD_CONFORMANCE_DATAPLANES=iptables,ebpf go test ./dataplane/conformance/
+//	go test ./dataplane/conformance/ -count=1 -v          # as root; both dataplanes
+//	VIPD_CONFORMANCE_DATAPLANES=ebpf go test ./dataplane/conformance/
 //	go test ./dataplane/conformance/ -run 'TestConformance/iptables/basic$'
 package conformance

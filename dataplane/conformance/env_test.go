@@ -374,10 +374,7 @@ func (e *env) requireProtocol(p vipdv1.Protocol) {
 
 func (e *env) unsupported(feature string, mayBeMissing bool) {
 	e.t.Helper()
-	switch {
-	case !mayBeMissing && os.Getenv("CI") == "true":
-		e.fatalf("unsupported by %s: %s, which every dataplane must support (CI=true: not skipping)", e.dp, feature)
-	case !mayBeMissing && e.dp == "iptables":
+	if !mayBeMissing {
 		e.fatalf("unsupported by %s: %s, which every dataplane must support", e.dp, feature)
 	}
 	e.t.Skipf("unsupported by %s: %s (GetStatus does not list it)", e.dp, feature)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,6 +15,8 @@ import (
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -283,16 +286,42 @@ func udpForwarding(e *env) {
 	e.expectDead(e.client, "tcp", vip)
 }
 
-// 9b. should forward SCTP, with replies from the VIP.
+// 9b. should forward SCTP, with replies from the VIP: on the same port
+// everywhere, and with a port rewrite where the dataplane can do one. (An
+// SCTP port rewrite means recomputing the CRC32c of the whole packet; a
+// dataplane may refuse such a service with FailedPrecondition, the one
+// exception the API allows. Same-port SCTP must always work.)
 func sctpForwarding(e *env) {
 	e.requireProtocol(vipdv1.Protocol_PROTOCOL_SCTP)
-	vip := ap(ipv4.vip(10), 80)
-	e.upsert(service(vips(vip.Addr()), ports(sctpPort(80, 8081)), backend(e.be1, ipv4)))
-	backendAddr := ap(e.be1.v4, 8081)
+	vip := ipv4.vip(10)
+	e.upsert(service(vips(vip), ports(sctpPort(80, 80)), backend(e.be1, ipv4)))
+	e.expectSCTP(ap(vip, 80), ap(e.be1.v4, 80))
 
+	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	defer cancel()
+	rewrite := service(vips(vip), ports(sctpPort(81, 8081)), backend(e.be1, ipv4))
+	_, err := e.api.UpsertService(ctx, rewrite, 0)
+	switch {
+	case status.Code(err) == codes.FailedPrecondition:
+		e.logf("the dataplane refuses an SCTP port rewrite, as it may: %v", err)
+		e.expectSCTP(ap(vip, 80), ap(e.be1.v4, 80)) // and the old state stays
+	case err != nil:
+		e.fatalf("UpsertService with an SCTP port rewrite: want success or FailedPrecondition, got %v", err)
+	default:
+		e.expectSCTP(ap(vip, 81), ap(e.be1.v4, 8081))
+	}
+}
+
+// expectSCTP checks that SCTP associations from the client to vip reach
+// backendAddr, with the client's address preserved and replies from vip:
+// with SCTP sockets where the kernel has them, else by playing both ends of
+// an association's first exchange with raw sockets.
+func (e *env) expectSCTP(vip, backendAddr netip.AddrPort) {
+	e.t.Helper()
+	name := e.be1.name + ":" + strconv.Itoa(int(backendAddr.Port()))
 	if sctpSocketsWork(e.client.NS) {
 		e.logf("the kernel has SCTP sockets: using them")
-		srv, err := startSCTPEcho(e.be1.NS, e.be1.echo(8081), backendAddr)
+		srv, err := startSCTPEcho(e.be1.NS, name, backendAddr)
 		if err != nil {
 			e.fatalf("%v", err)
 		}
@@ -302,16 +331,14 @@ func sctpForwarding(e *env) {
 			if err != nil {
 				e.fatalf("SCTP %v from client: request %d: %v", vip, i+1, err)
 			}
-			if r.Backend != e.be1.echo(8081) || r.Remote != vip || r.Peer.Addr() != e.client.v4 {
+			if r.Backend != name || r.Remote != vip || r.Peer.Addr() != e.client.v4 {
 				e.fatalf("SCTP %v from client: want %s to answer, seeing the client as %v, with the VIP as the client's peer; got %s seeing %v, peer %v",
-					vip, e.be1.echo(8081), e.client.v4, r.Backend, r.Peer, r.Remote)
+					vip, name, e.client.v4, r.Backend, r.Peer, r.Remote)
 			}
 		}
 		return
 	}
 
-	// No SCTP sockets: play both ends of an association's first exchange
-	// with raw sockets, and check each packet's addresses after the NAT.
 	e.logf("the kernel has no SCTP sockets: checking an INIT / INIT ACK exchange through raw sockets")
 	bfd, err := rawSocket(e.be1.NS, unix.AF_INET, unix.IPPROTO_SCTP)
 	if err != nil {

@@ -141,9 +141,9 @@ func (a *tcAttacher) attach(ifindex int, name string) error {
 
 func (a *tcAttacher) attachTCX(ifindex int) error {
 	for _, d := range []struct {
-		dir    string
-		typ    ebpf.AttachType
-		prog   *ebpf.Program
+		dir  string
+		typ  ebpf.AttachType
+		prog *ebpf.Program
 	}{{"ingress", ebpf.AttachTCXIngress, a.ingress}, {"egress", ebpf.AttachTCXEgress, a.egress}} {
 		pin := a.pinPath(ifindex, d.dir)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
@@ -184,9 +184,9 @@ func (a *tcAttacher) attachClsact(ifindex int) error {
 		prog   *ebpf.Program
 	}{{netlink.HANDLE_MIN_INGRESS, a.ingress}, {netlink.HANDLE_MIN_EGRESS, a.egress}} {
 		f := &netlink.BpfFilter{
-			FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: d.parent, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
-			Fd:          d.prog.FD(),
-			Name:        filterName,
+			FilterAttrs:  netlink.FilterAttrs{LinkIndex: ifindex, Parent: d.parent, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			Fd:           d.prog.FD(),
+			Name:         filterName,
 			DirectAction: true,
 		}
 		if err := netlink.FilterReplace(f); err != nil {

@@ -280,13 +280,14 @@ func (d *Dataplane) destroyStuckSockets(fe feKey, revNat uint32, gone []beKey) {
 		dsts = append(dsts, netip.AddrPortFrom(b.addr, b.port))
 	}
 	cookies := map[uint64]bool{}
-	var k bpfSockKey
-	var v bpfSockVal
-	it := d.objs.VipdSockRevnat.Iterate()
-	for it.Next(&k, &v) {
+	err := forEach(d.objs.VipdSockRevnat, func(k bpfSockKey, v bpfSockVal) {
 		if v.RevNatId == revNat && goneSet[beKey{addr: fromWords(k.Addr.W), port: fromBE16(k.Port)}] {
 			cookies[k.Cookie] = true
 		}
+	})
+	if err != nil {
+		d.log.Warn("read socket translations", "error", err)
+		return
 	}
 	if len(cookies) == 0 {
 		return

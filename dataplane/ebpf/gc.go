@@ -23,18 +23,13 @@ func expired(expires, now uint32) bool { return int32(expires-now) < 0 }
 // when full.
 func (d *Dataplane) collectGarbage() (int, error) {
 	now := monotonicSeconds()
-	var (
-		k    bpfCtKey
-		v    bpfCtEntry
-		dead []bpfCtKey
-	)
-	it := d.objs.VipdCt.Iterate()
-	for it.Next(&k, &v) {
+	var dead []bpfCtKey
+	err := forEach(d.objs.VipdCt, func(k bpfCtKey, v bpfCtEntry) {
 		if expired(v.Expires, now) {
 			dead = append(dead, k)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return 0, err
 	}
 	if err := batchDelete(d.objs.VipdCt, dead); err != nil {

@@ -18,7 +18,8 @@ import (
 // services × 10 backends (1.1M service entries, 1M members, 1M backends).
 type MapSizes struct {
 	// LB sizes the service map (a master entry per VIP:port plus one slot
-	// per eligible backend), the member map and the reverse-NAT map.
+	// per eligible backend); the member map gets 3/5 of it, the
+	// reverse-NAT and Maglev maps (one entry per VIP:port) 1/16.
 	LB uint32
 	// Backends sizes the backend map: distinct backend address:port pairs.
 	Backends uint32
@@ -30,9 +31,12 @@ type MapSizes struct {
 	Sockets uint32
 }
 
-// DefaultMapSizes are the sizes vipd uses unless told otherwise.
+// DefaultMapSizes are the sizes vipd uses unless told otherwise. Hash maps
+// are not preallocated, but the kernel allocates their bucket arrays (16
+// bytes per power-of-two bucket) up front, so sizes stay just above 100,000
+// services × 10 backends.
 var DefaultMapSizes = MapSizes{
-	LB:        2_500_000,
+	LB:        2_000_000,
 	Backends:  1_200_000,
 	Conntrack: 524_288,
 	Affinity:  131_072,
@@ -93,9 +97,9 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 	}
 	for name, size := range map[string]uint32{
 		"vipd_services":    sizes.LB,
-		"vipd_members":     sizes.LB,
-		"vipd_revnat":      sizes.LB / 4,
-		"vipd_maglev":      sizes.LB / 4,
+		"vipd_members":     max(sizes.LB/5*3, 1),
+		"vipd_revnat":      max(sizes.LB/16, 1),
+		"vipd_maglev":      max(sizes.LB/16, 1),
 		"vipd_backends":    sizes.Backends,
 		"vipd_ct":          sizes.Conntrack,
 		"vipd_affinity":    sizes.Affinity,

@@ -31,8 +31,14 @@ type programmer struct {
 	revNatIDs   map[feKey]uint32
 	nextRevNat  uint32
 	backendIDs  map[beKey]uint32
+	backendKeys map[uint32]beKey
 	backendRefs map[uint32]int
 	nextBackend uint32
+
+	// clean is true while the maps hold nothing but what applies wrote:
+	// vipd found them empty, and no apply failed since. A full apply of
+	// clean maps needs no prune.
+	clean bool
 
 	// Entry counts, for capacity checks before any write.
 	svcEntries, memberEntries int
@@ -60,6 +66,7 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 		byService:   map[string][]feKey{},
 		revNatIDs:   map[feKey]uint32{},
 		backendIDs:  map[beKey]uint32{},
+		backendKeys: map[uint32]beKey{},
 		backendRefs: map[uint32]int{},
 		nextRevNat:  1,
 		nextBackend: 1,
@@ -70,29 +77,25 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 // the entries it wrote keep their meaning: conntrack and affinity entries
 // name backends and frontends by ID.
 func (p *programmer) restore() error {
-	var (
-		id uint32
-		rn bpfRevNat
-		be bpfBackend
-	)
-	it := p.maps.VipdRevnat.Iterate()
-	for it.Next(&id, &rn) {
+	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
 		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
 		p.revNatIDs[k] = id
 		p.nextRevNat = max(p.nextRevNat, id+1)
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read reverse-NAT map: %w", err)
 	}
-	it = p.maps.VipdBackends.Iterate()
-	for it.Next(&id, &be) {
+	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
 		k := beKey{addr: fromWords(be.Addr.W), port: fromBE16(be.Port)}
 		p.backendIDs[k] = id
+		p.backendKeys[id] = k
 		p.nextBackend = max(p.nextBackend, id+1)
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("read backend map: %w", err)
 	}
+	p.clean = len(p.revNatIDs) == 0 && len(p.backendIDs) == 0 &&
+		isEmpty(p.maps.VipdServices) && isEmpty(p.maps.VipdMembers) && isEmpty(p.maps.VipdMaglev)
 	return nil
 }
 
@@ -117,15 +120,12 @@ type change struct {
 //     first), members and reverse-NAT entries no longer used, and backends
 //     no frontend references any more.
 func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) error {
-	if err := p.checkCapacity(changes); err != nil {
-		return err
-	}
 	var (
 		newBackends []beKey
-		w           writes
 		trim        writes
 		gone        []change
 	)
+	w := newWrites(changes)
 	// Allocate IDs; compute the new programmed state of each frontend.
 	next := make(map[feKey]*programmed, len(changes))
 	refDelta := map[uint32]int{}
@@ -153,6 +153,7 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 				id = p.nextBackend
 				p.nextBackend++
 				p.backendIDs[k] = id
+				p.backendKeys[id] = k
 				newBackends = append(newBackends, k)
 			}
 			pr.memberIDs[id] = flags
@@ -287,6 +288,7 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		old := p.frontends[c.key]
 		p.svcEntries -= 1 + len(old.slotIDs)
 		p.memberEntries -= len(old.memberIDs)
+		p.unindex(old.fe.service, c.key)
 		delete(p.frontends, c.key)
 		delete(p.revNatIDs, c.key)
 	}
@@ -309,6 +311,12 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		}
 		p.svcEntries += 1 + len(pr.slotIDs)
 		p.memberEntries += len(pr.memberIDs)
+		if old := p.frontends[key]; old == nil || old.fe.service != pr.fe.service {
+			if old != nil {
+				p.unindex(old.fe.service, key)
+			}
+			p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
+		}
 		p.frontends[key] = pr
 	}
 	var deadBackends writes
@@ -316,11 +324,9 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		p.backendRefs[id] += d
 		if p.backendRefs[id] <= 0 {
 			delete(p.backendRefs, id)
-			for k, bid := range p.backendIDs {
-				if bid == id {
-					delete(p.backendIDs, k)
-					break
-				}
+			if k, ok := p.backendKeys[id]; ok {
+				delete(p.backendIDs, k)
+				delete(p.backendKeys, id)
 			}
 			deadBackends.deleteBackend(id)
 		}
@@ -328,11 +334,7 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	if err := deadBackends.flush(p.maps); err != nil {
 		p.log.Warn("delete unreferenced backends", "error", err)
 	}
-	p.byService = map[string][]feKey{}
-	for key, pr := range p.frontends {
-		p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
-	}
-	if prune {
+	if prune && !p.mapsEmpty() {
 		if err := p.prune(desiredAll); err != nil {
 			return fmt.Errorf("prune stale entries: %w", err)
 		}
@@ -345,7 +347,18 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 
 // fail marks the programmer's in-memory IDs as possibly ahead of the maps:
 // the caller rebuilds fully on the next apply.
+// unindex removes key from the frontends of service.
+func (p *programmer) unindex(service string, key feKey) {
+	keys := slices.DeleteFunc(p.byService[service], func(k feKey) bool { return k == key })
+	if len(keys) == 0 {
+		delete(p.byService, service)
+	} else {
+		p.byService[service] = keys
+	}
+}
+
 func (p *programmer) fail(err error) error {
+	p.clean = false
 	if errors.Is(err, errMapFull) {
 		return fmt.Errorf("%w: %w", dataplane.ErrResourceExhausted, err)
 	}
@@ -387,7 +400,7 @@ func (p *programmer) writeMaglev(pr *programmed) error {
 // not fit the maps.
 func (p *programmer) checkCapacity(changes []change) error {
 	svc, members, frontends := p.svcEntries, p.memberEntries, len(p.frontends)
-	newBackends := map[beKey]bool{}
+	newBackends := make(map[beKey]bool, len(changes))
 	for _, c := range changes {
 		if old := p.frontends[c.key]; old != nil {
 			svc -= 1 + len(old.slotIDs)
@@ -419,77 +432,69 @@ func (p *programmer) checkCapacity(changes []change) error {
 	)
 }
 
+// mapsEmpty reports whether the maps hold only what this apply wrote:
+// true when they were empty when vipd started and no apply failed since.
+func (p *programmer) mapsEmpty() bool { return p.clean }
+
 // prune deletes map entries that no desired frontend accounts for: what a
 // previous run left behind for services that no longer exist.
 func (p *programmer) prune(desired map[feKey]*frontend) error {
 	var del writes
-	var sk bpfSvcKey
-	var sv bpfSvcVal
-	it := p.maps.VipdServices.Iterate()
-	for it.Next(&sk, &sv) {
+	err := forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
 		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
 		pr := p.frontends[k]
 		if pr == nil || desired[k] == nil || int(sk.Slot) > len(pr.slotIDs) {
 			del.svcDeletes = append(del.svcDeletes, sk)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	// Masters before slots: sort deletes so that slot 0 goes first.
 	sort.SliceStable(del.svcDeletes, func(i, j int) bool { return del.svcDeletes[i].Slot < del.svcDeletes[j].Slot })
 
-	byRevNat := map[uint32]*programmed{}
+	byRevNat := make(map[uint32]*programmed, len(p.frontends))
 	for _, pr := range p.frontends {
 		byRevNat[pr.revNat] = pr
 	}
-	var mk bpfMemberKey
-	var mv uint32
-	it = p.maps.VipdMembers.Iterate()
-	for it.Next(&mk, &mv) {
+	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, _ uint32) {
 		if pr := byRevNat[mk.RevNatId]; pr == nil {
 			del.memberDeletes = append(del.memberDeletes, mk)
 		} else if _, ok := pr.memberIDs[mk.BackendId]; !ok {
 			del.memberDeletes = append(del.memberDeletes, mk)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	var id uint32
-	var rn bpfRevNat
-	it = p.maps.VipdRevnat.Iterate()
-	for it.Next(&id, &rn) {
+	err = forEach(p.maps.VipdRevnat, func(id uint32, _ bpfRevNat) {
 		if byRevNat[id] == nil {
 			del.revNatDeletes = append(del.revNatDeletes, id)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	var innerID ebpf.MapID
-	it = p.maps.VipdMaglev.Iterate()
-	for it.Next(&id, &innerID) {
+	err = forEach(p.maps.VipdMaglev, func(id uint32, _ uint32) {
 		if pr := byRevNat[id]; pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
 			del.maglevDeletes = append(del.maglevDeletes, id)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	var be bpfBackend
-	it = p.maps.VipdBackends.Iterate()
-	for it.Next(&id, &be) {
+	err = forEach(p.maps.VipdBackends, func(id uint32, _ bpfBackend) {
 		if p.backendRefs[id] == 0 {
 			del.backendDeletes = append(del.backendDeletes, id)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	for k, id := range p.backendIDs {
 		if p.backendRefs[id] == 0 {
 			delete(p.backendIDs, k)
+			delete(p.backendKeys, id)
 		}
 	}
 	for k, id := range p.revNatIDs {

@@ -40,6 +40,23 @@ type writes struct {
 	backendDeletes []uint32
 }
 
+// newWrites returns writes with room for the entries of changes.
+func newWrites(changes []change) writes {
+	slots, members := 0, 0
+	for _, c := range changes {
+		if c.fe != nil {
+			slots += 1 + len(c.fe.slots)
+			members += len(c.fe.members)
+		}
+	}
+	return writes{
+		svcKeys:    make([]bpfSvcKey, 0, slots),
+		svcVals:    make([]bpfSvcVal, 0, slots),
+		memberKeys: make([]bpfMemberKey, 0, members),
+		memberVals: make([]uint32, 0, members),
+	}
+}
+
 func svcKeyOf(k feKey, slot uint32) bpfSvcKey {
 	var sk bpfSvcKey
 	sk.Addr.W = toWords(k.addr)
@@ -88,7 +105,9 @@ func (w *writes) master(k feKey, pr *programmed) {
 	})
 }
 
-func (w *writes) deleteSlot(k feKey, slot uint32) { w.svcDeletes = append(w.svcDeletes, svcKeyOf(k, slot)) }
+func (w *writes) deleteSlot(k feKey, slot uint32) {
+	w.svcDeletes = append(w.svcDeletes, svcKeyOf(k, slot))
+}
 func (w *writes) deleteMember(revNat, backend uint32) {
 	w.memberDeletes = append(w.memberDeletes, bpfMemberKey{RevNatId: revNat, BackendId: backend})
 }
@@ -98,7 +117,7 @@ func (w *writes) deleteBackend(id uint32) { w.backendDeletes = append(w.backendD
 
 // flush writes everything queued, in order, and empties w.
 func (w *writes) flush(m *bpfMaps) error {
-	defer func() { *w = writes{} }()
+	defer w.reset()
 	steps := []struct {
 		what string
 		run  func() error
@@ -119,6 +138,25 @@ func (w *writes) flush(m *bpfMaps) error {
 		}
 	}
 	return nil
+}
+
+// reset empties w, keeping its room.
+func (w *writes) reset() {
+	*w = writes{
+		backendKeys: w.backendKeys[:0], backendVals: w.backendVals[:0],
+		revNatKeys: w.revNatKeys[:0], revNatVals: w.revNatVals[:0],
+		memberKeys: w.memberKeys[:0], memberVals: w.memberVals[:0],
+		svcKeys: w.svcKeys[:0], svcVals: w.svcVals[:0],
+		svcDeletes: w.svcDeletes[:0], memberDeletes: w.memberDeletes[:0], revNatDeletes: w.revNatDeletes[:0],
+		maglevDeletes: w.maglevDeletes[:0], backendDeletes: w.backendDeletes[:0],
+	}
+}
+
+// isEmpty reports whether m has no entries.
+func isEmpty(m *ebpf.Map) bool {
+	k := make([]byte, m.KeySize())
+	err := m.NextKey(nil, k)
+	return errors.Is(err, ebpf.ErrKeyNotExist)
 }
 
 // batchSize bounds one batch syscall, so that a huge sync does not need one
@@ -161,4 +199,33 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 		keys = keys[n:]
 	}
 	return nil
+}
+
+// forEach calls fn with every entry of m, read in batches where the kernel
+// can (one syscall per few thousand entries, instead of two per entry).
+// Entries that change meanwhile may be seen or not.
+func forEach[K, V any](m *ebpf.Map, fn func(K, V)) error {
+	keys, vals := make([]K, 4096), make([]V, 4096)
+	var cursor ebpf.MapBatchCursor
+	for first := true; ; first = false {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			fn(keys[i], vals[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil
+		case err != nil && first && n == 0:
+			// No batch lookups for this map type or kernel.
+			var k K
+			var v V
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				fn(k, v)
+			}
+			return it.Err()
+		case err != nil:
+			return err
+		}
+	}
 }

@@ -164,7 +164,10 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int sid
 
 			if (coff >= 0 && bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
 				return -1;
-			if (bpf_skb_store_bytes(skb, off, to->b, 16, 0) < 0)
+			/* With no IP header checksum to cancel the pseudo-header
+			 * change, skb->csum (CHECKSUM_COMPLETE) must follow the
+			 * new address bytes. */
+			if (bpf_skb_store_bytes(skb, off, to->b, 16, BPF_F_RECOMPUTE_CSUM) < 0)
 				return -1;
 		}
 		*from = *to;
@@ -356,7 +359,7 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		r.tcp.check = csum_fold(sum);
 		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
 			return TC_ACT_SHOT;
-		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), 0) < 0)
+		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), BPF_F_RECOMPUTE_CSUM) < 0)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	} else {
@@ -383,7 +386,7 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		m.icmp.checksum = csum_fold(sum);
 		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
 			return TC_ACT_SHOT;
-		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), 0) < 0)
+		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), BPF_F_RECOMPUTE_CSUM) < 0)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	}
@@ -431,7 +434,7 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 		r.tcp.check = csum_fold(sum);
 		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
 			return TC_ACT_SHOT;
-		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), 0) < 0)
+		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), BPF_F_RECOMPUTE_CSUM) < 0)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	} else {
@@ -460,7 +463,7 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 		m.icmp.icmp6_cksum = csum_fold(sum);
 		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
 			return TC_ACT_SHOT;
-		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), 0) < 0)
+		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), BPF_F_RECOMPUTE_CSUM) < 0)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	}
