@@ -43,7 +43,8 @@ func startVipd(tb testing.TB, node *netlab.Node, args ...string) *client.Client 
 	tb.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
-		exec.Command(vipdBin, "cleanup", "--netns", node.Path()).Run()
+		// --bpffs: never the machine's default pin directory.
+		exec.Command(vipdBin, "cleanup", "--netns", node.Path(), "--bpffs", filepath.Join(dir, "bpf")).Run()
 	})
 	c, err := client.New("unix://"+sock, client.WithTimeout(5*time.Minute))
 	if err != nil {

@@ -105,6 +105,7 @@ func runCommand() *cobra.Command {
 	f.StringVar(&cfg.EBPF.BPFFS, "bpffs", ebpf.DefaultBPFFS, "ebpf: directory for pinned maps and links (a bpffs is mounted there if needed)")
 	f.StringVar(&cfg.EBPF.CgroupPath, "cgroup-path", "", "ebpf: cgroup v2 directory for the socket hooks (default: the root of a cgroup2 mount at "+ebpf.DefaultCgroupMount+", mounted if absent)")
 	f.StringSliceVar(&cfg.EBPF.PodInterfaces, "pod-interfaces", ebpf.DefaultPodInterfaces, "ebpf: glob patterns of host-side pod interfaces to attach the tc programs to")
+	f.StringVar(&cfg.EBPF.TCAttach, "tc-attach", ebpf.TCAttachAuto, "ebpf: how tc programs attach: auto (tcx where the kernel has it, else clsact), tcx or clsact")
 	f.Uint32Var(&cfg.EBPF.MaglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "ebpf: smallest Maglev table size (a prime; grown to a prime >= 100 x backends)")
 	f.Uint32Var(&cfg.EBPF.Maps.LB, "bpf-lb-map-max", ebpf.DefaultMapSizes.LB, "ebpf: entries of the service and member maps (a frontend takes 1 + its eligible backends)")
 	f.Uint32Var(&cfg.EBPF.Maps.Backends, "bpf-backend-map-max", ebpf.DefaultMapSizes.Backends, "ebpf: distinct backend address:port pairs")

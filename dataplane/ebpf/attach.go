@@ -41,15 +41,26 @@ type tcAttacher struct {
 	mu       sync.Mutex
 	attached map[int]string // ifindex -> name
 	useTCX   bool
+	mode     string // TCAttachAuto, TCAttachTCX or TCAttachClsact
 	done     chan struct{}
 	wg       sync.WaitGroup
 }
 
-func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDir string, ingress, egress *ebpf.Program) *tcAttacher {
+// How the tc programs are attached (Config.TCAttach).
+const (
+	// TCAttachAuto uses tcx links where the kernel has them, else clsact.
+	TCAttachAuto = "auto"
+	// TCAttachTCX uses tcx links only.
+	TCAttachTCX = "tcx"
+	// TCAttachClsact uses clsact filters only.
+	TCAttachClsact = "clsact"
+)
+
+func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDir, mode string, ingress, egress *ebpf.Program) *tcAttacher {
 	return &tcAttacher{
 		log: log, netns: netnsPath, patterns: patterns, linkDir: linkDir,
-		ingress: ingress, egress: egress,
-		attached: map[int]string{}, useTCX: true, done: make(chan struct{}),
+		ingress: ingress, egress: egress, mode: mode,
+		attached: map[int]string{}, useTCX: mode != TCAttachClsact, done: make(chan struct{}),
 	}
 }
 
@@ -121,13 +132,24 @@ func (a *tcAttacher) attach(ifindex int, name string) error {
 	err := nsdo.Do(a.netns, func() error {
 		if a.useTCX {
 			err := a.attachTCX(ifindex)
-			if !errors.Is(err, ebpf.ErrNotSupported) {
+			if err == nil {
+				// Switched from clsact: the programs must not run twice.
+				return removeClsactFilters(ifindex)
+			}
+			if !errors.Is(err, ebpf.ErrNotSupported) || a.mode == TCAttachTCX {
 				return err
 			}
 			a.log.Info("tcx is not supported by this kernel: using clsact filters")
 			a.useTCX = false
 		}
-		return a.attachClsact(ifindex)
+		if err := a.attachClsact(ifindex); err != nil {
+			return err
+		}
+		// Switched from tcx: drop its links.
+		for _, d := range []string{"ingress", "egress"} {
+			unpinLink(a.pinPath(ifindex, d))
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("attach to %s: %w", name, err)
@@ -164,6 +186,20 @@ func (a *tcAttacher) attachTCX(ifindex int) error {
 		if err != nil {
 			return fmt.Errorf("pin tcx link: %w", err)
 		}
+	}
+	return nil
+}
+
+// unpinLink detaches the link pinned at pin, at once (dropping the last
+// reference would also detach it, but only after an RCU grace period), and
+// removes the pin.
+func unpinLink(pin string) error {
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		l.Detach()
+		l.Close()
+	}
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
 	return nil
 }
@@ -276,7 +312,7 @@ func detachAll(netnsPath, linkDir string) error {
 	entries, _ := os.ReadDir(linkDir)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "tcx_") {
-			os.Remove(filepath.Join(linkDir, e.Name()))
+			unpinLink(filepath.Join(linkDir, e.Name()))
 		}
 	}
 	return nsdo.Do(netnsPath, func() error {
@@ -285,18 +321,33 @@ func detachAll(netnsPath, linkDir string) error {
 			return err
 		}
 		for _, l := range links {
-			for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-				filters, err := netlink.FilterList(l, parent)
-				if err != nil {
-					continue
-				}
-				for _, f := range filters {
-					if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
-						netlink.FilterDel(f)
-					}
-				}
+			if err := removeClsactFilters(l.Attrs().Index); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
+}
+
+// removeClsactFilters deletes vipd's clsact filters from one interface of
+// the current namespace.
+func removeClsactFilters(ifindex int) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return fmt.Errorf("interface %d: %w", ifindex, err)
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		filters, err := netlink.FilterList(l, parent)
+		if err != nil {
+			continue // no clsact qdisc
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+				if err := netlink.FilterDel(f); err != nil {
+					return fmt.Errorf("delete clsact filter on %s: %w", l.Attrs().Name, err)
+				}
+			}
+		}
+	}
+	return nil
 }

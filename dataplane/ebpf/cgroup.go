@@ -58,7 +58,7 @@ func attachCgroup(cgroupPath, linkDir string, hooks []cgroupHook) error {
 				continue
 			}
 			l.Close()
-			os.Remove(pin) // detaches it
+			unpinLink(pin)
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: h.attach, Program: h.prog})
 		if err != nil {
@@ -81,7 +81,7 @@ func detachCgroup(linkDir string) error {
 	}
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "cgroup_") {
-			if err := os.Remove(filepath.Join(linkDir, e.Name())); err != nil {
+			if err := unpinLink(filepath.Join(linkDir, e.Name())); err != nil {
 				return err
 			}
 		}

@@ -43,6 +43,9 @@ type Config struct {
 	// PodInterfaces are glob patterns of the host-side pod interfaces.
 	// Default DefaultPodInterfaces.
 	PodInterfaces []string
+	// TCAttach is how the tc programs attach: TCAttachAuto (default),
+	// TCAttachTCX or TCAttachClsact.
+	TCAttach string
 	// MaglevTableSize is the smallest Maglev table size M, a prime.
 	// Default maglev.DefaultTableSize.
 	MaglevTableSize uint32
@@ -59,6 +62,9 @@ func (c *Config) setDefaults() {
 	}
 	if len(c.PodInterfaces) == 0 {
 		c.PodInterfaces = DefaultPodInterfaces
+	}
+	if c.TCAttach == "" {
+		c.TCAttach = TCAttachAuto
 	}
 	if c.MaglevTableSize == 0 {
 		c.MaglevTableSize = maglev.DefaultTableSize
@@ -104,6 +110,11 @@ var _ dataplane.Dataplane = (*Dataplane)(nil)
 // hooks; SO_NETNS_COOKIE).
 func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
 	cfg.setDefaults()
+	switch cfg.TCAttach {
+	case TCAttachAuto, TCAttachTCX, TCAttachClsact:
+	default:
+		return nil, fmt.Errorf("tc attach mode %q: use auto, tcx or clsact", cfg.TCAttach)
+	}
 	if cfg.MaglevTableSize < 3 || !maglev.IsPrime(cfg.MaglevTableSize) {
 		return nil, fmt.Errorf("maglev table size %d is not a prime", cfg.MaglevTableSize)
 	}
@@ -151,7 +162,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if n := len(d.prog.revNatIDs); n > 0 {
 		log.Info("reusing pinned maps", "frontends", n, "backends", len(d.prog.backendIDs), "bpffs", cfg.BPFFS)
 	}
-	d.tc = newTCAttacher(log, cfg.NetNS, cfg.PodInterfaces, d.linkDir(), objs.VipdFromPod, objs.VipdToPod)
+	d.tc = newTCAttacher(log, cfg.NetNS, cfg.PodInterfaces, d.linkDir(), cfg.TCAttach, objs.VipdFromPod, objs.VipdToPod)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

@@ -170,6 +170,33 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		next[c.key] = pr
 	}
 
+	// 0. Frontends that leave go first, master first: they are leaving
+	// anyway, and their room may be needed. On a full apply of maps a
+	// previous run left behind, so do frontends no service has any more.
+	var leaving writes
+	for _, c := range gone {
+		old := p.frontends[c.key]
+		leaving.deleteSlot(c.key, 0)
+		for i := range old.slotIDs {
+			leaving.deleteSlot(c.key, uint32(i+1))
+		}
+		for id := range old.memberIDs {
+			leaving.deleteMember(old.revNat, id)
+		}
+		leaving.deleteRevNat(old.revNat)
+		if old.fe.flags&svcFlagMaglev != 0 {
+			leaving.deleteMaglev(old.revNat)
+		}
+	}
+	if prune && !p.clean {
+		if err := p.queueAbsent(&leaving, desiredAll); err != nil {
+			return p.fail(fmt.Errorf("read maps: %w", err))
+		}
+	}
+	if err := leaving.flush(p.maps); err != nil {
+		return p.fail(err)
+	}
+
 	// 1. Backends, reverse NAT, members.
 	if prune {
 		// Rewrite every backend: idempotent, and it repairs whatever an
@@ -253,31 +280,13 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		return p.fail(err)
 	}
 
-	// 5. Break: stale slots, removed frontends (master first), members,
-	// reverse NAT, Maglev tables, and unreferenced backends.
-	var removedMasters writes
-	for _, c := range gone {
-		old := p.frontends[c.key]
-		removedMasters.deleteSlot(c.key, 0)
-		for i := range old.slotIDs {
-			trim.deleteSlot(c.key, uint32(i+1))
-		}
-		for id := range old.memberIDs {
-			trim.deleteMember(old.revNat, id)
-		}
-		trim.deleteRevNat(old.revNat)
-		if old.fe.flags&svcFlagMaglev != 0 {
-			trim.deleteMaglev(old.revNat)
-		}
-	}
+	// 5. Break: stale slots and members, Maglev tables no longer used,
+	// and (below) unreferenced backends.
 	for _, c := range changes {
 		if pr, old := next[c.key], p.frontends[c.key]; pr != nil && old != nil &&
 			old.fe.flags&svcFlagMaglev != 0 && pr.fe.flags&svcFlagMaglev == 0 {
 			trim.deleteMaglev(old.revNat)
 		}
-	}
-	if err := removedMasters.flush(p.maps); err != nil {
-		return p.fail(err)
 	}
 	if err := trim.flush(p.maps); err != nil {
 		return p.fail(err)
@@ -399,22 +408,35 @@ func (p *programmer) writeMaglev(pr *programmed) error {
 // checkCapacity fails, before anything is written, when the changes would
 // not fit the maps.
 func (p *programmer) checkCapacity(changes []change) error {
+	// Departing frontends go first (apply step 0); a changing frontend
+	// holds the union of its old and new members, and its longer slot list,
+	// until its stale entries are trimmed (step 5): count that peak.
 	svc, members, frontends := p.svcEntries, p.memberEntries, len(p.frontends)
 	newBackends := make(map[beKey]bool, len(changes))
 	for _, c := range changes {
-		if old := p.frontends[c.key]; old != nil {
+		old := p.frontends[c.key]
+		if old != nil {
 			svc -= 1 + len(old.slotIDs)
 			members -= len(old.memberIDs)
 			frontends--
 		}
-		if c.fe != nil {
-			frontends++
-			svc += 1 + len(c.fe.slots)
-			members += len(c.fe.members)
-			for k := range c.fe.members {
-				if _, ok := p.backendIDs[k]; !ok {
-					newBackends[k] = true
+		if c.fe == nil {
+			continue
+		}
+		frontends++
+		svc += 1 + len(c.fe.slots)
+		members += len(c.fe.members)
+		if old != nil {
+			svc += max(len(old.slotIDs)-len(c.fe.slots), 0)
+			for id := range old.memberIDs {
+				if _, keep := c.fe.members[p.backendKeys[id]]; !keep {
+					members++
 				}
+			}
+		}
+		for k := range c.fe.members {
+			if _, ok := p.backendIDs[k]; !ok {
+				newBackends[k] = true
 			}
 		}
 	}
@@ -427,9 +449,56 @@ func (p *programmer) checkCapacity(changes []change) error {
 	return errors.Join(
 		check("service", svc, p.maps.VipdServices, "--bpf-lb-map-max"),
 		check("member", members, p.maps.VipdMembers, "--bpf-lb-map-max"),
-		check("backend", len(p.backendRefs)+len(newBackends), p.maps.VipdBackends, "--bpf-backend-map-max"),
+		// backendIDs also holds restored backends no service uses any more:
+		// they leave the map only after the writes.
+		check("backend", len(p.backendIDs)+len(newBackends), p.maps.VipdBackends, "--bpf-backend-map-max"),
 		check("reverse-NAT", frontends, p.maps.VipdRevnat, "--bpf-lb-map-max"),
 	)
+}
+
+// queueAbsent queues the deletion of every map entry of a frontend that is
+// not desired at all (left by a previous run), master entries first.
+func (p *programmer) queueAbsent(w *writes, desired map[feKey]*frontend) error {
+	absent := map[uint32]bool{}
+	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
+		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
+		if desired[k] == nil {
+			absent[id] = true
+			w.deleteRevNat(id)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	var slots []bpfSvcKey
+	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
+		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
+		if desired[k] != nil {
+			return
+		}
+		if sk.Slot == 0 {
+			w.svcDeletes = append(w.svcDeletes, sk)
+		} else {
+			slots = append(slots, sk)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	w.svcDeletes = append(w.svcDeletes, slots...)
+	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, _ uint32) {
+		if absent[mk.RevNatId] {
+			w.memberDeletes = append(w.memberDeletes, mk)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return forEach(p.maps.VipdMaglev, func(id uint32, _ uint32) {
+		if absent[id] {
+			w.maglevDeletes = append(w.maglevDeletes, id)
+		}
+	})
 }
 
 // mapsEmpty reports whether the maps hold only what this apply wrote:

@@ -1,0 +1,129 @@
+package ebpf
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// clsactFilters counts vipd's clsact filters on the node's pod veths.
+func (e *dpEnv) clsactFilters() int {
+	e.t.Helper()
+	n := 0
+	err := e.node.Do(func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+				filters, err := netlink.FilterList(l, parent)
+				if err != nil {
+					continue
+				}
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+						n++
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("list clsact filters: %v", err)
+	}
+	return n
+}
+
+// TestTCAttachModes runs traffic with the clsact fallback (what kernels
+// without tcx get), then restarts onto tcx and back: each switch leaves the
+// programs attached exactly once, and traffic flows throughout.
+func TestTCAttachModes(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1", "be2"}, MapSizes{})
+	vip := netip.MustParseAddr("198.19.0.10")
+	svc := e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be2"))
+
+	e.cfg.TCAttach = TCAttachClsact
+	e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	e.expectBackends(vip, "be1", "be2")
+	// 3 veths, ingress and egress.
+	if n, tcx := e.clsactFilters(), len(e.tcPrograms()); n != 6 || tcx != 0 {
+		t.Fatalf("clsact mode: %d vipd clsact filters and %d tcx attachments, want 6 and 0", n, tcx)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(vip))
+	if err != nil {
+		t.Fatalf("dial %s: %v", vip, err)
+	}
+	defer c.Close()
+	first := connRequest(t, c, "on clsact")
+	e.close()
+
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	e.apply(dpState(2, nil, svc))
+	if n, tcx := e.clsactFilters(), len(e.tcPrograms()); n != 0 || tcx != 6 {
+		t.Fatalf("after switching to tcx: %d clsact filters and %d tcx attachments, want 0 and 6", n, tcx)
+	}
+	e.expectBackends(vip, "be1", "be2")
+	if got := connRequest(t, c, "after switching to tcx"); got != first {
+		t.Fatalf("established connection answered by %s after switching to tcx, want %s", got, first)
+	}
+	e.close()
+
+	e.cfg.TCAttach = TCAttachClsact
+	e.open(nil)
+	e.apply(dpState(3, nil, svc))
+	if n, tcx := e.clsactFilters(), len(e.tcPrograms()); n != 6 || tcx != 0 {
+		t.Fatalf("after switching back to clsact: %d clsact filters and %d tcx attachments, want 6 and 0", n, tcx)
+	}
+	e.expectBackends(vip, "be1", "be2")
+	if got := connRequest(t, c, "after switching back to clsact"); got != first {
+		t.Fatalf("established connection answered by %s after switching back, want %s", got, first)
+	}
+}
+
+// TestNewPodInterface checks that a pod whose interface appears after vipd
+// attached is served too (the netlink link subscription), and that
+// interfaces outside --pod-interfaces are left alone.
+func TestNewPodInterface(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1"}, MapSizes{})
+	vip := netip.MustParseAddr("198.19.0.10")
+	e.open(nil)
+	e.apply(dpState(1, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
+	e.expectBackends(vip, "be1")
+
+	late, err := e.node.AddPod(context.Background(), "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		backend string
+		err     error
+	}
+	for range 50 { // the subscription attaches within milliseconds
+		ctx, cancel := context.WithTimeout(context.Background(), dpDeadTimeout)
+		rep, err := late.Request(ctx, "tcp", dpVIPPort(vip))
+		cancel()
+		r.backend, r.err = rep.Backend, err
+		if err == nil {
+			break
+		}
+	}
+	if r.err != nil || r.backend != "be1" {
+		t.Fatalf("request from a pod added after vipd started: got %q, %v; want be1", r.backend, r.err)
+	}
+	if got := e.tcPrograms()[late.HostVeth()+"/ingress"]; got != 1 {
+		t.Fatalf("tcx programs on %s ingress: %d, want 1", late.HostVeth(), got)
+	}
+	if got := e.tcPrograms()["lo/ingress"]; got != 0 {
+		t.Fatalf("tcx programs on lo: %d, want 0 (not a pod interface)", got)
+	}
+}
