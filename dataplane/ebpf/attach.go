@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -232,7 +233,9 @@ func (a *tcAttacher) attachClsact(ifindex int) error {
 	return nil
 }
 
-// watch follows link changes in the namespace.
+// watch follows link changes in the namespace. If the subscription breaks
+// (a netlink receive error, such as an overrun), it subscribes again, listing
+// the existing interfaces, so that no new pod interface is missed.
 func (a *tcAttacher) watch() error {
 	var h netns.NsHandle = -1
 	if a.netns != "" {
@@ -241,18 +244,32 @@ func (a *tcAttacher) watch() error {
 			return fmt.Errorf("open network namespace %s: %w", a.netns, err)
 		}
 	}
-	ch := make(chan netlink.LinkUpdate, 256)
-	opts := netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { a.log.Warn("link subscription", "error", err) },
+	subscribe := func(listExisting bool) (chan netlink.LinkUpdate, error) {
+		ch := make(chan netlink.LinkUpdate, 256)
+		opts := netlink.LinkSubscribeOptions{
+			ListExisting: listExisting,
+			ErrorCallback: func(err error) {
+				select {
+				case <-a.done: // stopping: the subscription's socket is closing
+				default:
+					a.log.Warn("link subscription", "error", err)
+				}
+			},
+		}
+		if h >= 0 {
+			opts.Namespace = &h
+		}
+		if err := netlink.LinkSubscribeWithOptions(ch, a.done, opts); err != nil {
+			return nil, fmt.Errorf("subscribe to link changes: %w", err)
+		}
+		return ch, nil
 	}
-	if h >= 0 {
-		opts.Namespace = &h
-	}
-	if err := netlink.LinkSubscribeWithOptions(ch, a.done, opts); err != nil {
+	ch, err := subscribe(false)
+	if err != nil {
 		if h >= 0 {
 			h.Close()
 		}
-		return fmt.Errorf("subscribe to link changes: %w", err)
+		return err
 	}
 	a.wg.Add(1)
 	go func() {
@@ -260,29 +277,49 @@ func (a *tcAttacher) watch() error {
 		if h >= 0 {
 			defer h.Close()
 		}
-		for u := range ch {
-			attrs := u.Attrs()
-			switch u.Header.Type {
-			case unix.RTM_NEWLINK:
-				a.mu.Lock()
-				_, have := a.attached[attrs.Index]
-				a.mu.Unlock()
-				if !have && a.matches(attrs.Name) {
-					if err := a.attach(attrs.Index, attrs.Name); err != nil {
-						a.log.Error("attach to a new pod interface", "interface", attrs.Name, "error", err)
-					}
+		for {
+			for u := range ch {
+				a.handle(u)
+			}
+			// The subscription ended: vipd is stopping, or it broke.
+			for {
+				select {
+				case <-a.done:
+					return
+				case <-time.After(time.Second):
 				}
-			case unix.RTM_DELLINK:
-				a.mu.Lock()
-				delete(a.attached, attrs.Index)
-				a.mu.Unlock()
-				for _, d := range []string{"ingress", "egress"} {
-					os.Remove(a.pinPath(attrs.Index, d))
+				var err error
+				if ch, err = subscribe(true); err == nil {
+					break
 				}
+				a.log.Warn("resubscribe to link changes", "error", err)
 			}
 		}
 	}()
 	return nil
+}
+
+// handle attaches to a new pod interface and forgets a removed one.
+func (a *tcAttacher) handle(u netlink.LinkUpdate) {
+	attrs := u.Attrs()
+	switch u.Header.Type {
+	case unix.RTM_NEWLINK:
+		a.mu.Lock()
+		_, have := a.attached[attrs.Index]
+		a.mu.Unlock()
+		if !have && a.matches(attrs.Name) {
+			if err := a.attach(attrs.Index, attrs.Name); err != nil {
+				a.log.Error("attach to a new pod interface", "interface", attrs.Name, "error", err)
+			}
+		}
+	case unix.RTM_DELLINK:
+		a.mu.Lock()
+		delete(a.attached, attrs.Index)
+		a.mu.Unlock()
+		for _, d := range []string{"ingress", "egress"} {
+			os.Remove(a.pinPath(attrs.Index, d))
+		}
+	}
 }
 
 // stop ends the link subscription. The programs stay attached.

@@ -151,12 +151,13 @@ func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane
 	case DataplaneEBPF:
 		return openEBPF(ctx, log, cfg)
 	case DataplaneAuto:
-		if err := ebpf.Supported(); err != nil {
+		dp, err := openEBPF(ctx, log, cfg)
+		if err != nil {
 			log.Warn("auto falls back to the iptables dataplane: the eBPF dataplane cannot run here", "reason", err)
 			return openIPTables(ctx, log, cfg)
 		}
-		log.Info("auto selects the eBPF dataplane")
-		return openEBPF(ctx, log, cfg)
+		log.Info("auto selected the eBPF dataplane")
+		return dp, nil
 	case DataplaneIPTables:
 		return openIPTables(ctx, log, cfg)
 	}
