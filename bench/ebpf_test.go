@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -13,54 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
-
-// ebpfVipd runs vipd with the eBPF dataplane against node's namespace, with
-// its socket hooks on a test cgroup and its pins in a private bpffs.
-type ebpfVipd struct {
-	cmd *exec.Cmd
-	api *client.Client
-}
-
-func startEBPFVipd(tb testing.TB, node *netlab.Node) *ebpfVipd {
-	dir := tb.TempDir()
-	bpffs := filepath.Join(dir, "bpf")
-	sock := filepath.Join(dir, "vipd.sock")
-	cmd := exec.Command(vipdBin, "run", "--dataplane", "ebpf", "--netns", node.Path(), "--socket", sock,
-		"--state-dir", filepath.Join(dir, "state"), "--log-level", "warn",
-		"--cgroup-path", cgroup2.NewTestGroup(tb), "--bpffs", bpffs)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		exec.Command(vipdBin, "cleanup", "--netns", node.Path(), "--bpffs", bpffs).Run()
-		unix.Unmount(bpffs, unix.MNT_DETACH)
-	})
-	c, err := client.New("unix://"+sock, client.WithTimeout(10*time.Minute))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { c.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := c.Status(context.Background()); err == nil {
-			return &ebpfVipd{cmd: cmd, api: c}
-		}
-		if time.Now().After(deadline) {
-			tb.Fatal("vipd did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // wideServices returns n services with k backends each, every (VIP, port)
 // and every backend (address, port) distinct: up to 131,070 services on
@@ -95,11 +50,11 @@ func BenchmarkEBPFScale(b *testing.B) {
 	for _, n := range []int{1, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("present=%d", n), func(b *testing.B) {
 			lab := netlab.New(b, netlab.Spec{})
-			v := startEBPFVipd(b, lab.Node(1))
+			cmd, api := startVipd(b, lab.Node(1), "--dataplane", "ebpf", "--cgroup-path", cgroup2.NewTestGroup(b))
 			ctx := context.Background()
 			svcs := wideServices(n, 10)
 			start := time.Now()
-			if _, err := v.api.SyncServices(ctx, "bench", svcs); err != nil {
+			if _, err := api.SyncServices(ctx, "bench", svcs); err != nil {
 				b.Fatal(err)
 			}
 			sync := time.Since(start)
@@ -114,7 +69,7 @@ func BenchmarkEBPFScale(b *testing.B) {
 					Backends: []*vipdv1.Backend{{Ip: fmt.Sprintf("198.18.250.%d", i%200+1)}, {Ip: "198.18.251.1"}},
 				}
 				t := time.Now()
-				if _, err := v.api.UpsertService(ctx, svc, 0); err != nil {
+				if _, err := api.UpsertService(ctx, svc, 0); err != nil {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(t))
@@ -125,7 +80,7 @@ func BenchmarkEBPFScale(b *testing.B) {
 			b.ReportMetric(pct(0.5), "p50-ms")
 			b.ReportMetric(pct(0.99), "p99-ms")
 			b.ReportMetric(sync.Seconds(), "sync-s")
-			pid := v.cmd.Process.Pid
+			pid := cmd.Process.Pid
 			if rss, err := statusKB(pid, "VmRSS"); err == nil {
 				b.ReportMetric(float64(rss)/1024, "rss-MiB")
 			}

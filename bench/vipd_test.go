@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/testbin"
@@ -30,12 +32,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// startVipd runs vipd against node's namespace and returns a client for it.
-func startVipd(tb testing.TB, node *netlab.Node, args ...string) *client.Client {
+// startVipd runs vipd against node's namespace, with its pins (if any) in a
+// private bpffs, and returns the process and a client for it.
+func startVipd(tb testing.TB, node *netlab.Node, args ...string) (*exec.Cmd, *client.Client) {
 	dir := tb.TempDir()
 	sock := filepath.Join(dir, "vipd.sock")
+	bpffs := filepath.Join(dir, "bpf")
 	cmd := exec.Command(vipdBin, append([]string{"run", "--netns", node.Path(), "--socket", sock,
-		"--state-dir", filepath.Join(dir, "state"), "--log-level", "warn"}, args...)...)
+		"--state-dir", filepath.Join(dir, "state"), "--bpffs", bpffs, "--log-level", "warn"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
@@ -44,9 +48,10 @@ func startVipd(tb testing.TB, node *netlab.Node, args ...string) *client.Client 
 		cmd.Process.Kill()
 		cmd.Wait()
 		// --bpffs: never the machine's default pin directory.
-		exec.Command(vipdBin, "cleanup", "--netns", node.Path(), "--bpffs", filepath.Join(dir, "bpf")).Run()
+		exec.Command(vipdBin, "cleanup", "--netns", node.Path(), "--bpffs", bpffs).Run()
+		unix.Unmount(bpffs, unix.MNT_DETACH)
 	})
-	c, err := client.New("unix://"+sock, client.WithTimeout(5*time.Minute))
+	c, err := client.New("unix://"+sock, client.WithTimeout(10*time.Minute))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -54,7 +59,7 @@ func startVipd(tb testing.TB, node *netlab.Node, args ...string) *client.Client 
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := c.Status(context.Background()); err == nil {
-			return c
+			return cmd, c
 		}
 		if time.Now().After(deadline) {
 			tb.Fatal("vipd did not start")
@@ -91,7 +96,7 @@ func BenchmarkUpsertService(b *testing.B) {
 		for _, n := range []int{1, 1000, 10000} {
 			b.Run(fmt.Sprintf("%s-%s/present=%d", dp[1], dp[3], n), func(b *testing.B) {
 				lab := netlab.New(b, netlab.Spec{})
-				c := startVipd(b, lab.Node(1), dp...)
+				_, c := startVipd(b, lab.Node(1), dp...)
 				ctx := context.Background()
 				start := time.Now()
 				if _, err := c.SyncServices(ctx, "bench", services(n)); err != nil {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"golang.org/x/sys/unix"
@@ -658,27 +658,17 @@ func (d *daemon) start() error {
 	}
 	cmd := exec.Command(vipdBin, args...)
 	cmd.Stdout, cmd.Stderr = &d.log, &d.log
-	// vipd dies with the test binary, even on a go test timeout. The signal
-	// follows the thread that started vipd, so that thread stays locked (and
-	// alive) until vipd exits.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
+	// vipd dies with the test binary, even on a go test timeout.
+	waited, err := childproc.Start(cmd)
+	if err != nil {
+		return err
+	}
 	exited := make(chan struct{})
 	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		err := cmd.Wait()
+		err := <-waited
 		fmt.Fprintf(&d.log, "=== vipd exited at %s: %v\n", time.Now().Format(time.StampMilli), err)
 		close(exited)
 	}()
-	if err := <-started; err != nil {
-		return err
-	}
 	d.proc, d.exited = cmd.Process, exited
 	return nil
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
 )
 
@@ -935,7 +936,7 @@ func (e *dpEnv) startUDPClient(vip netip.AddrPort) *dpUDPClient {
 	cmd.Env = append(os.Environ(), dpUDPClientEnv+"="+vip.String(), dpUDPNetnsEnv+"="+e.node.Path())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		e.t.Fatal(err)
@@ -944,20 +945,8 @@ func (e *dpEnv) startUDPClient(vip netip.AddrPort) *dpUDPClient {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	started, exited := make(chan error, 1), make(chan error, 1)
-	go func() {
-		// Pdeathsig fires when the starting thread exits: keep it until
-		// the process is gone.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		exited <- cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	exited, err := childproc.Start(cmd)
+	if err != nil {
 		e.t.Fatalf("start UDP client process: %v", err)
 	}
 	c := &dpUDPClient{t: e.t, stdin: stdin, lines: make(chan string, 16)}

@@ -10,15 +10,16 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/childproc"
 )
 
 // clientEnv names the environment variable that makes a process started by
@@ -193,23 +194,10 @@ func (n *NS) startClient(ctx context.Context, cgroupDir string) (*Client, error)
 	cmd.Env = append(os.Environ(), clientEnv+"="+string(cfg))
 	cmd.Stdin, cmd.Stderr = inR, &stderr
 	cmd.ExtraFiles = []*os.File{clientResultFD - 3: outW, clientNetnsFD - 3: nsFile}
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg}
 	cmd.WaitDelay = time.Second
-	started, exited := make(chan error, 1), make(chan error, 1)
-	go func() {
-		// Pdeathsig fires when the thread that started the client exits,
-		// not when the process does. The thread stays locked, which keeps
-		// the runtime from ending it, until the client has exited.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		exited <- cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	exited, err := childproc.Start(cmd)
+	if err != nil {
 		inW.Close()
 		outR.Close()
 		return nil, fmt.Errorf("start client process: %w", err)

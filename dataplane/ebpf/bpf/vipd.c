@@ -312,6 +312,27 @@ static __always_inline __u16 ip4_csum(struct iphdr *ip)
 	return csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
 }
 
+/* l4_csum is the checksum of an L4 header and data behind a pseudo-header. */
+static __always_inline __u16 l4_csum(void *pseudo, __u32 pseudo_len, void *l4, __u32 l4_len)
+{
+	__s64 sum = bpf_csum_diff(NULL, 0, pseudo, pseudo_len, 0);
+
+	return csum_fold(bpf_csum_diff(NULL, 0, l4, l4_len, (__u32)sum));
+}
+
+/* rst_header fills the TCP header of a RST answering the segment at p. */
+static __always_inline void rst_header(struct tcphdr *tcp, const struct pkt *p, const struct tcp_reset_fields *f,
+				       __u16 flags)
+{
+	tcp->source = p->dport;
+	tcp->dest = p->sport;
+	tcp->seq = f->seq;
+	tcp->ack_seq = f->ack_seq;
+	tcp->doff = 5;
+	tcp->rst = 1;
+	tcp->ack = !!(flags & TCP_FLAG_ACK);
+}
+
 /*
  * reject4 turns the IPv4 packet at p into a refusal sent back to its
  * sender: a TCP RST, or an ICMP port unreachable for UDP and SCTP.
@@ -327,7 +348,6 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		struct pseudo4 ph = {};
 		struct tcp_reset_fields f;
 		__u16 flags;
-		__s64 sum;
 
 		if (p->tcp_flags & TCP_FLAG_RST)
 			return TC_ACT_SHOT; /* never answer a RST */
@@ -343,20 +363,12 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		r.ip.saddr = orig.daddr;
 		r.ip.daddr = orig.saddr;
 		r.ip.check = ip4_csum(&r.ip);
-		r.tcp.source = p->dport;
-		r.tcp.dest = p->sport;
-		r.tcp.seq = f.seq;
-		r.tcp.ack_seq = f.ack_seq;
-		r.tcp.doff = 5;
-		r.tcp.rst = 1;
-		r.tcp.ack = !!(flags & TCP_FLAG_ACK);
+		rst_header(&r.tcp, p, &f, flags);
 		ph.saddr = r.ip.saddr;
 		ph.daddr = r.ip.daddr;
 		ph.proto = IPPROTO_TCP;
 		ph.len = bpf_htons(sizeof(r.tcp));
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.tcp, sizeof(r.tcp), (__u32)sum);
-		r.tcp.check = csum_fold(sum);
+		r.tcp.check = l4_csum(&ph, sizeof(ph), &r.tcp, sizeof(r.tcp));
 		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
 			return TC_ACT_SHOT;
 		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), BPF_F_RECOMPUTE_CSUM) < 0)
@@ -364,7 +376,6 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		return bpf_redirect(skb->ifindex, 0);
 	} else {
 		struct icmp4 m = {};
-		__s64 sum;
 
 		if (orig.ihl != 5)
 			return TC_ACT_SHOT; /* IP options: nothing to quote simply */
@@ -382,8 +393,7 @@ static __always_inline int reject4(struct __sk_buff *skb, const struct pkt *p)
 		m.ip.check = ip4_csum(&m.ip);
 		m.icmp.type = ICMP_DEST_UNREACH;
 		m.icmp.code = ICMP_PORT_UNREACH;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), 0);
-		m.icmp.checksum = csum_fold(sum);
+		m.icmp.checksum = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), 0));
 		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
 			return TC_ACT_SHOT;
 		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), BPF_F_RECOMPUTE_CSUM) < 0)
@@ -404,7 +414,6 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 		struct pseudo6 ph = {};
 		struct tcp_reset_fields f;
 		__u16 flags;
-		__s64 sum;
 
 		if (p->tcp_flags & TCP_FLAG_RST)
 			return TC_ACT_SHOT;
@@ -418,20 +427,12 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 		r.ip.hop_limit = 64;
 		r.ip.saddr = orig.daddr;
 		r.ip.daddr = orig.saddr;
-		r.tcp.source = p->dport;
-		r.tcp.dest = p->sport;
-		r.tcp.seq = f.seq;
-		r.tcp.ack_seq = f.ack_seq;
-		r.tcp.doff = 5;
-		r.tcp.rst = 1;
-		r.tcp.ack = !!(flags & TCP_FLAG_ACK);
+		rst_header(&r.tcp, p, &f, flags);
 		__builtin_memcpy(ph.saddr, &r.ip.saddr, 16);
 		__builtin_memcpy(ph.daddr, &r.ip.daddr, 16);
 		ph.len = bpf_htonl(sizeof(r.tcp));
 		ph.nexthdr = IPPROTO_TCP;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.tcp, sizeof(r.tcp), (__u32)sum);
-		r.tcp.check = csum_fold(sum);
+		r.tcp.check = l4_csum(&ph, sizeof(ph), &r.tcp, sizeof(r.tcp));
 		if (bpf_skb_change_tail(skb, frame_len(r), 0) < 0)
 			return TC_ACT_SHOT;
 		if (bpf_skb_store_bytes(skb, 0, frame_data(r), frame_len(r), BPF_F_RECOMPUTE_CSUM) < 0)
@@ -440,7 +441,6 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 	} else {
 		struct icmp6 m = {};
 		struct pseudo6 ph = {};
-		__s64 sum;
 
 		if (bpf_skb_load_bytes(skb, ETH_HLEN, m.quote, sizeof(m.quote)) < 0)
 			return TC_ACT_SHOT;
@@ -458,9 +458,7 @@ static __always_inline int reject6(struct __sk_buff *skb, const struct pkt *p)
 		__builtin_memcpy(ph.daddr, &m.ip.daddr, 16);
 		ph.len = bpf_htonl(sizeof(m.icmp) + sizeof(m.quote));
 		ph.nexthdr = IPPROTO_ICMPV6;
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
-		sum = bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m.icmp) + sizeof(m.quote), (__u32)sum);
-		m.icmp.icmp6_cksum = csum_fold(sum);
+		m.icmp.icmp6_cksum = l4_csum(&ph, sizeof(ph), &m.icmp, sizeof(m.icmp) + sizeof(m.quote));
 		if (bpf_skb_change_tail(skb, frame_len(m), 0) < 0)
 			return TC_ACT_SHOT;
 		if (bpf_skb_store_bytes(skb, 0, frame_data(m), frame_len(m), BPF_F_RECOMPUTE_CSUM) < 0)
