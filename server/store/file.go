@@ -45,11 +45,13 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // cannot be trusted. vipd refuses to start on it rather than start empty.
 var ErrCorrupt = errors.New("state file is corrupt")
 
-// Dir is a state directory: the state file and a lock that keeps a second
+// Dir is a state directory: the state file, the journal of the changes
+// since it was written (see journal.go), and a lock that keeps a second
 // vipd from using the same directory.
 type Dir struct {
 	path string
 	lock *os.File
+	j    journal
 }
 
 // OpenDir creates path if needed and locks it for this process. Close releases it.
@@ -65,29 +67,38 @@ func OpenDir(path string) (*Dir, error) {
 		f.Close()
 		return nil, fmt.Errorf("lock state dir %s (is another vipd using it?): %w", path, err)
 	}
-	return &Dir{path: path, lock: f}, nil
+	return &Dir{path: path, lock: f, j: journal{path: filepath.Join(path, journalFileName)}}, nil
 }
 
 // Path is the state file's path.
 func (d *Dir) Path() string { return filepath.Join(d.path, stateFileName) }
 
-// Close releases the lock.
-func (d *Dir) Close() error { return d.lock.Close() }
+// Close releases the lock and the journal.
+func (d *Dir) Close() error {
+	return errors.Join(d.j.close(), d.lock.Close())
+}
 
-// Load reads the state file. A missing file is an empty store. A file that
-// is truncated, corrupt, of an unknown version, or whose services do not
-// validate is an error wrapping ErrCorrupt.
+// Load reads the state file and replays the journal over it. A missing file
+// is an empty store. A file that is truncated, corrupt, of an unknown
+// version, or whose services do not validate is an error wrapping
+// ErrCorrupt; so is a journal that is damaged anywhere but in its last,
+// torn record (a crash in the middle of an append, which was never
+// acknowledged: it is cut off).
 func (d *Dir) Load() (*Snapshot, error) {
+	s := Empty()
 	data, err := os.ReadFile(d.Path())
-	if errors.Is(err, fs.ErrNotExist) {
-		return Empty(), nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
 		return nil, fmt.Errorf("read state file: %w", err)
+	default:
+		if s, err = decode(data); err != nil {
+			return nil, fmt.Errorf("%s: %w: %w", d.Path(), ErrCorrupt, err)
+		}
 	}
-	s, err := decode(data)
+	s, err = d.j.open(filepath.Join(d.path, journalFileName), s, len(data))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", d.Path(), ErrCorrupt, err)
+		return nil, err
 	}
 	return s, nil
 }
@@ -151,10 +162,28 @@ func decodeEntry(rec []byte) (*Entry, error) {
 	return NewEntry(svc, dp, stored.Generation)
 }
 
-// Save writes s atomically: a temporary file is written and synced, then
-// renamed over the state file, and the directory is synced. On error the
-// previous state file is intact.
+// Save makes s durable before it returns. When s was committed on the
+// snapshot saved last, and the journal is not due for compaction, it
+// appends s's changes to the journal and syncs it: the cost follows the
+// size of the change, not of the state. Otherwise it writes the whole state
+// file and empties the journal. On error the previous state stays
+// loadable.
 func (d *Dir) Save(s *Snapshot) error {
+	if d.j.canAppend(s) {
+		return d.j.append(s)
+	}
+	n, err := d.writeFile(s)
+	if err != nil {
+		return err
+	}
+	return d.j.reset(s.revision, n)
+}
+
+// writeFile writes s atomically as the state file: a temporary file is
+// written and synced, then renamed over the state file, and the directory
+// is synced. On error the previous state file is intact. It returns the
+// file's size.
+func (d *Dir) writeFile(s *Snapshot) (int, error) {
 	// Records go in name order, so that a snapshot always saves to the same
 	// bytes; map order would make every save of it differ.
 	entries := s.List("")
@@ -174,7 +203,7 @@ func (d *Dir) Save(s *Snapshot) error {
 		buf = append(buf, e.encoded...)
 	}
 	le.PutUint32(buf[44:], crc32.Update(crc32.Checksum(buf[:44], castagnoli), castagnoli, buf[headerSize:]))
-	return writeAtomic(d.Path(), buf)
+	return len(buf), writeAtomic(d.Path(), buf)
 }
 
 func writeAtomic(path string, data []byte) error {

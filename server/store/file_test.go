@@ -298,7 +298,7 @@ func TestSaveLeavesNoTempFile(t *testing.T) {
 	before := entries(t, path)
 	save(t, d, small(t))
 	save(t, d, fixture(t))
-	want := append(before, filepath.Base(d.Path()))
+	want := append(before, filepath.Base(d.Path()), "journal")
 	slices.Sort(want)
 	if diff := cmp.Diff(want, entries(t, path)); diff != "" {
 		t.Errorf("state dir after Save (-want +got):\n%s", diff)

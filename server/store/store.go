@@ -73,6 +73,11 @@ type Snapshot struct {
 	services map[string]*Entry
 	claims   map[Claim]string
 	backends int
+	// parent is the revision of the snapshot this one was committed on,
+	// and delta the names that differ from it (nil: unknown). The state
+	// directory journals just those.
+	parent uint64
+	delta  []string
 }
 
 // Empty returns the snapshot of a store with no services.
@@ -267,6 +272,8 @@ func (t *Txn) Commit() *Snapshot {
 		services: maps.Clone(t.base.services),
 		claims:   maps.Clone(t.base.claims),
 		backends: t.base.backends,
+		parent:   t.base.revision,
+		delta:    t.Changed(),
 	}
 	for name, e := range t.services {
 		if old, ok := s.services[name]; ok {
