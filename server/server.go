@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -37,6 +38,8 @@ type Server struct {
 	health    *health.Server
 	listeners []net.Listener
 	maxRecv   int
+	unary     []grpc.UnaryServerInterceptor
+	stream    []grpc.StreamServerInterceptor
 }
 
 // Option configures a Server.
@@ -73,6 +76,18 @@ func WithMaxRecvMsgSize(n int) Option {
 	}
 }
 
+// WithInterceptors adds interceptors, such as internal/metrics' gRPC
+// metrics. They run outermost, in the order given, before logging and
+// recovery, so they see every call's final status code, including that of
+// a recovered panic. The option may be given more than once.
+func WithInterceptors(unary []grpc.UnaryServerInterceptor, stream []grpc.StreamServerInterceptor) Option {
+	return func(s *Server) error {
+		s.unary = append(s.unary, unary...)
+		s.stream = append(s.stream, stream...)
+		return nil
+	}
+}
+
 // New builds a server for api. On error every listener it opened is closed.
 func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 	s := &Server{log: log, maxRecv: DefaultMaxRecvMsgSize}
@@ -94,16 +109,18 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(callLevel),
 	}
+	unary := append(slices.Clip(s.unary),
+		logging.UnaryServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		recovery.UnaryServerInterceptor(recoveryOpt),
+	)
+	stream := append(slices.Clip(s.stream),
+		logging.StreamServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		recovery.StreamServerInterceptor(recoveryOpt),
+	)
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.maxRecv),
-		grpc.ChainUnaryInterceptor(
-			logging.UnaryServerInterceptor(hclogAdapter(grpcLog), logOpts...),
-			recovery.UnaryServerInterceptor(recoveryOpt),
-		),
-		grpc.ChainStreamInterceptor(
-			logging.StreamServerInterceptor(hclogAdapter(grpcLog), logOpts...),
-			recovery.StreamServerInterceptor(recoveryOpt),
-		),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 	)
 	api.Register(s.grpc)
 	s.health = health.NewServer()
@@ -126,6 +143,13 @@ func (s *Server) Serve() error {
 		}
 	}
 	return nil
+}
+
+// GetServiceInfo returns the services registered on the gRPC server, so
+// that metrics can be initialized for every method before its first call
+// (it makes Server a reflection.ServiceInfoProvider).
+func (s *Server) GetServiceInfo() map[string]grpc.ServiceInfo {
+	return s.grpc.GetServiceInfo()
 }
 
 // MarkReady turns health to SERVING; call it after the first successful apply.

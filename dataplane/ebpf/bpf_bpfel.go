@@ -42,10 +42,14 @@ type bpfBackend struct {
 }
 
 type bpfConfig struct {
-	_               structs.HostLayout
-	HostNetnsCookie uint64
-	LayoutVersion   uint32
-	Flags           uint32
+	_                structs.HostLayout
+	HostNetnsCookie  uint64
+	LayoutVersion    uint32
+	Flags            uint32
+	CtTcpSyn         uint32
+	CtTcpEstablished uint32
+	CtTcpClose       uint32
+	CtOther          uint32
 }
 
 type bpfCtEntry struct {
@@ -64,6 +68,10 @@ type bpfCtEntry struct {
 	Ifindex   uint32
 	Packets   uint64
 	Bytes     uint64
+	FlowId    uint64
+	StartNs   uint64
+	EvFlags   uint32
+	Pad       uint32
 }
 
 type bpfCtKey struct {
@@ -81,6 +89,37 @@ type bpfCtKey struct {
 	Proto uint8
 	Dir   uint8
 	Pad   uint16
+}
+
+type bpfFlowEvent struct {
+	_            structs.HostLayout
+	TimeNs       uint64
+	FlowId       uint64
+	StartNs      uint64
+	OrigPackets  uint64
+	OrigBytes    uint64
+	ReplyPackets uint64
+	ReplyBytes   uint64
+	Client       struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+	Vip struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+	Backend struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+	ClientPort  uint16
+	VipPort     uint16
+	BackendPort uint16
+	Proto       uint8
+	Type        uint8
+	Reason      uint8
+	Pad         [3]uint8
+	BackendId   uint32
 }
 
 type bpfMemberKey struct {
@@ -158,6 +197,8 @@ const (
 	bpfMapVipdBackends          = "vipd_backends"
 	bpfMapVipdConfig            = "vipd_config"
 	bpfMapVipdCt                = "vipd_ct"
+	bpfMapVipdEventDrops        = "vipd_event_drops"
+	bpfMapVipdEvents            = "vipd_events"
 	bpfMapVipdMaglev            = "vipd_maglev"
 	bpfMapVipdMembers           = "vipd_members"
 	bpfMapVipdRevnat            = "vipd_revnat"
@@ -237,6 +278,8 @@ type bpfMapSpecs struct {
 	VipdBackends   *ebpf.MapSpec `ebpf:"vipd_backends"`
 	VipdConfig     *ebpf.MapSpec `ebpf:"vipd_config"`
 	VipdCt         *ebpf.MapSpec `ebpf:"vipd_ct"`
+	VipdEventDrops *ebpf.MapSpec `ebpf:"vipd_event_drops"`
+	VipdEvents     *ebpf.MapSpec `ebpf:"vipd_events"`
 	VipdMaglev     *ebpf.MapSpec `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
@@ -274,6 +317,8 @@ type bpfMaps struct {
 	VipdBackends   *ebpf.Map `ebpf:"vipd_backends"`
 	VipdConfig     *ebpf.Map `ebpf:"vipd_config"`
 	VipdCt         *ebpf.Map `ebpf:"vipd_ct"`
+	VipdEventDrops *ebpf.Map `ebpf:"vipd_event_drops"`
+	VipdEvents     *ebpf.Map `ebpf:"vipd_events"`
 	VipdMaglev     *ebpf.Map `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
@@ -287,6 +332,8 @@ func (m *bpfMaps) Close() error {
 		m.VipdBackends,
 		m.VipdConfig,
 		m.VipdCt,
+		m.VipdEventDrops,
+		m.VipdEvents,
 		m.VipdMaglev,
 		m.VipdMembers,
 		m.VipdRevnat,

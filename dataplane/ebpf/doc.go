@@ -12,7 +12,11 @@
 //   - the translation of a dataplane.State into map entries, written in
 //     make-before-break order (see programmer.go);
 //   - conntrack garbage collection and the destruction of node-local UDP
-//     sockets stuck on removed backends.
+//     sockets stuck on removed backends;
+//   - flows (flows.go): the programs' flow events (vipd_events ring buffer,
+//     losses counted in vipd_event_drops) and the collector's timeouts
+//     through WatchFlows, the live conntrack entries through ListFlows, and
+//     ExplainFlow's reading of the affinity and Maglev maps.
 //
 // It must not touch anything outside the namespace, bpffs directory and
 // cgroup it is configured with.

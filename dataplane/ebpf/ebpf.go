@@ -51,9 +51,35 @@ type Config struct {
 	MaglevTableSize uint32
 	// Maps sizes the maps. Zero fields take DefaultMapSizes.
 	Maps MapSizes
-	// GCInterval is how often expired conntrack entries are deleted.
-	// Default 30s.
+	// GCInterval is how often expired conntrack entries are deleted (and
+	// their flows reported closed). Default 30s.
 	GCInterval time.Duration
+	// ConntrackTimeouts are the conntrack lifetimes. Zero fields take
+	// DefaultConntrackTimeouts.
+	ConntrackTimeouts ConntrackTimeouts
+}
+
+// ConntrackTimeouts are how long a conntrack entry lives after its flow's
+// last packet, by the flow's state. The programs count whole seconds:
+// values are rounded up.
+type ConntrackTimeouts struct {
+	// TCPSyn is for a TCP flow whose backend has not answered yet.
+	TCPSyn time.Duration
+	// TCPEstablished is for an answered TCP flow.
+	TCPEstablished time.Duration
+	// TCPClose is for a TCP flow after a FIN or RST.
+	TCPClose time.Duration
+	// Other is for UDP and SCTP flows.
+	Other time.Duration
+}
+
+// DefaultConntrackTimeouts are kube-proxy's nf_conntrack settings (and
+// CT_* in bpf/maps.h).
+var DefaultConntrackTimeouts = ConntrackTimeouts{
+	TCPSyn:         60 * time.Second,
+	TCPEstablished: 24 * time.Hour,
+	TCPClose:       10 * time.Second,
+	Other:          60 * time.Second,
 }
 
 func (c *Config) setDefaults() {
@@ -72,7 +98,7 @@ func (c *Config) setDefaults() {
 	d := DefaultMapSizes
 	for _, f := range []struct{ v, def *uint32 }{
 		{&c.Maps.LB, &d.LB}, {&c.Maps.Backends, &d.Backends}, {&c.Maps.Conntrack, &d.Conntrack},
-		{&c.Maps.Affinity, &d.Affinity}, {&c.Maps.Sockets, &d.Sockets},
+		{&c.Maps.Affinity, &d.Affinity}, {&c.Maps.Sockets, &d.Sockets}, {&c.Maps.Events, &d.Events},
 	} {
 		if *f.v == 0 {
 			*f.v = *f.def
@@ -80,6 +106,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.GCInterval == 0 {
 		c.GCInterval = 30 * time.Second
+	}
+	ct, dct := &c.ConntrackTimeouts, DefaultConntrackTimeouts
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&ct.TCPSyn, &dct.TCPSyn}, {&ct.TCPEstablished, &dct.TCPEstablished},
+		{&ct.TCPClose, &dct.TCPClose}, {&ct.Other, &dct.Other},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
 	}
 }
 
@@ -94,11 +129,24 @@ type Dataplane struct {
 	attached bool
 	tc       *tcAttacher
 
+	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
+	// bpf_ktime_get_ns), in nanoseconds, taken once by New.
+	monoOffset int64
+	// watch is the running WatchFlows, if any: the collector hands it the
+	// flows that time out.
+	watchMu sync.Mutex
+	watch   *flowWatch
+
+	// stopGC is closed by Close: it stops the collector and WatchFlows.
 	stopGC chan struct{}
 	wg     sync.WaitGroup
 }
 
-var _ dataplane.Dataplane = (*Dataplane)(nil)
+var (
+	_ dataplane.Dataplane  = (*Dataplane)(nil)
+	_ dataplane.FlowSource = (*Dataplane)(nil)
+	_ dataplane.Explainer  = (*Dataplane)(nil)
+)
 
 // New loads the programs and the pinned maps (creating them on first use)
 // and restores the IDs a previous vipd left in them. The programs are
@@ -117,6 +165,9 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	}
 	if cfg.MaglevTableSize < 3 || !maglev.IsPrime(cfg.MaglevTableSize) {
 		return nil, fmt.Errorf("maglev table size %d is not a prime", cfg.MaglevTableSize)
+	}
+	if err := checkEventsSize(cfg.Maps.Events); err != nil {
+		return nil, err
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
@@ -148,8 +199,8 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{})}
-	if err := writeConfig(&objs.bpfMaps, cookie); err != nil {
+	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset()}
+	if err := writeConfig(&objs.bpfMaps, cookie, cfg.ConntrackTimeouts); err != nil {
 		objs.Close()
 		return nil, err
 	}
@@ -311,8 +362,9 @@ func (d *Dataplane) destroyStuckSockets(fe feKey, revNat uint32, gone []beKey) {
 	d.log.Debug("destroyed UDP sockets stuck on removed backends", "frontend", fe.String(), "sockets", n)
 }
 
-// Close stops vipd's goroutines and closes its handles. Programs, links and
-// maps stay in the kernel (pinned): traffic keeps flowing.
+// Close stops vipd's goroutines, and a running WatchFlows, and closes its
+// handles. Programs, links and maps stay in the kernel (pinned): traffic
+// keeps flowing.
 func (d *Dataplane) Close() error {
 	close(d.stopGC)
 	d.tc.stop()
@@ -334,7 +386,11 @@ func Supported() error {
 	// packet path needs; a tiny map set keeps it cheap.
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
-		if m.Type != ebpf.Array && m.Type != ebpf.HashOfMaps {
+		switch m.Type {
+		case ebpf.Array, ebpf.HashOfMaps:
+		case ebpf.RingBuf:
+			m.MaxEntries = uint32(os.Getpagesize())
+		default:
 			m.MaxEntries = 1
 		}
 	}

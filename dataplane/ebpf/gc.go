@@ -1,9 +1,14 @@
 package ebpf
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/dataplane"
 )
 
 // monotonicSeconds is the clock of the BPF programs (bpf_ktime_get_ns).
@@ -20,22 +25,86 @@ func expired(expires, now uint32) bool { return int32(expires-now) < 0 }
 // collectGarbage deletes conntrack entries past their lifetime (the
 // programs ignore them already; this frees their slots) and returns how
 // many it deleted. The LRU map also evicts the oldest entries by itself
-// when full.
+// when full (those flows are never reported closed).
+//
+// A flow that expired without being reported closed (no FIN or RST seen,
+// and no packet replaced it since) is reported now, with reason timeout,
+// to a running WatchFlows. Its forward entry is deleted with an atomic
+// lookup-and-delete, so that a packet that revives or replaces the flow
+// between the scan and the deletion cannot make it reported twice: an
+// entry that turns out live is put back.
 func (d *Dataplane) collectGarbage() (int, error) {
 	now := monotonicSeconds()
-	var dead []bpfCtKey
+	var (
+		flows, dead []bpfCtKey
+		replies     = map[bpfCtKey]bpfCtEntry{}
+	)
 	err := forEach(d.objs.VipdCt, func(k bpfCtKey, v bpfCtEntry) {
-		if expired(v.Expires, now) {
+		switch {
+		case !expired(v.Expires, now):
+		case k.Dir == ctDirForward && v.EvFlags&ctEvClosed == 0:
+			flows = append(flows, k)
+		case k.Dir == ctDirReply:
+			replies[k] = v
+		default:
 			dead = append(dead, k)
 		}
 	})
 	if err != nil {
 		return 0, err
 	}
-	if err := batchDelete(d.objs.VipdCt, dead); err != nil {
-		return 0, err
+	w := d.currentWatch()
+	at := ktimeNow()
+	var (
+		closed []dataplane.FlowEvent
+		n      int
+	)
+	for _, k := range flows {
+		var v bpfCtEntry
+		if err := d.objs.VipdCt.LookupAndDelete(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return n, fmt.Errorf("delete conntrack entry: %w", err)
+		}
+		rk := replyKeyOf(&k, &v)
+		if !expired(v.Expires, now) {
+			// Revived or replaced since the scan: it stays, and so
+			// does its reply entry. Should the packet path have made a
+			// new entry in the meantime, that one wins.
+			delete(replies, rk)
+			if err := d.objs.VipdCt.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				d.log.Warn("restore a live conntrack entry", "error", err)
+			}
+			continue
+		}
+		n++
+		if w == nil || v.EvFlags&ctEvClosed != 0 {
+			continue
+		}
+		r, ok := replies[rk]
+		if !ok && d.objs.VipdCt.Lookup(&rk, &r) != nil {
+			r = bpfCtEntry{}
+		}
+		closed = append(closed, d.timedOut(&k, &v, &r, at))
 	}
-	return len(dead), nil
+	for k, v := range replies {
+		// A reply entry lives as long as its flow: on a flow with
+		// traffic one way only, its own expiry lags behind.
+		fk := forwardKeyOf(&k, &v)
+		var f bpfCtEntry
+		if d.objs.VipdCt.Lookup(&fk, &f) == nil && !expired(f.Expires, now) {
+			continue
+		}
+		dead = append(dead, k)
+	}
+	if err := batchDelete(d.objs.VipdCt, dead); err != nil {
+		return n, err
+	}
+	if w != nil && len(closed) > 0 {
+		w.offer(closed)
+	}
+	return n + len(dead), nil
 }
 
 // gcLoop runs collectGarbage every interval until stop is closed.

@@ -7,7 +7,7 @@ import (
 
 // layoutVersion is LAYOUT_VERSION of bpf/maps.h: the version of the pinned
 // map layout. A pinned set of another version is not reused.
-const layoutVersion = 1
+const layoutVersion = 2
 
 // Flags shared with bpf/maps.h.
 const (
@@ -17,8 +17,21 @@ const (
 
 	memberFlagEligible = 1
 
+	ctFlagHairpin = 1
+
 	ctDirForward = 0
 	ctDirReply   = 1
+
+	ctEvClosed = 1 // ct_entry.ev_flags: the flow's CLOSED event was sent
+
+	flowEvNew    = 1
+	flowEvClosed = 2
+
+	flowCloseFIN            = 1
+	flowCloseRST            = 2
+	flowCloseTimeout        = 3
+	flowCloseBackendRemoved = 4
+	flowCloseReplaced       = 5
 )
 
 // addrWords is the union addr of the BPF maps: the 16 address bytes in
@@ -57,3 +70,57 @@ const (
 	ipprotoUDP  = 17
 	ipprotoSCTP = 132
 )
+
+// replyKeyOf is bpf/vipd.c's reply_key: the key of the reply entry of the
+// flow whose forward entry is (k, e).
+func replyKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
+	var rk bpfCtKey
+	rk.Src = e.NatAddr
+	rk.Sport = e.NatPort
+	if e.Flags&ctFlagHairpin != 0 {
+		rk.Dst = k.Dst
+	} else {
+		rk.Dst = k.Src
+	}
+	rk.Dport = k.Sport
+	rk.Proto = k.Proto
+	rk.Dir = ctDirReply
+	return rk
+}
+
+// forwardKeyOf is the forward key of the flow whose reply entry is e under
+// key k: the inverse of replyKeyOf.
+func forwardKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
+	var fk bpfCtKey
+	if e.Flags&ctFlagHairpin != 0 {
+		fk.Src = k.Src
+	} else {
+		fk.Src = k.Dst
+	}
+	fk.Dst = e.NatAddr
+	fk.Sport = k.Dport
+	fk.Dport = e.NatPort
+	fk.Proto = k.Proto
+	fk.Dir = ctDirForward
+	return fk
+}
+
+// flowHash is bpf/lb.h's flow_hash of a packet from src to dst: the hash
+// that picks a new flow's Maglev table slot.
+func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
+	mix := func(h uint32) uint32 {
+		h ^= h >> 16
+		h *= 0x85ebca6b
+		h ^= h >> 13
+		h *= 0xc2b2ae35
+		h ^= h >> 16
+		return h
+	}
+	h := uint32(0x9e3779b9)
+	for _, a := range []netip.Addr{src.Addr(), dst.Addr()} {
+		for _, w := range toWords(a) {
+			h = mix(h ^ w)
+		}
+	}
+	return mix(h ^ (uint32(be16(src.Port()))<<16 | uint32(be16(dst.Port()))) ^ uint32(proto))
+}

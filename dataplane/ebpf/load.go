@@ -1,11 +1,14 @@
 package ebpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/hashicorp/go-hclog"
@@ -29,6 +32,11 @@ type MapSizes struct {
 	Affinity uint32
 	// Sockets sizes the socket reverse-NAT map (LRU) of node-local sockets.
 	Sockets uint32
+	// Events is the size in bytes of the flow event ring buffer: a power
+	// of two, at least the page size. An event takes 128 bytes, so the
+	// default holds 65,536 events that the reader has not caught up with;
+	// the events that find it full are counted and reported lost.
+	Events uint32
 }
 
 // DefaultMapSizes are the sizes vipd uses unless told otherwise. Hash maps
@@ -41,6 +49,7 @@ var DefaultMapSizes = MapSizes{
 	Conntrack: 524_288,
 	Affinity:  131_072,
 	Sockets:   262_144,
+	Events:    8 << 20,
 }
 
 const (
@@ -104,6 +113,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		"vipd_ct":          sizes.Conntrack,
 		"vipd_affinity":    sizes.Affinity,
 		"vipd_sock_revnat": sizes.Sockets,
+		"vipd_events":      sizes.Events,
 	} {
 		if size == 0 {
 			return nil, nil, fmt.Errorf("map %s: size 0", name)
@@ -143,11 +153,14 @@ func pinnedLayout(dir string) (uint32, bool) {
 		return 0, false
 	}
 	defer m.Close()
-	var cfg bpfConfig
-	if err := m.Lookup(uint32(0), &cfg); err != nil || cfg.LayoutVersion == 0 {
+	// Read as bytes: the config of another layout may have another size,
+	// but its layout version is at offset 8 in every layout.
+	buf := make([]byte, m.ValueSize())
+	if err := m.Lookup(uint32(0), buf); err != nil || len(buf) < 12 {
 		return 0, false
 	}
-	return cfg.LayoutVersion, true
+	v := binary.NativeEndian.Uint32(buf[8:])
+	return v, v != 0
 }
 
 // removePinnedMaps unpins every vipd map in dir (links stay).
@@ -160,11 +173,36 @@ func removePinnedMaps(dir string) {
 	}
 }
 
+// checkEventsSize fails unless size is a size the kernel takes for a ring
+// buffer.
+func checkEventsSize(size uint32) error {
+	if size < uint32(os.Getpagesize()) || size&(size-1) != 0 {
+		return fmt.Errorf("flow event ring size %d: want a power of two of at least the page size (%d)", size, os.Getpagesize())
+	}
+	return nil
+}
+
 // writeConfig stores what the programs need to know about this node.
-func writeConfig(m *bpfMaps, hostNetnsCookie uint64) error {
-	cfg := bpfConfig{HostNetnsCookie: hostNetnsCookie, LayoutVersion: layoutVersion}
+func writeConfig(m *bpfMaps, hostNetnsCookie uint64, ct ConntrackTimeouts) error {
+	cfg := bpfConfig{
+		HostNetnsCookie:  hostNetnsCookie,
+		LayoutVersion:    layoutVersion,
+		CtTcpSyn:         seconds(ct.TCPSyn),
+		CtTcpEstablished: seconds(ct.TCPEstablished),
+		CtTcpClose:       seconds(ct.TCPClose),
+		CtOther:          seconds(ct.Other),
+	}
 	if err := m.VipdConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write config map: %w", err)
 	}
 	return nil
+}
+
+// seconds rounds d up to whole seconds for the programs; 0 (the programs'
+// default) stays 0.
+func seconds(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min(math.Ceil(d.Seconds()), math.MaxUint32))
 }

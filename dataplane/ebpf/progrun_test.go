@@ -1087,25 +1087,6 @@ func TestProgRunPassThrough(t *testing.T) {
 	}
 }
 
-// prFlowHash is lb.h's flow_hash, for checking the Maglev pick exactly.
-func prFlowHash(src, dst netip.AddrPort, proto uint8) uint32 {
-	mix := func(h uint32) uint32 {
-		h ^= h >> 16
-		h *= 0x85ebca6b
-		h ^= h >> 13
-		h *= 0xc2b2ae35
-		h ^= h >> 16
-		return h
-	}
-	h := uint32(0x9e3779b9)
-	for _, a := range []netip.Addr{src.Addr(), dst.Addr()} {
-		for _, w := range prAddrOf(a).W {
-			h = mix(h ^ w)
-		}
-	}
-	return mix(h ^ (uint32(prBE16(src.Port()))<<16 | uint32(prBE16(dst.Port()))) ^ uint32(proto))
-}
-
 func TestProgRunMaglev(t *testing.T) {
 	r := newPREnv(t)
 	const m = 31
@@ -1135,7 +1116,7 @@ func TestProgRunMaglev(t *testing.T) {
 	for i := range 100 {
 		src := prWithPort(prClient4, uint16(30000+i))
 		syn := prTCPFrame(src, prVIP4, 1000, 0, prSYN, nil)
-		want := table[prFlowHash(src, prVIP4, prTCP)%m]
+		want := table[flowHash(src, prVIP4, prTCP)%m]
 		for try := range 3 {
 			// Forget the flow so that each try is a fresh pick.
 			r.clearCT()

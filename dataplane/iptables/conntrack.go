@@ -3,6 +3,8 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	mdnetlink "github.com/mdlayher/netlink"
@@ -19,10 +21,26 @@ import (
 type conntrackCleaner struct {
 	log hclog.Logger
 	ns  netns.NsHandle // -1 for the current namespace
+
+	// deleted remembers for deletionMemory why the cleaner deleted each
+	// entry, by conntrack ID, so that the flow source can tell the DESTROY
+	// events it caused from those of someone else's deletes.
+	mu      sync.Mutex
+	deleted map[uint32]deletion
 }
 
+// deletion is why, and when, the cleaner deleted a conntrack entry.
+type deletion struct {
+	reason string // dataplane.CloseBackendRemoved or CloseServiceRemoved
+	at     time.Time
+}
+
+// deletionMemory is how long a deletion is remembered: far longer than a
+// flow reader takes to read the DESTROY event it causes.
+const deletionMemory = 2 * time.Minute
+
 func newConntrackCleaner(log hclog.Logger, nsPath string) (*conntrackCleaner, error) {
-	c := &conntrackCleaner{log: log, ns: -1}
+	c := &conntrackCleaner{log: log, ns: -1, deleted: map[uint32]deletion{}}
 	if nsPath != "" {
 		h, err := netns.GetFromPath(nsPath)
 		if err != nil {
@@ -31,6 +49,49 @@ func newConntrackCleaner(log hclog.Logger, nsPath string) (*conntrackCleaner, er
 		c.ns = h
 	}
 	return c, nil
+}
+
+// netlinkConfig dials netlink sockets in the dataplane's namespace.
+func (c *conntrackCleaner) netlinkConfig() *mdnetlink.Config {
+	cfg := &mdnetlink.Config{}
+	if c.ns >= 0 {
+		cfg.NetNS = int(c.ns)
+	}
+	return cfg
+}
+
+// remember records that the entry with conntrack ID id is about to be
+// deleted for reason.
+func (c *conntrackCleaner) remember(id uint32, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deleted[id] = deletion{reason, time.Now()}
+}
+
+// prune forgets deletions older than deletionMemory.
+func (c *conntrackCleaner) prune() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, d := range c.deleted {
+		if time.Since(d.at) > deletionMemory {
+			delete(c.deleted, id)
+		}
+	}
+}
+
+func (c *conntrackCleaner) forget(id uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.deleted, id)
+}
+
+// deletedBy returns why the cleaner deleted the entry with conntrack ID id,
+// if it did. Several flow readers may ask about the same entry.
+func (c *conntrackCleaner) deletedBy(id uint32) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.deleted[id]
+	return d.reason, ok
 }
 
 func (c *conntrackCleaner) close() error {
@@ -104,15 +165,12 @@ func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool
 // failures instead of failing the apply: the rules are already in force, and
 // a stale UDP entry expires by itself.
 func (c *conntrackCleaner) cleanup(old, next map[string]*dataplane.Service) {
+	c.prune()
 	flows, whole := staleUDP(old, next)
 	if len(flows) == 0 && len(whole) == 0 {
 		return
 	}
-	cfg := &mdnetlink.Config{}
-	if c.ns >= 0 {
-		cfg.NetNS = int(c.ns)
-	}
-	conn, err := conntrack.Dial(cfg)
+	conn, err := conntrack.Dial(c.netlinkConfig())
 	if err != nil {
 		c.log.Error("open conntrack", "error", err)
 		return
@@ -134,10 +192,17 @@ func (c *conntrackCleaner) cleanup(old, next map[string]*dataplane.Service) {
 		if reply == vip {
 			target.backend = netip.AddrPort{}
 		}
-		if !whole[vip] && !flows[target] {
+		reason := dataplane.CloseBackendRemoved
+		switch {
+		case whole[vip]:
+			reason = dataplane.CloseServiceRemoved
+		case !flows[target]:
 			continue
 		}
+		// Remembered first: the DESTROY event may be read before Delete returns.
+		c.remember(f.ID, reason)
 		if err := conn.Delete(f); err != nil {
+			c.forget(f.ID)
 			c.log.Warn("delete conntrack entry", "flow", f.TupleOrig.String(), "error", err)
 			continue
 		}

@@ -6,12 +6,16 @@
 //
 // It never executes anything and never touches the kernel. The applier that
 // runs iptables-restore/ip6tables-restore, installs the Hooks and deletes
-// conntrack entries is a thin layer on top of these functions.
+// conntrack entries is a thin layer on top of these functions, and so are
+// the flow source (flows.go: conntrack events and dumps of the connections
+// that carry FlowMark, filtered by the kernel) and the explainer
+// (explain.go: the xt_recent affinity lists).
 //
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //
 //	nat    PREROUTING, OUTPUT -> VIPD-SERVICES    prefix trie over VIPs (VIPD-D4-*/VIPD-D6-*)
 //	                                              -> VIPD-SVC-*, one per service port:
+//	                                                 CONNMARK FlowMark first, then
 //	                                                 weighted choice and DNAT in one rule
 //	                                              (ClientIP affinity only: recent --rcheck,
 //	                                              weighted choice -> VIPD-SEP-* per backend:

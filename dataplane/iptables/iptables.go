@@ -41,6 +41,8 @@ type Dataplane struct {
 	state    map[string]*dataplane.Service
 	needFull bool
 	last     SyncStats
+	// flowAccounting is set once flowSysctls are in force.
+	flowAccounting bool
 }
 
 // SyncStats describes the last successful Apply.
@@ -58,8 +60,11 @@ func (d *Dataplane) LastSync() SyncStats {
 }
 
 // New opens the iptables dataplane: it resolves the mode, checks that the
-// tools work in the namespace, and prepares conntrack access. It changes no
-// rules; the first Apply does.
+// tools work in the namespace, prepares conntrack access, and turns on
+// conntrack accounting, timestamps and events in the namespace for the flow
+// source (see flowSysctls; if that fails, because conntrack is not loaded
+// yet, each Apply tries again until it works). It changes no rules; the
+// first Apply does.
 func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
 	if _, err := cfg.Render.withDefaults(); err != nil {
 		return nil, err
@@ -73,7 +78,22 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Dataplane{log: log, cfg: cfg, run: runner{netns: cfg.NetNS, mode: mode}, ct: ct, needFull: true}, nil
+	d := &Dataplane{log: log, cfg: cfg, run: runner{netns: cfg.NetNS, mode: mode}, ct: ct, needFull: true}
+	d.enableFlowAccounting()
+	return d, nil
+}
+
+// enableFlowAccounting sets flowSysctls unless they are set already. A
+// failure only costs flows their counters, so it is logged.
+func (d *Dataplane) enableFlowAccounting() {
+	if d.flowAccounting {
+		return
+	}
+	if err := d.ct.enableFlowAccounting(); err != nil {
+		d.log.Warn("flows will lack counters and timestamps until this works", "error", err)
+		return
+	}
+	d.flowAccounting = true
 }
 
 // resolveMode checks that the requested mode's tools work and, for auto,
@@ -176,6 +196,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.ct.cleanup(d.state, s.Services)
 	d.applied, d.state, d.needFull = next, s.Services, false
 	d.last = SyncStats{Stats: stats, Full: full}
+	d.enableFlowAccounting()
 	d.log.Debug("applied", "full", full, "services", len(s.Services), "chains_rewritten", stats.ChainsRewritten,
 		"rules_written", stats.RulesWritten, "chains_deleted", stats.ChainsDeleted, "elapsed", time.Since(start))
 	return nil

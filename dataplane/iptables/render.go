@@ -80,6 +80,23 @@ const (
 	chainHairpin     = "VIPD-HAIRPIN"
 )
 
+// FlowMark is the connmark bit that vipd sets on every connection it DNATs
+// to a backend, and FlowMarkMask the only bit of the connmark it writes
+// (--set-xmark with a mask leaves the others alone). The flow source asks
+// the kernel for the conntrack events and entries that carry it, so it never
+// reads the rest of the node's connections. The bit is clear of
+// kube-proxy's 0x4000 (masquerade) and 0x8000 (drop) marks and of the low
+// bits that other tools like to use.
+const (
+	FlowMark     uint32 = 0x00400000
+	FlowMarkMask uint32 = 0x00400000
+)
+
+// flowMarkRule marks a new connection as vipd's. It heads every SVC chain:
+// each path through one ends in a DNAT, and the nat table sees only a
+// connection's first packet. Spelled as iptables-save prints it.
+var flowMarkRule = fmt.Sprintf("-j CONNMARK --set-xmark %#x/%#x", FlowMark, FlowMarkMask)
+
 // DefaultMaxLeafRules is the most leaf rules a trie chain holds before it
 // splits.
 const DefaultMaxLeafRules = 32
@@ -331,7 +348,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 			}
 			continue
 		}
-		key := strings.Join([]string{svc.Name, p.Name, p.Protocol.String(), strconv.Itoa(int(p.Port)), f.String()}, "\x00")
+		key := portKey(svc, p, f)
 		svcChain := hashName("VIPD-SVC-", key)
 		for _, v := range vips {
 			out.tries[dispatchTrie] = append(out.tries[dispatchTrie], trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
@@ -339,12 +356,12 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		dnat := func(b *dataplane.Backend, statistic string) string {
 			return dnatRule(p, statistic, comment, netip.AddrPortFrom(b.IP, b.TargetPort(p)))
 		}
-		var rules, seps []string
+		rules, seps := []string{flowMarkRule}, []string(nil)
 		if svc.Affinity.ClientIP {
 			affinity := " --mask " + f.hostMask() + " --rsource"
 			secs := strconv.Itoa(max(1, int(svc.Affinity.Timeout.Seconds())))
 			for _, b := range backends {
-				sep := hashName("VIPD-SEP-", key+"\x00"+b.IP.String())
+				sep := sepChain(key, b.IP)
 				seps = append(seps, sep)
 				rules = append(rules, "-m recent --rcheck --seconds "+secs+" --reap --name "+sep+affinity+" -j "+sep)
 				out.chains[sep] = []string{"-m recent --set --name " + sep + affinity, dnat(b, "")}
@@ -371,6 +388,18 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		out.chains[svcChain] = rules
 	}
 	return out
+}
+
+// portKey names port p of svc in family f; the names of its SVC and SEP
+// chains are hashes of it.
+func portKey(svc *dataplane.Service, p dataplane.Port, f Family) string {
+	return strings.Join([]string{svc.Name, p.Name, p.Protocol.String(), strconv.Itoa(int(p.Port)), f.String()}, "\x00")
+}
+
+// sepChain is the SEP chain of backend ip of the port named key, and the
+// name of the recent list that holds its affinity entries.
+func sepChain(key string, ip netip.Addr) string {
+	return hashName("VIPD-SEP-", key+"\x00"+ip.String())
 }
 
 // probability formats w/total as the statistic match stores and prints it:

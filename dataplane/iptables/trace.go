@@ -307,6 +307,8 @@ type branch struct {
 	dport              uint16
 	rules              int
 	dnat, masq, reject bool
+	// marked is set by vipd's CONNMARK rule (see FlowMark).
+	marked bool
 	// stop is set by a target that ends the traversal of the current table.
 	stop bool
 }
@@ -346,6 +348,9 @@ func (t *Tracer) walk(hook builtin, chain string, b branch, p *Packet, depth int
 			b.prob *= pm
 			switch r.target {
 			case "":
+				next = append(next, b)
+			case "CONNMARK":
+				b.marked = true
 				next = append(next, b)
 			case "RETURN":
 				out = append(out, b)
@@ -452,6 +457,10 @@ func outcome(paths []branch) (Outcome, error) {
 		if b.masq && !b.dnat {
 			return o, errors.New("a path is masqueraded, but no vipd rule DNATed it")
 		}
+		if b.dnat && !b.marked {
+			// The flow source would never see this connection.
+			return o, errors.New("a path is DNATed without vipd's flow connmark")
+		}
 		v := NoMatch
 		switch {
 		case b.reject:
@@ -517,6 +526,7 @@ var (
 		"DNAT":       {"--to-destination": true},
 		"MASQUERADE": {"--random-fully": false},
 		"REJECT":     {"--reject-with": true},
+		"CONNMARK":   {"--set-xmark": true},
 		"RETURN":     {},
 		"ACCEPT":     {},
 	}
@@ -676,6 +686,10 @@ func (r *rule) setTarget(f Family, tab Table, o map[string]string) error {
 	case "REJECT":
 		if tab != Filter || o["--reject-with"] != f.rejectWith() {
 			return fmt.Errorf("only in the filter table with --reject-with %s", f.rejectWith())
+		}
+	case "CONNMARK":
+		if tab != NAT || o["--set-xmark"] != fmt.Sprintf("%#x/%#x", FlowMark, FlowMarkMask) {
+			return fmt.Errorf("only vipd's flow mark in the nat table: --set-xmark %#x/%#x", FlowMark, FlowMarkMask)
 		}
 	case "RETURN", "ACCEPT":
 	default:

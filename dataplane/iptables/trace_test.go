@@ -149,6 +149,8 @@ func TestTraceFailsLoudly(t *testing.T) {
 		"-m conntrack --ctstate NEW,DNAT -j RETURN",
 		"-m conntrack --ctstatus DNAT -j RETURN",
 		"-j MASQUERADE --to-ports 1024",
+		"-j CONNMARK --set-xmark 0x1/0x1",
+		"-j CONNMARK --set-mark 0x400000",
 	} {
 		payload := "*nat\n:VIPD-X - [0:0]\n-A VIPD-X " + rule + "\nCOMMIT\n"
 		if err := NewTracer(IPv4).Restore([]byte(payload)); err == nil {
@@ -173,7 +175,7 @@ func TestTraceFailsLoudly(t *testing.T) {
 	}
 	// Paths with different verdicts are an error, not a silent partial answer.
 	tr = NewTracer(IPv4)
-	if err := tr.Restore([]byte("*nat\n:VIPD-SERVICES - [0:0]\n-A VIPD-SERVICES -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n*filter\n:VIPD-REJECT - [0:0]\nCOMMIT\n*nat\n:VIPD-POSTROUTING - [0:0]\nCOMMIT\n")); err != nil {
+	if err := tr.Restore([]byte("*nat\n:VIPD-SERVICES - [0:0]\n-A VIPD-SERVICES -j CONNMARK --set-xmark 0x400000/0x400000\n-A VIPD-SERVICES -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n*filter\n:VIPD-REJECT - [0:0]\nCOMMIT\n*nat\n:VIPD-POSTROUTING - [0:0]\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	if o, err := tr.Trace(packet("10.0.0.2", "10.96.0.1", dataplane.TCP, 80)); err == nil {
@@ -185,6 +187,7 @@ func TestTraceFailsLoudly(t *testing.T) {
 		"MASQUERADE reached from PREROUTING": {"-j MASQUERADE --random-fully", ""},
 		"DNAT reached from POSTROUTING":      {"", "-p tcp -m tcp -j DNAT --to-destination 10.0.0.1:80"},
 		"MASQUERADE without DNAT":            {"", "-s 10.0.0.2/32 -j MASQUERADE --random-fully"},
+		"DNAT without the flow mark":         {"-p tcp -m tcp -j DNAT --to-destination 10.0.0.1:80", ""},
 	} {
 		tr := NewTracer(IPv4)
 		payload := "*nat\n:VIPD-SERVICES - [0:0]\n:VIPD-POSTROUTING - [0:0]\n"

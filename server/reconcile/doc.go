@@ -7,4 +7,7 @@
 //
 // It owns no gRPC types and no kernel handles: the server maps its errors to
 // status codes, and the dataplane does the programming.
+// It imports no metrics library either: it reports each sync, the
+// programming time of each change, and the applied state's size to an
+// optional Observer (WithObserver), which internal/metrics implements.
 package reconcile

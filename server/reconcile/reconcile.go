@@ -55,6 +55,40 @@ type Status struct {
 	Services, Backends int
 }
 
+// Sync kinds reported to an Observer.
+const (
+	// SyncFull is an apply without a change hint (State.Changed is nil):
+	// the initial apply and periodic resyncs, where the dataplane diffs
+	// everything.
+	SyncFull = "full"
+	// SyncPartial is an apply of a change, with State.Changed naming the
+	// services it touched.
+	SyncPartial = "partial"
+)
+
+// Observer is told about every dataplane sync; internal/metrics implements
+// it. Its methods are called from the reconciler's goroutine, one at a
+// time, and must not block.
+type Observer interface {
+	// ObserveSync reports one Apply: its kind (SyncFull or SyncPartial),
+	// how long the dataplane took, and its error (nil on success).
+	ObserveSync(kind string, d time.Duration, err error)
+	// ObserveProgramming reports, for one submitted change that is now
+	// live, the time from its submission (Do) to the end of the Apply
+	// that programmed it. It is called only for changes that were applied
+	// and saved, once each, even when a batch carried several.
+	ObserveProgramming(d time.Duration)
+	// SetState reports the size of the state the dataplane now has, after
+	// every successful Apply.
+	SetState(services, backends int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) ObserveSync(string, time.Duration, error) {}
+func (nopObserver) ObserveProgramming(time.Duration)         {}
+func (nopObserver) SetState(int, int)                        {}
+
 // Reconciler serializes changes into dataplane applies. Create it with New
 // and start it with Run.
 type Reconciler struct {
@@ -63,6 +97,7 @@ type Reconciler struct {
 	persist  Persister
 	resync   time.Duration
 	maxBatch int
+	observer Observer
 
 	current atomic.Pointer[store.Snapshot]
 	queue   chan *request
@@ -77,6 +112,9 @@ type request struct {
 	ctx    context.Context
 	mutate Mutation
 	done   chan result
+	// submitted is when Do received the change, the start of its
+	// network-programming time.
+	submitted time.Time
 }
 
 type result struct {
@@ -94,6 +132,16 @@ func WithResyncPeriod(d time.Duration) Option { return func(r *Reconciler) { r.r
 // WithMaxBatch bounds how many queued changes are merged into one apply.
 func WithMaxBatch(n int) Option { return func(r *Reconciler) { r.maxBatch = n } }
 
+// WithObserver reports every sync, programming time and applied state
+// size to o. Nil means no observer.
+func WithObserver(o Observer) Option {
+	return func(r *Reconciler) {
+		if o != nil {
+			r.observer = o
+		}
+	}
+}
+
 // New returns a reconciler whose desired state starts as initial. Nothing is
 // applied until Run.
 func New(log hclog.Logger, dp dataplane.Dataplane, p Persister, initial *store.Snapshot, opts ...Option) *Reconciler {
@@ -102,6 +150,7 @@ func New(log hclog.Logger, dp dataplane.Dataplane, p Persister, initial *store.S
 		dp:       dp,
 		persist:  p,
 		maxBatch: 1024,
+		observer: nopObserver{},
 		queue:    make(chan *request, 1024),
 		ready:    make(chan struct{}),
 		stopped:  make(chan struct{}),
@@ -132,7 +181,7 @@ func (r *Reconciler) Status() Status {
 // If ctx ends before m has run, m never runs; once m has run, Do waits for
 // the outcome, which callers then see in full.
 func (r *Reconciler) Do(ctx context.Context, m Mutation) (any, error) {
-	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1)}
+	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now()}
 	select {
 	case r.queue <- q:
 	case <-ctx.Done():
@@ -190,7 +239,7 @@ func (r *Reconciler) applyInitial(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
 		snap := r.current.Load()
-		err := r.apply(ctx, snap, nil)
+		_, err := r.apply(ctx, snap, nil)
 		if err == nil {
 			r.log.Info("initial state applied", "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
 			return nil
@@ -207,29 +256,41 @@ func (r *Reconciler) applyInitial(ctx context.Context) error {
 
 func (r *Reconciler) resyncAll(ctx context.Context) {
 	snap := r.current.Load()
-	if err := r.apply(ctx, snap, nil); err != nil {
+	if _, err := r.apply(ctx, snap, nil); err != nil {
 		r.log.Error("periodic resync", "error", err)
 	}
 }
 
-// apply hands snap to the dataplane and records the outcome in the status.
-func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []string) error {
+// apply hands snap to the dataplane, records the outcome in the status and
+// reports it to the observer. It returns when the Apply finished. A nil
+// changed makes it a full sync.
+func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []string) (time.Time, error) {
 	start := time.Now()
 	err := r.dp.Apply(ctx, snap.DataplaneState(changed))
-	elapsed := time.Since(start)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.status.LastError = err
-	if err != nil {
-		return err
+	end := time.Now()
+	elapsed := end.Sub(start)
+	kind := SyncPartial
+	if changed == nil {
+		kind = SyncFull
 	}
-	r.status.Ready = true
-	r.status.AppliedGeneration = snap.Revision()
-	r.status.LastSync = time.Now()
-	r.status.LastSyncDuration = elapsed
-	r.status.Services, r.status.Backends = snap.Len(), snap.BackendCount()
+	r.observer.ObserveSync(kind, elapsed, err)
+
+	r.mu.Lock()
+	r.status.LastError = err
+	if err == nil {
+		r.status.Ready = true
+		r.status.AppliedGeneration = snap.Revision()
+		r.status.LastSync = end
+		r.status.LastSyncDuration = elapsed
+		r.status.Services, r.status.Backends = snap.Len(), snap.BackendCount()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return end, err
+	}
+	r.observer.SetState(snap.Len(), snap.BackendCount())
 	r.log.Debug("applied", "generation", snap.Revision(), "changed", len(changed), "elapsed", elapsed)
-	return nil
+	return end, nil
 }
 
 // process runs a batch of mutations in order on one transaction, applies and
@@ -241,6 +302,7 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	tx := base.Begin()
 	var staged []*request
 	var values []any
+	var changes []bool // per staged request: did it change anything
 	for _, q := range batch {
 		if err := q.ctx.Err(); err != nil {
 			q.done <- result{err: err}
@@ -252,6 +314,7 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 			q.done <- result{err: err}
 			continue
 		}
+		changes = append(changes, len(sub.Changed()) > 0)
 		sub.Merge()
 		staged = append(staged, q)
 		values = append(values, v)
@@ -267,9 +330,12 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		return
 	}
 	next := tx.Commit()
-	err := r.commit(ctx, base, next, changed)
+	applied, err := r.commit(ctx, base, next, changed)
 	if err == nil {
 		for i, q := range staged {
+			if changes[i] {
+				r.observer.ObserveProgramming(applied.Sub(q.submitted))
+			}
 			q.done <- result{value: values[i]}
 		}
 		return
@@ -287,20 +353,22 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	}
 }
 
-// commit applies next, saves it and publishes it. On any error the dataplane
-// and the published snapshot are left at base.
-func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string) error {
-	if err := r.apply(ctx, next, changed); err != nil {
+// commit applies next, saves it and publishes it, and returns when the
+// dataplane finished applying it. On any error the dataplane and the
+// published snapshot are left at base.
+func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string) (time.Time, error) {
+	applied, err := r.apply(ctx, next, changed)
+	if err != nil {
 		r.log.Error("dataplane apply failed; change rolled back", "generation", next.Revision(), "error", err)
-		return &ApplyError{Err: err}
+		return time.Time{}, &ApplyError{Err: err}
 	}
 	if err := r.persist.Save(next); err != nil {
 		r.log.Error("saving state failed; rolling the dataplane back", "generation", next.Revision(), "error", err)
-		if rerr := r.apply(ctx, base, changed); rerr != nil {
+		if _, rerr := r.apply(ctx, base, changed); rerr != nil {
 			r.log.Error("roll back dataplane", "error", rerr)
 		}
-		return &SaveError{Err: fmt.Errorf("generation %d: %w", next.Revision(), err)}
+		return time.Time{}, &SaveError{Err: fmt.Errorf("generation %d: %w", next.Revision(), err)}
 	}
 	r.current.Store(next)
-	return nil
+	return applied, nil
 }

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 1
+#define LAYOUT_VERSION 2
 
 union addr {
 	__u32 w[4];
@@ -87,6 +87,9 @@ struct ct_key {
 #define CT_F_CLOSING 2 /* TCP FIN or RST seen */
 #define CT_F_SEEN_REPLY 4
 
+/* ct_entry.ev_flags, set atomically (each event is sent once). */
+#define CT_EV_CLOSED 1 /* forward: the flow's CLOSED event was sent (or lost) */
+
 struct ct_entry {
 	union addr nat_addr; /* forward: backend; reply: VIP */
 	__be16 nat_port;     /* forward: backend port; reply: VIP port */
@@ -97,8 +100,50 @@ struct ct_entry {
 	__u32 expires;       /* monotonic seconds */
 	__u32 created;       /* monotonic seconds */
 	__u32 ifindex;       /* where the flow entered */
-	__u64 packets;
+	__u64 packets;       /* forward: client -> backend; reply: backend -> client */
 	__u64 bytes;
+	__u64 flow_id;       /* the same in both entries and in the flow's events */
+	__u64 start_ns;      /* bpf_ktime_get_ns() of the first packet */
+	__u32 ev_flags;      /* CT_EV_* */
+	__u32 pad;
+};
+
+/*
+ * Flow events, in the vipd_events ring buffer. A flow's NEW event is sent
+ * when its conntrack entries are created, its CLOSED event once: on the
+ * first TCP FIN or RST in either direction, or when a packet finds the
+ * flow expired or its backend gone and replaces it. vipd's conntrack
+ * collector reports the flows that simply expire. An event that does not
+ * fit the ring is counted in vipd_event_drops, never waited for.
+ */
+#define FLOW_EV_NEW 1
+#define FLOW_EV_CLOSED 2
+
+#define FLOW_CLOSE_FIN 1
+#define FLOW_CLOSE_RST 2
+#define FLOW_CLOSE_TIMEOUT 3
+#define FLOW_CLOSE_BACKEND_REMOVED 4
+#define FLOW_CLOSE_REPLACED 5 /* a TCP SYN reused the 5-tuple of a flow never seen to close */
+
+struct flow_event {
+	__u64 time_ns;  /* bpf_ktime_get_ns() */
+	__u64 flow_id;
+	__u64 start_ns;
+	__u64 orig_packets; /* CLOSED: client -> backend */
+	__u64 orig_bytes;
+	__u64 reply_packets; /* CLOSED: backend -> client */
+	__u64 reply_bytes;
+	union addr client;
+	union addr vip;
+	union addr backend;
+	__be16 client_port;
+	__be16 vip_port;
+	__be16 backend_port;
+	__u8 proto;
+	__u8 type;   /* FLOW_EV_* */
+	__u8 reason; /* CLOSED: FLOW_CLOSE_* */
+	__u8 pad[3];
+	__u32 backend_id;
 };
 
 struct affinity_key {
@@ -130,10 +175,23 @@ struct sock_val {
 	__u32 pad2;
 };
 
+/* Conntrack lifetimes in seconds (those of kube-proxy's nf_conntrack), the
+ * defaults of struct config's. */
+#define CT_TCP_SYN 60
+#define CT_TCP_ESTABLISHED 86400
+#define CT_TCP_CLOSE 10
+#define CT_OTHER 60
+
 struct config {
 	__u64 host_netns_cookie; /* socket hooks act only in this netns */
-	__u32 layout_version;
+	__u32 layout_version;    /* at offset 8 in every layout */
 	__u32 flags;
+	/* Conntrack lifetimes in seconds after a flow's last packet; 0 takes
+	 * the CT_* default. */
+	__u32 ct_tcp_syn;         /* TCP, not answered yet */
+	__u32 ct_tcp_established; /* TCP, answered */
+	__u32 ct_tcp_close;       /* TCP, FIN or RST seen */
+	__u32 ct_other;           /* UDP, SCTP */
 };
 
 struct {
@@ -219,5 +277,23 @@ struct {
 	__type(value, struct config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_config SEC(".maps");
+
+/* Flow events (struct flow_event). Its size is configuration (MapSizes.Events
+ * in dataplane/ebpf); this is the default. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+	__type(value, struct flow_event); /* documentation (and BTF for bpf2go): a ring has no value size */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_events SEC(".maps");
+
+/* Flow events that did not fit vipd_events, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_event_drops SEC(".maps");
 
 #endif

@@ -50,12 +50,6 @@ struct icmphdr {
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-/* Conntrack lifetimes, in seconds (those of kube-proxy's nf_conntrack). */
-#define CT_TCP_SYN 60
-#define CT_TCP_ESTABLISHED 86400
-#define CT_TCP_CLOSE 10
-#define CT_OTHER 60
-
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /* pkt is what the packet path knows about one IPv4 or IPv6 packet. */
@@ -472,26 +466,98 @@ static __always_inline int reject(struct __sk_buff *skb, const struct pkt *p)
 	return p->is6 ? reject6(skb, p) : reject4(skb, p);
 }
 
+static __always_inline const struct config *config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&vipd_config, &zero);
+}
+
+/* cfg_or is a lifetime of the config, or its default when unset. */
+#define cfg_or(cfg, field, def) ((cfg) && (cfg)->field ? (cfg)->field : (def))
+
 /* ct_lifetime is how long an entry lives after a packet with tcp_flags. */
-static __always_inline __u32 ct_lifetime(const struct pkt *p, struct ct_entry *e)
+static __always_inline __u32 ct_lifetime(const struct config *cfg, const struct pkt *p, struct ct_entry *e)
 {
 	if (p->proto != IPPROTO_TCP)
-		return CT_OTHER;
+		return cfg_or(cfg, ct_other, CT_OTHER);
 	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		e->flags |= CT_F_CLOSING;
 	if (e->flags & CT_F_CLOSING)
-		return CT_TCP_CLOSE;
+		return cfg_or(cfg, ct_tcp_close, CT_TCP_CLOSE);
 	if (!(e->flags & CT_F_SEEN_REPLY))
-		return CT_TCP_SYN;
-	return CT_TCP_ESTABLISHED;
+		return cfg_or(cfg, ct_tcp_syn, CT_TCP_SYN);
+	return cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
 }
 
-static __always_inline void ct_account(struct __sk_buff *skb, const struct pkt *p, struct ct_entry *e, __u32 now)
+static __always_inline void ct_account(const struct config *cfg, struct __sk_buff *skb, const struct pkt *p,
+				       struct ct_entry *e, __u32 now)
 {
 	__sync_fetch_and_add(&e->packets, 1);
 	__sync_fetch_and_add(&e->bytes, skb->len);
 	e->tcp_flags |= p->tcp_flags;
-	e->expires = now + ct_lifetime(p, e);
+	e->expires = now + ct_lifetime(cfg, p, e);
+}
+
+/*
+ * send_flow_event sends an event of the flow whose forward entry (fk, fwd) and
+ * reply entry rev (NULL when unknown) are given. An event that does not fit
+ * the ring is counted, never waited for: the packet goes on regardless.
+ */
+static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct ct_key *fk,
+					    const struct ct_entry *fwd, const struct ct_entry *rev)
+{
+	struct flow_event *ev = bpf_ringbuf_reserve(&vipd_events, sizeof(*ev), 0);
+
+	if (!ev) {
+		__u32 zero = 0;
+		__u64 *drops = bpf_map_lookup_elem(&vipd_event_drops, &zero);
+
+		if (drops)
+			__sync_fetch_and_add(drops, 1);
+		return;
+	}
+	ev->time_ns = type == FLOW_EV_NEW ? fwd->start_ns : bpf_ktime_get_ns();
+	ev->flow_id = fwd->flow_id;
+	ev->start_ns = fwd->start_ns;
+	ev->orig_packets = fwd->packets;
+	ev->orig_bytes = fwd->bytes;
+	ev->reply_packets = rev ? rev->packets : 0;
+	ev->reply_bytes = rev ? rev->bytes : 0;
+	ev->client = fk->src;
+	ev->vip = fk->dst;
+	ev->backend = fwd->nat_addr;
+	ev->client_port = fk->sport;
+	ev->vip_port = fk->dport;
+	ev->backend_port = fwd->nat_port;
+	ev->proto = fk->proto;
+	ev->type = type;
+	ev->reason = reason;
+	ev->pad[0] = 0;
+	ev->pad[1] = 0;
+	ev->pad[2] = 0;
+	ev->backend_id = fwd->backend_id;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+/*
+ * flow_closed sends the CLOSED event of a flow, unless one was sent
+ * already: the flag is set atomically, so two CPUs seeing the FINs of both
+ * sides at once report the flow once.
+ */
+static __always_inline void flow_closed(__u8 reason, const struct ct_key *fk, struct ct_entry *fwd,
+					const struct ct_key *rk)
+{
+	if (fwd->ev_flags & CT_EV_CLOSED)
+		return;
+	if (__sync_fetch_and_or(&fwd->ev_flags, CT_EV_CLOSED) & CT_EV_CLOSED)
+		return;
+	send_flow_event(FLOW_EV_CLOSED, reason, fk, fwd, bpf_map_lookup_elem(&vipd_ct, rk));
+}
+
+static __always_inline __u8 tcp_close_reason(const struct pkt *p)
+{
+	return p->tcp_flags & TCP_FLAG_RST ? FLOW_CLOSE_RST : FLOW_CLOSE_FIN;
 }
 
 static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, const union addr *backend,
@@ -507,46 +573,55 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
 }
 
 /*
- * ct_create records a new flow of frontend svc to backend b: the forward
- * entry (keyed as the client sent it) and the reply entry (keyed as the
- * backend answers). It fails, and the caller drops the packet, when either
- * entry cannot be stored: no flow is ever half-tracked (fail closed).
+ * ct_create records a new flow of the packet at p (not rewritten yet) to
+ * backend b of frontend rev_nat_id: the forward entry (keyed as the client
+ * sent it) and the reply entry (keyed as the backend answers), and reports
+ * it. It fails, and the caller drops the packet, when either entry cannot
+ * be stored: no flow is ever half-tracked (fail closed).
  */
 static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key *fk, const struct pkt *p,
-				     const struct svc_val *svc, __u32 backend_id, const struct backend *b,
-				     int hairpin, __u32 now)
+				     const struct backend *b, __u32 backend_id, __u32 rev_nat_id)
 {
-	struct ct_entry fwd = {}, rev = {};
+	/* Looked up again rather than passed: that keeps vipd_from_pod's
+	 * stack (near the verifier's 512 bytes) smaller. */
+	const struct config *cfg = config();
+	int hairpin = addr_eq(&b->addr, &p->src);
+	__u32 now = now_sec();
+	struct ct_entry e = {};
 	struct ct_key rk;
 
-	fwd.nat_addr = b->addr;
-	fwd.nat_port = b->port;
-	fwd.flags = hairpin ? CT_F_HAIRPIN : 0;
-	fwd.backend_id = backend_id;
-	fwd.rev_nat_id = svc->rev_nat_id;
-	fwd.created = now;
-	fwd.ifindex = skb->ifindex;
-	fwd.packets = 1;
-	fwd.bytes = skb->len;
-	fwd.tcp_flags = p->tcp_flags;
-	fwd.expires = now + ct_lifetime(p, &fwd);
-
-	rev.nat_addr = p->dst;
-	rev.nat_port = p->dport;
-	rev.flags = fwd.flags;
-	rev.backend_id = backend_id;
-	rev.rev_nat_id = svc->rev_nat_id;
-	rev.created = now;
-	rev.ifindex = skb->ifindex;
-	rev.expires = fwd.expires;
-
+	/* One entry on the stack, written as the reply entry, then turned
+	 * into the forward one: vipd_from_pod's stack is close to the
+	 * verifier's 512 bytes. */
+	e.flags = hairpin ? CT_F_HAIRPIN : 0;
+	e.backend_id = backend_id;
+	e.rev_nat_id = rev_nat_id;
+	e.created = now;
+	e.ifindex = skb->ifindex;
+	e.tcp_flags = p->tcp_flags;
+	e.expires = now + ct_lifetime(cfg, p, &e);
+	e.tcp_flags = 0;
+	/* Random IDs need no shared counter; two live flows share one with
+	 * odds of about n^2 / 2^65. */
+	e.flow_id = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
+	e.flow_id |= !e.flow_id;
+	e.start_ns = bpf_ktime_get_ns();
+	e.nat_addr = p->dst;
+	e.nat_port = p->dport;
 	reply_key(&rk, p, &b->addr, b->port, hairpin);
-	if (bpf_map_update_elem(&vipd_ct, &rk, &rev, BPF_ANY) < 0)
+	if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0)
 		return -1;
-	if (bpf_map_update_elem(&vipd_ct, fk, &fwd, BPF_ANY) < 0) {
+
+	e.nat_addr = b->addr;
+	e.nat_port = b->port;
+	e.tcp_flags = p->tcp_flags;
+	e.packets = 1;
+	e.bytes = skb->len;
+	if (bpf_map_update_elem(&vipd_ct, fk, &e, BPF_ANY) < 0) {
 		bpf_map_delete_elem(&vipd_ct, &rk);
 		return -1;
 	}
+	send_flow_event(FLOW_EV_NEW, 0, fk, &e, NULL);
 	return 0;
 }
 
@@ -574,6 +649,16 @@ static __always_inline int reusable(const struct pkt *p, const struct ct_entry *
 	return 1;
 }
 
+/* replaced_reason is why a tracked flow that is not reusable ends. */
+static __always_inline __u8 replaced_reason(const struct ct_entry *e, __u32 now)
+{
+	if ((__s32)(e->expires - now) < 0)
+		return FLOW_CLOSE_TIMEOUT;
+	if (member_flags(e->rev_nat_id, e->backend_id) < 0)
+		return FLOW_CLOSE_BACKEND_REMOVED;
+	return FLOW_CLOSE_REPLACED;
+}
+
 static __always_inline __u32 flow_hash(const struct pkt *p)
 {
 	__u32 h = hash_addr(0x9e3779b9, &p->src);
@@ -586,6 +671,7 @@ static __always_inline __u32 flow_hash(const struct pkt *p)
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
 				   const struct svc_val *svc)
 {
+	const struct config *cfg = config();
 	struct ct_key fk = {};
 	struct ct_entry *e;
 	struct backend b;
@@ -601,18 +687,26 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 
 	e = bpf_map_lookup_elem(&vipd_ct, &fk);
 	if (e && reusable(p, e, now)) {
-		ct_account(skb, p, e, now);
+		ct_account(cfg, skb, p, e, now);
 		b.addr = e->nat_addr;
 		b.port = e->nat_port;
 		hairpin = e->flags & CT_F_HAIRPIN;
+		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
+			struct ct_key rk;
+
+			reply_key(&rk, p, &b.addr, b.port, hairpin);
+			flow_closed(tcp_close_reason(p), &fk, e, &rk);
+		}
 	} else {
 		struct backend *bp;
 
 		if (e) {
-			/* Replaced: the old reply entry goes with it. */
+			/* Replaced: the old flow ends here (unless it was seen
+			 * to close already), and its reply entry goes with it. */
 			struct ct_key rk;
 
 			reply_key(&rk, p, &e->nat_addr, e->nat_port, e->flags & CT_F_HAIRPIN);
+			flow_closed(replaced_reason(e, now), &fk, e, &rk);
 			bpf_map_delete_elem(&vipd_ct, &rk);
 		}
 		if (svc->count == 0)
@@ -629,7 +723,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			return TC_ACT_SHOT;
 		b = *bp;
 		hairpin = addr_eq(&b.addr, &p->src);
-		if (ct_create(skb, &fk, p, svc, id, &b, hairpin, now) < 0)
+		if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id) < 0)
 			return TC_ACT_SHOT;
 	}
 	if (hairpin) {
@@ -652,6 +746,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
  */
 static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hairpin_only, int *done)
 {
+	const struct config *cfg;
 	struct ct_key rk = {};
 	struct ct_entry *e;
 	__u32 now = now_sec();
@@ -672,13 +767,12 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 	hairpin = e->flags & CT_F_HAIRPIN;
 	if (hairpin_only && !hairpin)
 		return TC_ACT_OK;
-	if ((__s32)(e->expires - now) < 0 && p->proto != IPPROTO_TCP)
-		return TC_ACT_OK;
 	vip = e->nat_addr;
 	vport = e->nat_port;
-	ct_account(skb, p, e, now);
 
-	/* Keep the forward entry alive and mark the flow as answered. */
+	/* Keep the forward entry alive and mark the flow as answered. A
+	 * reply entry lives as long as its flow, whose expiry is the forward
+	 * entry's (on one-way traffic the reply entry's own lags behind). */
 	{
 		struct ct_key fk = {};
 		struct ct_entry *f;
@@ -690,14 +784,20 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 		fk.proto = p->proto;
 		fk.dir = CT_DIR_FORWARD;
 		f = bpf_map_lookup_elem(&vipd_ct, &fk);
+		if (p->proto != IPPROTO_TCP && (!f || (__s32)(f->expires - now) < 0))
+			return TC_ACT_OK;
+		cfg = config();
+		ct_account(cfg, skb, p, e, now);
 		if (f) {
 			if (!(f->flags & CT_F_SEEN_REPLY))
 				f->flags |= CT_F_SEEN_REPLY;
-			if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+			if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
 				f->flags |= CT_F_CLOSING;
+				flow_closed(tcp_close_reason(p), &fk, f, &rk);
+			}
 			f->expires = e->expires;
 			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING))
-				f->expires = now + CT_TCP_ESTABLISHED;
+				f->expires = now + cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
 			e->expires = f->expires;
 		}
 	}

@@ -1,0 +1,470 @@
+package ebpf
+
+// Flows: the dataplane.FlowSource and dataplane.Explainer of the eBPF
+// dataplane. The programs report a flow's creation and close through the
+// vipd_events ring buffer (bpf/maps.h says when); the conntrack collector
+// reports the flows that simply expire; vipd_ct holds the live flows with
+// their counters.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// CloseReplaced is the close reason of a TCP flow that was never seen to
+// close when a SYN from the same client address and port to the same VIP
+// started a new flow in its place (its backend may take no new
+// connections): the client had given up on it.
+const CloseReplaced = "replaced"
+
+// ErrWatchedAlready is returned by WatchFlows while another WatchFlows
+// runs: the ring buffer has one reader, which the daemon fans out.
+var ErrWatchedAlready = errors.New("ebpf dataplane: flow events are being watched already (one WatchFlows at a time)")
+
+// errClosed is returned by WatchFlows when the dataplane is closed.
+var errClosed = errors.New("ebpf dataplane: closed")
+
+const (
+	// flowPollInterval is how often the event reader checks the drop
+	// counter and the collector's timeouts: at once when the ring runs
+	// empty, and at least this often while it does not.
+	flowPollInterval = 100 * time.Millisecond
+	// flowGCQueue is how many collector rounds may wait for the reader;
+	// the flows of rounds that find the queue full are reported lost.
+	flowGCQueue = 16
+)
+
+// flowWatch is a running WatchFlows, as the collector sees it.
+type flowWatch struct {
+	timeouts chan []dataplane.FlowEvent
+	lost     atomic.Uint64 // timeouts that did not fit the queue
+}
+
+// offer queues the CLOSED events of flows that timed out, or counts them
+// lost when the reader is that far behind: the collector never waits.
+func (w *flowWatch) offer(evs []dataplane.FlowEvent) {
+	select {
+	case w.timeouts <- evs:
+	default:
+		w.lost.Add(uint64(len(evs)))
+	}
+}
+
+// currentWatch returns the running WatchFlows, or nil.
+func (d *Dataplane) currentWatch() *flowWatch {
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
+	return d.watch
+}
+
+// WatchFlows implements dataplane.FlowSource. It reads the vipd_events ring
+// buffer, from the events the programs report once it started: events left
+// in the (pinned) ring from before, when nobody read it, are skipped, and
+// so are the drops counted then. Kernel-side losses (a full ring) are read
+// from vipd_event_drops and reported through lost, as are the timeouts of
+// the collector that found the reader too far behind.
+//
+// One WatchFlows runs at a time (ErrWatchedAlready). It returns ctx's
+// error when ctx ends, and an error when the dataplane is closed.
+func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEvent), lost func(count uint64)) error {
+	// Everything reported from here on is delivered or counted lost.
+	dropped, err := sumDrops(d.objs.VipdEventDrops)
+	if err != nil {
+		return err
+	}
+	start := ktimeNow()
+	w := &flowWatch{timeouts: make(chan []dataplane.FlowEvent, flowGCQueue)}
+	d.watchMu.Lock()
+	if d.watch != nil {
+		d.watchMu.Unlock()
+		return ErrWatchedAlready
+	}
+	d.watch = w
+	d.watchMu.Unlock()
+	defer func() {
+		d.watchMu.Lock()
+		d.watch = nil
+		d.watchMu.Unlock()
+	}()
+
+	// Handles of our own: Close may close the dataplane's first.
+	events, err := d.objs.VipdEvents.Clone()
+	if err != nil {
+		return fmt.Errorf("flow event ring: %w", err)
+	}
+	defer events.Close()
+	drops, err := d.objs.VipdEventDrops.Clone()
+	if err != nil {
+		return fmt.Errorf("flow event drop counter: %w", err)
+	}
+	defer drops.Close()
+	rd, err := ringbuf.NewReader(events)
+	if err != nil {
+		return fmt.Errorf("read flow event ring: %w", err)
+	}
+	defer rd.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-d.stopGC:
+		case <-done:
+			return
+		}
+		rd.Close() // interrupts ReadInto
+	}()
+
+	poll := func() error {
+		n, err := sumDrops(drops)
+		if err != nil {
+			return err
+		}
+		if n > dropped {
+			lost(n - dropped)
+		}
+		dropped = n
+		for drained := false; !drained; {
+			select {
+			case evs := <-w.timeouts:
+				for _, ev := range evs {
+					emit(ev)
+				}
+			default:
+				drained = true
+			}
+		}
+		if n := w.lost.Swap(0); n > 0 {
+			lost(n)
+		}
+		return nil
+	}
+
+	var (
+		rec ringbuf.Record
+		ev  bpfFlowEvent
+		n   int
+	)
+	nextPoll := time.Now().Add(flowPollInterval)
+	rd.SetDeadline(nextPoll)
+	for {
+		err := rd.ReadInto(&rec)
+		switch {
+		case err == nil:
+			if decodeFlowEvent(rec.RawSample, &ev) && ev.TimeNs >= start {
+				if fe, ok := d.flowEvent(&ev); ok {
+					emit(fe)
+				}
+			}
+			// A busy ring never runs empty: look at the clock now and then.
+			if n++; n%256 != 0 || time.Now().Before(nextPoll) {
+				continue
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+		case errors.Is(err, os.ErrClosed), errors.Is(err, ringbuf.ErrClosed):
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return errClosed
+		default:
+			return fmt.Errorf("read flow event ring: %w", err)
+		}
+		if err := poll(); err != nil {
+			return err
+		}
+		nextPoll = time.Now().Add(flowPollInterval)
+		rd.SetDeadline(nextPoll)
+	}
+}
+
+// sumDrops reads vipd_event_drops: the events that found the ring full,
+// summed over CPUs.
+func sumDrops(m *ebpf.Map) (uint64, error) {
+	var perCPU []uint64
+	if err := m.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, fmt.Errorf("read flow event drop counter: %w", err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n, nil
+}
+
+// decodeFlowEvent copies a ring buffer record into ev.
+func decodeFlowEvent(raw []byte, ev *bpfFlowEvent) bool {
+	size := int(unsafe.Sizeof(*ev))
+	if len(raw) < size {
+		return false
+	}
+	// The record is struct flow_event as the program wrote it, in host
+	// byte order: the generated struct has its layout.
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(ev)), size), raw)
+	return true
+}
+
+// flowEvent turns a ring buffer event into a dataplane.FlowEvent.
+func (d *Dataplane) flowEvent(ev *bpfFlowEvent) (dataplane.FlowEvent, bool) {
+	f := dataplane.Flow{
+		ID:       ev.FlowId,
+		Protocol: protocolOf(ev.Proto),
+		Client:   netip.AddrPortFrom(fromWords(ev.Client.W), fromBE16(ev.ClientPort)),
+		VIP:      netip.AddrPortFrom(fromWords(ev.Vip.W), fromBE16(ev.VipPort)),
+		Backend:  netip.AddrPortFrom(fromWords(ev.Backend.W), fromBE16(ev.BackendPort)),
+		Start:    d.wallTime(ev.StartNs),
+	}
+	out := dataplane.FlowEvent{Time: d.wallTime(ev.TimeNs), Flow: f}
+	switch ev.Type {
+	case flowEvNew:
+		out.Type = dataplane.FlowNew
+	case flowEvClosed:
+		out.Type = dataplane.FlowClosed
+		out.Flow.OrigPackets, out.Flow.OrigBytes = ev.OrigPackets, ev.OrigBytes
+		out.Flow.ReplyPackets, out.Flow.ReplyBytes = ev.ReplyPackets, ev.ReplyBytes
+		out.Flow.Duration = time.Duration(ev.TimeNs - ev.StartNs)
+		out.Flow.CloseReason = closeReason(ev.Reason)
+	default:
+		return out, false
+	}
+	return out, true
+}
+
+func closeReason(r uint8) string {
+	switch r {
+	case flowCloseFIN:
+		return dataplane.CloseFIN
+	case flowCloseRST:
+		return dataplane.CloseRST
+	case flowCloseTimeout:
+		return dataplane.CloseTimeout
+	case flowCloseBackendRemoved:
+		return dataplane.CloseBackendRemoved
+	case flowCloseReplaced:
+		return CloseReplaced
+	}
+	return fmt.Sprintf("reason-%d", r)
+}
+
+func protocolOf(proto uint8) dataplane.Protocol {
+	switch proto {
+	case ipprotoTCP:
+		return dataplane.TCP
+	case ipprotoUDP:
+		return dataplane.UDP
+	case ipprotoSCTP:
+		return dataplane.SCTP
+	}
+	return 0
+}
+
+// ctFlow is the flow of the forward conntrack entry (k, e), with the
+// counters of its reply entry r (zero when it has none).
+func (d *Dataplane) ctFlow(k *bpfCtKey, e, r *bpfCtEntry) dataplane.Flow {
+	return dataplane.Flow{
+		ID:           e.FlowId,
+		Protocol:     protocolOf(k.Proto),
+		Client:       netip.AddrPortFrom(fromWords(k.Src.W), fromBE16(k.Sport)),
+		VIP:          netip.AddrPortFrom(fromWords(k.Dst.W), fromBE16(k.Dport)),
+		Backend:      netip.AddrPortFrom(fromWords(e.NatAddr.W), fromBE16(e.NatPort)),
+		Start:        d.wallTime(e.StartNs),
+		OrigPackets:  e.Packets,
+		OrigBytes:    e.Bytes,
+		ReplyPackets: r.Packets,
+		ReplyBytes:   r.Bytes,
+	}
+}
+
+// timedOut is the CLOSED event of a flow the collector found expired at
+// ktime now.
+func (d *Dataplane) timedOut(k *bpfCtKey, e, r *bpfCtEntry, now uint64) dataplane.FlowEvent {
+	f := d.ctFlow(k, e, r)
+	f.CloseReason = dataplane.CloseTimeout
+	if now > e.StartNs {
+		f.Duration = time.Duration(now - e.StartNs)
+	}
+	return dataplane.FlowEvent{Type: dataplane.FlowClosed, Time: d.wallTime(now), Flow: f}
+}
+
+// ListFlows implements dataplane.FlowSource: the forward entries of
+// vipd_ct that have neither expired nor been reported closed (a TCP flow
+// is, on its first FIN or RST, though its entries live on for
+// ConntrackTimeouts.TCPClose), ordered by start. The counters are the
+// forward entry's (client to backend) and its reply entry's.
+func (d *Dataplane) ListFlows(ctx context.Context) ([]dataplane.Flow, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := monotonicSeconds()
+	var (
+		flows []dataplane.Flow
+		rks   []bpfCtKey
+	)
+	replies := map[bpfCtKey]bpfCtEntry{}
+	err := forEach(d.objs.VipdCt, func(k bpfCtKey, e bpfCtEntry) {
+		switch {
+		case k.Dir == ctDirReply:
+			replies[k] = bpfCtEntry{Packets: e.Packets, Bytes: e.Bytes}
+		case expired(e.Expires, now) || e.EvFlags&ctEvClosed != 0:
+		default:
+			flows = append(flows, d.ctFlow(&k, &e, &bpfCtEntry{}))
+			rks = append(rks, replyKeyOf(&k, &e))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read conntrack map: %w", err)
+	}
+	for i := range flows {
+		if r, ok := replies[rks[i]]; ok {
+			flows[i].ReplyPackets, flows[i].ReplyBytes = r.Packets, r.Bytes
+		}
+	}
+	slices.SortFunc(flows, func(a, b dataplane.Flow) int {
+		if c := a.Start.Compare(b.Start); c != 0 {
+			return c
+		}
+		return cmpUint64(a.ID, b.ID)
+	})
+	return flows, ctx.Err()
+}
+
+func cmpUint64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ExplainFlow implements dataplane.Explainer for the packet path (pods'
+// connections; node-local sockets are balanced per network namespace). It
+// reads what select_backend in bpf/lb.h would: the frontend's session-
+// affinity entry for the client's address, honoured while it is younger
+// than the frontend's timeout and its backend may take new connections;
+// else, for Maglev, the table slot of the flow's hash. A VIP that no
+// frontend serves, or one without backends, explains nothing.
+func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (dataplane.Explanation, error) {
+	var ex dataplane.Explanation
+	if err := ctx.Err(); err != nil {
+		return ex, err
+	}
+	proto := protoNumber(q.Protocol)
+	if proto == 0 {
+		return ex, fmt.Errorf("explain: protocol %s: %w", q.Protocol, dataplane.ErrUnsupported)
+	}
+	client := netip.AddrPortFrom(q.Client.Addr().Unmap(), q.Client.Port())
+	fe := feKey{addr: q.VIP.Addr().Unmap(), port: q.VIP.Port(), proto: proto}
+	var svc bpfSvcVal
+	if err := d.objs.VipdServices.Lookup(svcKeyOf(fe, 0), &svc); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return ex, nil
+		}
+		return ex, fmt.Errorf("explain %s: read service map: %w", fe, err)
+	}
+	if svc.Count == 0 {
+		return ex, nil
+	}
+	if svc.Flags&svcFlagAffinity != 0 {
+		k := bpfAffinityKey{RevNatId: svc.RevNatId}
+		k.Client.W = toWords(client.Addr())
+		var v bpfAffinityVal
+		err := d.objs.VipdAffinity.Lookup(&k, &v)
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+		case err != nil:
+			return ex, fmt.Errorf("explain %s: read affinity map: %w", fe, err)
+		default:
+			age := monotonicSeconds() - v.LastUsed
+			eligible, err := d.eligible(svc.RevNatId, v.BackendId)
+			if err != nil {
+				return ex, fmt.Errorf("explain %s: %w", fe, err)
+			}
+			if age <= svc.AffinityTimeout && eligible {
+				be, err := d.backendAddr(v.BackendId)
+				if err != nil {
+					return ex, fmt.Errorf("explain %s: %w", fe, err)
+				}
+				ex.AffinityBackend = be
+				ex.AffinityRemaining = time.Duration(svc.AffinityTimeout-age) * time.Second
+				ex.Pick = be
+				return ex, nil
+			}
+		}
+	}
+	if svc.Flags&svcFlagMaglev != 0 && svc.MaglevSize > 0 {
+		var table *ebpf.Map
+		if err := d.objs.VipdMaglev.Lookup(svc.RevNatId, &table); err != nil {
+			return ex, fmt.Errorf("explain %s: read Maglev table: %w", fe, err)
+		}
+		defer table.Close()
+		slot := flowHash(client, netip.AddrPortFrom(fe.addr, fe.port), proto) % svc.MaglevSize
+		var id uint32
+		if err := table.Lookup(slot, &id); err != nil {
+			return ex, fmt.Errorf("explain %s: read Maglev table slot %d: %w", fe, slot, err)
+		}
+		be, err := d.backendAddr(id)
+		if err != nil {
+			return ex, fmt.Errorf("explain %s: %w", fe, err)
+		}
+		ex.Pick = be
+	}
+	return ex, nil
+}
+
+// eligible reports whether backend id may take new connections of the
+// frontend revNat.
+func (d *Dataplane) eligible(revNat, id uint32) (bool, error) {
+	var flags uint32
+	err := d.objs.VipdMembers.Lookup(bpfMemberKey{RevNatId: revNat, BackendId: id}, &flags)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read member map: %w", err)
+	}
+	return flags&memberFlagEligible != 0, nil
+}
+
+// backendAddr returns the address and port of backend id.
+func (d *Dataplane) backendAddr(id uint32) (netip.AddrPort, error) {
+	var b bpfBackend
+	if err := d.objs.VipdBackends.Lookup(id, &b); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("read backend %d: %w", id, err)
+	}
+	return netip.AddrPortFrom(fromWords(b.Addr.W), fromBE16(b.Port)), nil
+}
+
+// ktimeNow is bpf_ktime_get_ns(): CLOCK_MONOTONIC in nanoseconds.
+func ktimeNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// monoOffset measures the wall clock minus CLOCK_MONOTONIC, reading the
+// wall clock between two monotonic readings.
+func monoOffset() int64 {
+	before := ktimeNow()
+	wall := time.Now().UnixNano()
+	after := ktimeNow()
+	return wall - int64(before+(after-before)/2)
+}
+
+// wallTime turns a bpf_ktime_get_ns() reading into wall-clock time.
+func (d *Dataplane) wallTime(ktime uint64) time.Time {
+	return time.Unix(0, int64(ktime)+d.monoOffset)
+}

@@ -1,0 +1,213 @@
+package metrics
+
+import (
+	"net/http"
+	"runtime"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/version"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+)
+
+// Sync kinds, the values of vipd_sync_duration_seconds' kind label. They
+// match reconcile.SyncFull and reconcile.SyncPartial.
+const (
+	SyncFull    = "full"
+	SyncPartial = "partial"
+)
+
+// Sources of lost flow events, the values of
+// vipd_flow_events_lost_total's source label.
+const (
+	// LostKernel counts events the kernel dropped before vipd read them
+	// (ring buffer or netlink overrun).
+	LostKernel = "kernel"
+	// LostSubscriber counts events a WatchFlows subscriber missed because
+	// its own buffer was full.
+	LostSubscriber = "subscriber"
+)
+
+// durationBuckets spans 100µs (an incremental eBPF apply) to about 13s (an
+// iptables-restore of a very large state), doubling each step.
+var durationBuckets = prometheus.ExponentialBuckets(0.0001, 2, 18)
+
+// Metrics holds every vipd metric in its own registry. Its methods are safe
+// for concurrent use. Create it with New.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	syncDuration *prometheus.HistogramVec
+	programming  prometheus.Histogram
+	services     prometheus.Gauge
+	backends     prometheus.Gauge
+	syncErrors   prometheus.Counter
+	flows        *prometheus.CounterVec
+	lost         *prometheus.CounterVec
+	active       *prometheus.GaugeVec
+	grpc         *grpcprom.ServerMetrics
+
+	// activeCount mirrors vipd_active_flows so that a CLOSED event whose
+	// NEW was never seen (a flow older than vipd, or a lost NEW) cannot
+	// drive the gauge below zero.
+	mu          sync.Mutex
+	activeCount map[string]int64
+}
+
+// New returns Metrics with every family registered on a fresh registry,
+// together with the Go runtime and process collectors, and build info for
+// this binary.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "vipd_sync_duration_seconds",
+			Help:    "How long one dataplane apply took, failed ones included. kind is full (no change hint: initial apply, resync) or partial (a change).",
+			Buckets: durationBuckets,
+		}, []string{"kind"}),
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "vipd_network_programming_duration_seconds",
+			Help:    "Time from an RPC's change reaching the reconciler to the end of the dataplane apply that made it live, per change.",
+			Buckets: durationBuckets,
+		}),
+		services: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_services",
+			Help: "Services in the state the dataplane last applied.",
+		}),
+		backends: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vipd_backends",
+			Help: "Backends, over all services, in the state the dataplane last applied.",
+		}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vipd_sync_errors_total",
+			Help: "Dataplane applies that failed (the previous state stayed in force).",
+		}),
+		flows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_flows_total",
+			Help: "Flow events through a VIP, by service and event (new, closed).",
+		}, []string{"service", "event"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_flow_events_lost_total",
+			Help: "Flow events lost, by source: kernel (ring buffer or netlink overrun) or subscriber (a WatchFlows client's buffer was full).",
+		}, []string{"source"}),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipd_active_flows",
+			Help: "Flows through a VIP that vipd saw open and not yet closed, by service.",
+		}, []string{"service"}),
+		grpc:        grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
+		activeCount: map[string]int64{},
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "vipd_build_info",
+		Help:        "Always 1; the labels say which vipd build is running.",
+		ConstLabels: prometheus.Labels{"version": version.String(), "goversion": runtime.Version()},
+	})
+	buildInfo.Set(1)
+	m.reg.MustRegister(
+		m.syncDuration, m.programming, m.services, m.backends, m.syncErrors,
+		m.flows, m.lost, m.active, m.grpc, buildInfo,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	// Series that exist from the start, so that rate() and absent() work
+	// before the first event of each kind.
+	m.syncDuration.WithLabelValues(SyncFull)
+	m.syncDuration.WithLabelValues(SyncPartial)
+	m.lost.WithLabelValues(LostKernel)
+	m.lost.WithLabelValues(LostSubscriber)
+	return m
+}
+
+// Registry returns the registry that holds every metric, for tests and for
+// adding collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ObserveSync records one dataplane apply of the given kind (SyncFull or
+// SyncPartial) and counts it as an error when err is not nil. It implements
+// reconcile.Observer.
+func (m *Metrics) ObserveSync(kind string, d time.Duration, err error) {
+	m.syncDuration.WithLabelValues(kind).Observe(d.Seconds())
+	if err != nil {
+		m.syncErrors.Inc()
+	}
+}
+
+// ObserveProgramming records one change's time from RPC receipt to kernel
+// applied. It implements reconcile.Observer.
+func (m *Metrics) ObserveProgramming(d time.Duration) {
+	m.programming.Observe(d.Seconds())
+}
+
+// SetState records the size of the applied state. It implements
+// reconcile.Observer.
+func (m *Metrics) SetState(services, backends int) {
+	m.services.Set(float64(services))
+	m.backends.Set(float64(backends))
+}
+
+// Flow counts one flow event of service and keeps vipd_active_flows: +1 on
+// FlowNew, -1 on FlowClosed, never below zero.
+func (m *Metrics) Flow(service string, t dataplane.FlowEventType) {
+	m.flows.WithLabelValues(service, t.String()).Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.activeCount[service]
+	switch t {
+	case dataplane.FlowNew:
+		n++
+	case dataplane.FlowClosed:
+		if n == 0 {
+			// The NEW was never seen: leave the gauge at zero.
+			return
+		}
+		n--
+	default:
+		return
+	}
+	m.activeCount[service] = n
+	m.active.WithLabelValues(service).Set(float64(n))
+}
+
+// Lost counts n flow events lost at source (LostKernel or LostSubscriber).
+func (m *Metrics) Lost(source string, n uint64) {
+	m.lost.WithLabelValues(source).Add(float64(n))
+}
+
+// UnaryServerInterceptor records gRPC server metrics (grpc_server_*) for
+// unary calls.
+func (m *Metrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return m.grpc.UnaryServerInterceptor()
+}
+
+// StreamServerInterceptor records gRPC server metrics (grpc_server_*) for
+// streaming calls.
+func (m *Metrics) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return m.grpc.StreamServerInterceptor()
+}
+
+// GRPCInterceptors returns both interceptors in the shape of
+// server.WithInterceptors, so that the daemon can write
+// server.WithInterceptors(m.GRPCInterceptors()).
+func (m *Metrics) GRPCInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.StreamServerInterceptor) {
+	return []grpc.UnaryServerInterceptor{m.UnaryServerInterceptor()},
+		[]grpc.StreamServerInterceptor{m.StreamServerInterceptor()}
+}
+
+// InitializeGRPC creates the zero-valued grpc_server_* series of every
+// method registered on s (a *server.Server or *grpc.Server), so that they
+// are exported before each method's first call. Call it once, after every
+// service is registered.
+func (m *Metrics) InitializeGRPC(s reflection.ServiceInfoProvider) {
+	m.grpc.InitializeMetrics(s)
+}
