@@ -228,11 +228,12 @@ func decodeRecord(p []byte) (parent, revision uint64, changes map[string]*Entry,
 	return parent, revision, changes, nil
 }
 
-// canAppend reports whether s can be saved as a journal record: it was
-// committed on the snapshot saved last, says what it changed, and the
-// journal is not due for compaction.
+// canAppend reports whether s can be saved as a journal record: a state
+// file exists (the first save writes one), s was committed on the snapshot
+// saved last and says what it changed, and the journal is not due for
+// compaction.
 func (j *journal) canAppend(s *Snapshot) bool {
-	return j.f != nil && j.known && s.delta != nil && s.parent == j.saved &&
+	return j.f != nil && j.known && j.fileSize > 0 && s.delta != nil && s.parent == j.saved &&
 		j.size < max(int64(j.fileSize), journalMinCompact)
 }
 

@@ -33,6 +33,22 @@ func changes(t *testing.T, d *store.Dir, s *store.Snapshot, n int) []*store.Snap
 	return out
 }
 
+// started returns a Dir that has loaded and saved once: its state file
+// exists, so further changes go to the journal.
+func started(t *testing.T) (*store.Dir, *store.Snapshot) {
+	t.Helper()
+	d := openDir(t)
+	s, err := d.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx := s.Begin()
+	put(t, tx, svc("base", "10.96.2.1", 1, tcp(80)))
+	s = tx.Commit()
+	save(t, d, s)
+	return d, s
+}
+
 func journalPath(d *store.Dir) string { return filepath.Join(filepath.Dir(d.Path()), "journal") }
 
 func reopen(t *testing.T, d *store.Dir) *store.Dir {
@@ -79,11 +95,7 @@ func TestJournalAppends(t *testing.T) {
 // offset: Load returns the state before that change, cuts the torn bytes
 // off, and later appends work.
 func TestJournalTornTail(t *testing.T) {
-	d := openDir(t)
-	s, err := d.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, s := started(t)
 	snaps := changes(t, d, s, 3)
 	data, err := os.ReadFile(journalPath(d))
 	if err != nil {
@@ -144,11 +156,7 @@ func TestJournalTornTail(t *testing.T) {
 
 // TestJournalCorrupt: damage anywhere but the last record is corruption.
 func TestJournalCorrupt(t *testing.T) {
-	d := openDir(t)
-	s, err := d.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, s := started(t)
 	changes(t, d, s, 3)
 	whole, err := os.ReadFile(journalPath(d))
 	if err != nil {
@@ -173,11 +181,7 @@ func TestJournalCorrupt(t *testing.T) {
 // next Save write the state file and empty the journal.
 func TestJournalCompaction(t *testing.T) {
 	defer store.SetJournalCompactAt(2048)()
-	d := openDir(t)
-	s, err := d.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, s := started(t)
 	snaps := changes(t, d, s, 60)
 	st, err := os.Stat(journalPath(d))
 	if err != nil {
@@ -200,11 +204,7 @@ func TestJournalCompaction(t *testing.T) {
 // and emptying the journal leaves records the state file already holds;
 // Load skips them.
 func TestJournalOlderThanStateFile(t *testing.T) {
-	d := openDir(t)
-	s, err := d.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, s := started(t)
 	snaps := changes(t, d, s, 4)
 	old, err := os.ReadFile(journalPath(d))
 	if err != nil {
@@ -235,11 +235,7 @@ func TestJournalOlderThanStateFile(t *testing.T) {
 // TestJournalGap: a record that does not apply to the state before it is
 // corruption.
 func TestJournalGap(t *testing.T) {
-	d := openDir(t)
-	s, err := d.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, s := started(t)
 	changes(t, d, s, 2)
 	first, err := os.ReadFile(journalPath(d))
 	if err != nil {
