@@ -39,7 +39,7 @@ func startVipd(tb testing.TB, node *netlab.Node, args ...string) (*exec.Cmd, *cl
 	sock := filepath.Join(dir, "vipd.sock")
 	bpffs := filepath.Join(dir, "bpf")
 	cmd := exec.Command(vipdBin, append([]string{"run", "--netns", node.Path(), "--socket", sock,
-		"--state-dir", filepath.Join(dir, "state"), "--bpffs", bpffs, "--log-level", "warn"}, args...)...)
+		"--state-dir", filepath.Join(dir, "state"), "--bpffs", bpffs, "--metrics-addr=", "--log-level", "warn"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)

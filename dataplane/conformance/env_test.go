@@ -649,7 +649,7 @@ func (d *daemon) start() error {
 		return errors.New("vipd is already running")
 	}
 	fmt.Fprintf(&d.log, "=== starting vipd at %s\n", time.Now().Format(time.StampMilli))
-	args := []string{"run", "--dataplane", d.dp, "--netns", d.netns,
+	args := []string{"run", "--dataplane", d.dp, "--netns", d.netns, "--metrics-addr=",
 		"--socket", d.socket, "--state-dir", d.stateDir, "--log-level", "debug"}
 	if d.dp == "ebpf" {
 		// Never the machine's root cgroup: only the test's client

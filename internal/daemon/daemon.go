@@ -14,6 +14,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -47,6 +48,9 @@ type Config struct {
 	IPTablesMode iptables.Mode
 	// EBPF configures the eBPF dataplane (its NetNS is taken from NetNS).
 	EBPF ebpf.Config
+	// MetricsAddr is where /metrics, /healthz and /readyz are served;
+	// empty disables the listener.
+	MetricsAddr string
 }
 
 // Dataplane names accepted by Config.Dataplane.
@@ -100,14 +104,41 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}()
 	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
 
-	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap, reconcile.WithResyncPeriod(cfg.ResyncPeriod))
+	m := metrics.New()
+	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap,
+		reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m))
 	limits := validation.Limits{MaxBackends: cfg.MaxBackends, ServiceCIDRs: cfg.ServiceCIDRs}
 	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String())
 	srv, err := server.New(log, api,
 		server.WithUnixSocket(cfg.Socket, cfg.SocketMode),
-		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize))
+		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
+		server.WithInterceptors(m.GRPCInterceptors()))
 	if err != nil {
 		return err
+	}
+	m.InitializeGRPC(srv)
+	if cfg.MetricsAddr != "" {
+		ms, err := metrics.Listen(log.Named("metrics"), cfg.MetricsAddr, m, func() bool {
+			select {
+			case <-rec.Ready():
+				return true
+			default:
+				return false
+			}
+		})
+		if err != nil {
+			srv.Shutdown(0)
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		metricsCtx, stopMetrics := context.WithCancel(context.WithoutCancel(ctx))
+		metricsDone := make(chan struct{})
+		go func() {
+			defer close(metricsDone)
+			if err := ms.Serve(metricsCtx); err != nil {
+				log.Error("metrics listener", "error", err)
+			}
+		}()
+		defer func() { stopMetrics(); <-metricsDone }()
 	}
 
 	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))

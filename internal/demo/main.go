@@ -141,7 +141,7 @@ func run(ctx context.Context, bin, dataplane string) error {
 		}
 	}
 
-	d.vipdArgs = []string{"run", "--dataplane", dataplane, "--netns", node.Path(),
+	d.vipdArgs = []string{"run", "--dataplane", dataplane, "--netns", node.Path(), "--metrics-addr=",
 		"--socket", d.socket, "--state-dir", filepath.Join(work, "state")}
 	if d.ebpf() {
 		d.vipdArgs = append(d.vipdArgs, "--cgroup-path", d.cgroup.dir, "--bpffs", d.bpffs())
