@@ -28,6 +28,7 @@ type Client struct {
 	conn   *grpc.ClientConn
 	lb     vipdv1.LoadBalancerServiceClient
 	status vipdv1.StatusServiceClient
+	flows  vipdv1.FlowServiceClient
 	health healthpb.HealthClient
 }
 
@@ -90,6 +91,7 @@ func New(target string, opts ...Option) (*Client, error) {
 		conn:   conn,
 		lb:     vipdv1.NewLoadBalancerServiceClient(conn),
 		status: vipdv1.NewStatusServiceClient(conn),
+		flows:  vipdv1.NewFlowServiceClient(conn),
 		health: healthpb.NewHealthClient(conn),
 	}, nil
 }
@@ -135,6 +137,7 @@ func serviceConfig(maxAttempts int) (string, error) {
 	mc := methodConfig{Name: []map[string]string{
 		{"service": vipdv1.LoadBalancerService_ServiceDesc.ServiceName},
 		{"service": vipdv1.StatusService_ServiceDesc.ServiceName},
+		{"service": vipdv1.FlowService_ServiceDesc.ServiceName},
 		{"service": healthpb.Health_ServiceDesc.ServiceName},
 	}}
 	// gRPC rejects a retry policy with fewer than two attempts.
@@ -183,6 +186,10 @@ func (c *Client) LoadBalancerClient() vipdv1.LoadBalancerServiceClient { return 
 // StatusClient is the generated client of vipd.v1.StatusService, sharing this
 // client's connection, default deadline and retries.
 func (c *Client) StatusClient() vipdv1.StatusServiceClient { return c.status }
+
+// FlowClient is the generated client of vipd.v1.FlowService, sharing this
+// client's connection, default deadline (for ListFlows) and retries.
+func (c *Client) FlowClient() vipdv1.FlowServiceClient { return c.flows }
 
 // HealthClient is the generated client of grpc.health.v1.Health, sharing this
 // client's connection. Its unary Check gets the default deadline; Watch, a
@@ -268,4 +275,41 @@ func (c *Client) Health(ctx context.Context) (healthpb.HealthCheckResponse_Servi
 		return healthpb.HealthCheckResponse_UNKNOWN, err
 	}
 	return resp.GetStatus(), nil
+}
+
+// Explain says what would happen to a new connection from a client to a
+// VIP:port: the service and port that claim it, every backend with its
+// eligibility and probability, the client's session-affinity entry and the
+// backend the connection would get, where the dataplane can tell. It fails
+// with NotFound when no service claims the VIP:port/protocol.
+func (c *Client) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.ExplainResponse, error) {
+	return c.status.Explain(ctx, req)
+}
+
+// ListFlows returns the flows through VIPs that are live now and match
+// filter (nil: all), oldest first, as FLOW_EVENT_TYPE_EXISTING events with
+// their counters so far; at most limit of them (0: vipd's maximum). The
+// response says whether more matched. A dataplane that cannot report flows
+// answers Unimplemented.
+func (c *Client) ListFlows(ctx context.Context, filter *vipdv1.FlowFilter, limit uint32) (*vipdv1.ListFlowsResponse, error) {
+	return c.flows.ListFlows(ctx, &vipdv1.ListFlowsRequest{Filter: filter, Limit: limit})
+}
+
+// FlowStream is an open WatchFlows stream. Recv returns the next flow event
+// or LostEvents report; it returns io.EOF when vipd ends the stream
+// normally, and a status error otherwise (Unavailable when vipd shuts down
+// or lost its flow source: watch again, and expect to have missed events).
+type FlowStream = vipdv1.FlowService_WatchFlowsClient
+
+// WatchFlows opens a stream of flow events; cancel ctx to end it. Unlike
+// the unary calls it has no default deadline: it lasts as long as ctx. It
+// is retried while vipd answers Unavailable before the first event only.
+//
+// vipd buffers a bounded number of events for each stream. A stream that
+// is read too slowly misses events, and gets a LostEvents with their exact
+// count, of source LOST_EVENTS_SOURCE_SUBSCRIBER, where they were lost;
+// events the kernel dropped come as LostEvents of source
+// LOST_EVENTS_SOURCE_KERNEL.
+func (c *Client) WatchFlows(ctx context.Context, req *vipdv1.WatchFlowsRequest) (FlowStream, error) {
+	return c.flows.WatchFlows(ctx, req)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,8 @@ import (
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/reconcile"
+	"github.com/vipd/vipd/server/store"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -216,15 +217,14 @@ func TestRetry(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // the backoff between attempts takes seconds
-			srv := testserver.Start(t)
+			var srvOpts []testserver.Option
+			if tc.unsaved {
+				srvOpts = append(srvOpts, testserver.WithPersister(func(*store.Dir) reconcile.Persister { return failingSaves{} }))
+			}
+			srv := testserver.Start(t, srvOpts...)
 			dp := srv.Dataplane()
 			for range tc.failures {
 				dp.FailNext(applyFailed)
-			}
-			if tc.unsaved {
-				if err := os.RemoveAll(srv.StateDir()); err != nil {
-					t.Fatal(err)
-				}
 			}
 			svc := tc.svc
 			if svc == nil {
@@ -246,6 +246,13 @@ func TestRetry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failingSaves is a state directory whose saves all fail.
+type failingSaves struct{}
+
+func (failingSaves) Save(*store.Snapshot) error {
+	return errors.New("write state: no space left on device")
 }
 
 func TestMethods(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/flows"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -26,6 +27,7 @@ import (
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
+	vipdv1.UnimplementedFlowServiceServer
 
 	log       hclog.Logger
 	rec       *reconcile.Reconciler
@@ -33,17 +35,37 @@ type API struct {
 	caps      dataplane.Capabilities
 	limits    validation.Limits
 	version   string
+	flows     *flows.Hub
+	explainer dataplane.Explainer
 }
+
+// APIOption configures an API.
+type APIOption func(*API)
+
+// WithFlows serves FlowService from h, which the caller runs (Hub.Run).
+// Without it, FlowService answers Unimplemented.
+func WithFlows(h *flows.Hub) APIOption { return func(a *API) { a.flows = h } }
+
+// WithExplainer lets StatusService.Explain ask e, normally the dataplane,
+// for a client's session-affinity entry and deterministic pick. Without
+// it, Explain answers from the desired state alone.
+func WithExplainer(e dataplane.Explainer) APIOption { return func(a *API) { a.explainer = e } }
 
 // NewAPI returns the API over rec, for a dataplane named dpName with caps.
-func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dataplane.Capabilities, limits validation.Limits, version string) *API {
-	return &API{log: log, rec: rec, dataplane: dpName, caps: caps, limits: limits, version: version}
+func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dataplane.Capabilities, limits validation.Limits, version string, opts ...APIOption) *API {
+	a := &API{log: log, rec: rec, dataplane: dpName, caps: caps, limits: limits, version: version}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
-// Register adds the API's services to s.
+// Register adds the API's services to s. FlowService is always registered;
+// without WithFlows it answers Unimplemented.
 func (a *API) Register(s grpc.ServiceRegistrar) {
 	vipdv1.RegisterLoadBalancerServiceServer(s, a)
 	vipdv1.RegisterStatusServiceServer(s, a)
+	vipdv1.RegisterFlowServiceServer(s, a)
 }
 
 // validService validates svc, named field in the request, and checks that the

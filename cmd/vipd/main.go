@@ -22,6 +22,7 @@ import (
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
+	"github.com/vipd/vipd/server/flows"
 	"github.com/vipd/vipd/server/validation"
 )
 
@@ -114,6 +115,7 @@ func runCommand() *cobra.Command {
 	f.Uint32Var(&cfg.EBPF.Maps.Affinity, "bpf-affinity-map-max", ebpf.DefaultMapSizes.Affinity, "ebpf: session-affinity entries (LRU)")
 	f.Uint32Var(&cfg.EBPF.Maps.Sockets, "bpf-sock-map-max", ebpf.DefaultMapSizes.Sockets, "ebpf: node-local socket translations (LRU)")
 	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
+	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber; a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")

@@ -134,8 +134,10 @@ type Dataplane struct {
 	monoOffset int64
 	// watch is the running WatchFlows, if any: the collector hands it the
 	// flows that time out.
-	watchMu sync.Mutex
-	watch   *flowWatch
+	watchMu  sync.Mutex
+	watch    *flowWatch
+	closing  bool           // Close has begun: no new WatchFlows
+	watchers sync.WaitGroup // running WatchFlows, which Close waits for
 
 	// stopGC is closed by Close: it stops the collector and WatchFlows.
 	stopGC chan struct{}
@@ -366,9 +368,13 @@ func (d *Dataplane) destroyStuckSockets(fe feKey, revNat uint32, gone []beKey) {
 // handles. Programs, links and maps stay in the kernel (pinned): traffic
 // keeps flowing.
 func (d *Dataplane) Close() error {
-	close(d.stopGC)
+	d.watchMu.Lock()
+	d.closing = true
+	d.watchMu.Unlock()
+	close(d.stopGC) // also ends a running WatchFlows
 	d.tc.stop()
 	d.wg.Wait()
+	d.watchers.Wait()
 	return d.objs.Close()
 }
 

@@ -92,12 +92,19 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 		d.watchMu.Unlock()
 		return ErrWatchedAlready
 	}
+	if d.closing {
+		d.watchMu.Unlock()
+		return errors.New("the ebpf dataplane is closed")
+	}
 	d.watch = w
+	// Close waits for this reader before it closes the maps it reads.
+	d.watchers.Add(1)
 	d.watchMu.Unlock()
 	defer func() {
 		d.watchMu.Lock()
 		d.watch = nil
 		d.watchMu.Unlock()
+		d.watchers.Done()
 	}()
 
 	// Handles of our own: Close may close the dataplane's first.

@@ -2,5 +2,7 @@
 // kernel: it records every State it is asked to apply, applies each one
 // transactionally to its own copy (kept only on success), honours its
 // declared capabilities like a real dataplane, and lets tests inject failures
-// or block an Apply to observe batching.
+// or block an Apply to observe batching. As a FlowSource and Explainer it
+// reports only what tests script: flow events (Emit), kernel losses (Lose),
+// live flows (SetFlows) and explanations (SetExplain).
 package fake

@@ -40,6 +40,7 @@ type Dataplane struct {
 	records  []Record
 	needFull bool
 	closed   bool
+	flow     flowState
 }
 
 // Option configures a fake Dataplane.
@@ -59,6 +60,7 @@ func New(opts ...Option) *Dataplane {
 		},
 		applied:  map[string]*dataplane.Service{},
 		needFull: true,
+		flow:     flowState{reqs: make(chan flowReq)},
 	}
 	for _, o := range opts {
 		o(d)

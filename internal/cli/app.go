@@ -88,6 +88,8 @@ Environment:
 		a.applyCommand(),
 		a.backendsCommand(),
 		a.statusCommand(),
+		a.flowsCommand(),
+		a.explainCommand(),
 		a.versionCommand(),
 	)
 	a.root = root

@@ -17,6 +17,7 @@ import (
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
+	"github.com/vipd/vipd/server/flows"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -51,6 +52,8 @@ type Config struct {
 	// MetricsAddr is where /metrics, /healthz and /readyz are served;
 	// empty disables the listener.
 	MetricsAddr string
+	// FlowBuffer bounds each WatchFlows subscriber's buffer, in events.
+	FlowBuffer int
 }
 
 // Dataplane names accepted by Config.Dataplane.
@@ -108,7 +111,29 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap,
 		reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m))
 	limits := validation.Limits{MaxBackends: cfg.MaxBackends, ServiceCIDRs: cfg.ServiceCIDRs}
-	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String())
+	var apiOpts []server.APIOption
+	stopHub := func() {}
+	if src, ok := dp.(dataplane.FlowSource); ok {
+		hub := flows.New(log.Named("flows"), src, flows.WithBuffer(cmp.Or(cfg.FlowBuffer, flows.DefaultBuffer)),
+			flows.WithResolver(server.FlowResolver(rec.Snapshot)), flows.WithObserver(m))
+		apiOpts = append(apiOpts, server.WithFlows(hub))
+		hubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		hubDone := make(chan struct{})
+		go func() {
+			defer close(hubDone)
+			if err := hub.Run(hubCtx); err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("flow events", "error", err)
+			}
+		}()
+		// Stopped before the gRPC server: it ends open WatchFlows streams,
+		// which a graceful stop would otherwise wait for.
+		stopHub = func() { cancel(); <-hubDone }
+		defer stopHub()
+	}
+	if ex, ok := dp.(dataplane.Explainer); ok {
+		apiOpts = append(apiOpts, server.WithExplainer(ex))
+	}
+	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
 	srv, err := server.New(log, api,
 		server.WithUnixSocket(cfg.Socket, cfg.SocketMode),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
@@ -161,6 +186,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 
 	log.Info("shutting down; the dataplane stays programmed")
+	stopHub()
 	srv.Shutdown(cfg.ShutdownTimeout)
 	stopRec()
 	<-recDone

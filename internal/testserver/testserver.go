@@ -15,6 +15,7 @@ import (
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
+	"github.com/vipd/vipd/server/flows"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -45,6 +46,9 @@ type Server struct {
 	stopReconciler context.CancelFunc
 	reconcilerDone chan error
 	serveDone      chan error
+	hub            *flows.Hub
+	stopFlows      context.CancelFunc
+	flowsDone      chan error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -59,6 +63,8 @@ type config struct {
 	persister  func(*store.Dir) reconcile.Persister
 	serverOpts []server.Option
 	noWait     bool
+	flowBuffer int
+	noFlows    bool
 }
 
 // Option configures a Server.
@@ -115,6 +121,19 @@ func WithoutWaiting() Option {
 	return func(c *config) { c.noWait = true }
 }
 
+// WithFlowBuffer sets the size of each WatchFlows stream's buffer, as
+// vipd's --flow-buffer does. The default is flows.DefaultBuffer.
+func WithFlowBuffer(n int) Option {
+	return func(c *config) { c.flowBuffer = n }
+}
+
+// WithoutFlows serves the API as for a dataplane that neither reports flows
+// nor explains its picks: FlowService answers Unimplemented, and Explain
+// answers from the desired state alone.
+func WithoutFlows() Option {
+	return func(c *config) { c.noFlows = true }
+}
+
 // Start runs a Server for the test and stops it at the test's cleanup. It
 // returns once the (empty) initial state is applied and health says SERVING.
 func Start(tb testing.TB, opts ...Option) *Server {
@@ -150,6 +169,7 @@ func New(opts ...Option) (*Server, error) {
 		extra:          cfg.listeners,
 		reconcilerDone: make(chan error, 1),
 		serveDone:      make(chan error, 1),
+		flowsDone:      make(chan error, 1),
 	}
 	if err := s.start(cfg); err != nil {
 		s.Close()
@@ -186,7 +206,15 @@ func (s *Server) start(cfg config) error {
 	}
 	rec := reconcile.New(log, s.dp, persister, snap)
 	s.ready = rec.Ready()
-	api := server.NewAPI(log, rec, s.dp.Name(), s.dp.Capabilities(), cfg.limits, cfg.version)
+	var apiOpts []server.APIOption
+	if !cfg.noFlows {
+		s.hub = flows.New(log, s.dp, flows.WithBuffer(cfg.flowBuffer), flows.WithResolver(server.FlowResolver(rec.Snapshot)))
+		apiOpts = append(apiOpts, server.WithFlows(s.hub), server.WithExplainer(s.dp))
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopFlows = cancel
+		go func() { s.flowsDone <- s.hub.Run(ctx) }()
+	}
+	api := server.NewAPI(log, rec, s.dp.Name(), s.dp.Capabilities(), cfg.limits, cfg.version, apiOpts...)
 	listen := append([]server.Option{server.WithUnixSocket(s.Socket(), 0o660)}, cfg.serverOpts...)
 	for _, l := range s.extra {
 		listen = append(listen, server.WithListener(l))
@@ -227,14 +255,20 @@ func (s *Server) Socket() string { return filepath.Join(s.dir, "vipd.sock") }
 // Target is the socket as a gRPC target, "unix:///...".
 func (s *Server) Target() string { return "unix://" + s.Socket() }
 
-// StateDir is the state directory, which holds the state file once a change
-// is saved. Removing it makes every later save fail.
+// StateDir is the state directory, which holds the state file and the
+// journal once a change is saved. To make saves fail, use WithPersister.
 func (s *Server) StateDir() string { return s.stateDir }
 
 // Dataplane is the fake dataplane the API applies to. Use it to script
-// failures (FailNext, SetHook) and to see what was applied (Applied, Records).
+// failures (FailNext, SetHook), flow events (Emit, Lose, SetFlows) and
+// explanations (SetExplain), and to see what was applied (Applied, Records).
 // The first Record is the initial apply of the empty state.
 func (s *Server) Dataplane() *fake.Dataplane { return s.dp }
+
+// Flows is the hub that serves FlowService from the fake dataplane's
+// events, or nil WithoutFlows. Tests wait on its Subscribers to know that a
+// WatchFlows stream is subscribed.
+func (s *Server) Flows() *flows.Hub { return s.hub }
 
 // Close stops the server as vipd stops on SIGTERM: health turns NOT_SERVING,
 // calls in flight get a second to finish, then the reconciler stops. It
@@ -248,6 +282,14 @@ func (s *Server) Close() error {
 
 func (s *Server) stop() error {
 	var errs []error
+	// The flow hub stops first: it ends the WatchFlows streams, which a
+	// graceful stop would otherwise wait for.
+	if s.stopFlows != nil {
+		s.stopFlows()
+		if err := <-s.flowsDone; !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	}
 	if s.shell != nil {
 		s.shell.Shutdown(shutdownTimeout)
 		errs = append(errs, <-s.serveDone)

@@ -1,5 +1,6 @@
 // Package validation checks API objects, fills in their defaults, and turns
-// them into dataplane values. It returns field violations named by their path
-// in the request (such as "service.ports[1].port"); turning those into gRPC
-// errors is the server's job, not this package's.
+// them into dataplane values, and flow requests into the flow hub's filters.
+// It returns field violations named by their path in the request (such as
+// "service.ports[1].port"); turning those into gRPC errors is the server's
+// job, not this package's.
 package validation

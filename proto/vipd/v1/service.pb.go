@@ -642,6 +642,59 @@ func (x *Service) GetGeneration() uint64 {
 	return 0
 }
 
+// Endpoint is an address and port: a client, a VIP or a backend.
+type Endpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ip            string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	Port          uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Endpoint) Reset() {
+	*x = Endpoint{}
+	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Endpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Endpoint) ProtoMessage() {}
+
+func (x *Endpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
+func (*Endpoint) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Endpoint) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *Endpoint) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
 var File_vipd_v1_service_proto protoreflect.FileDescriptor
 
 const file_vipd_v1_service_proto_rawDesc = "" +
@@ -684,7 +737,10 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"generation\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*[\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\".\n" +
+	"\bEndpoint\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -721,7 +777,7 @@ func file_vipd_v1_service_proto_rawDescGZIP() []byte {
 }
 
 var file_vipd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_vipd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vipd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vipd_v1_service_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: vipd.v1.Protocol
 	(BackendState)(0),             // 1: vipd.v1.BackendState
@@ -732,12 +788,13 @@ var file_vipd_v1_service_proto_goTypes = []any{
 	(*Backend)(nil),               // 6: vipd.v1.Backend
 	(*SessionAffinityConfig)(nil), // 7: vipd.v1.SessionAffinityConfig
 	(*Service)(nil),               // 8: vipd.v1.Service
-	nil,                           // 9: vipd.v1.Backend.PortsEntry
-	nil,                           // 10: vipd.v1.Service.LabelsEntry
+	(*Endpoint)(nil),              // 9: vipd.v1.Endpoint
+	nil,                           // 10: vipd.v1.Backend.PortsEntry
+	nil,                           // 11: vipd.v1.Service.LabelsEntry
 }
 var file_vipd_v1_service_proto_depIdxs = []int32{
 	0,  // 0: vipd.v1.Port.protocol:type_name -> vipd.v1.Protocol
-	9,  // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
+	10, // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
 	1,  // 2: vipd.v1.Backend.state:type_name -> vipd.v1.BackendState
 	2,  // 3: vipd.v1.SessionAffinityConfig.mode:type_name -> vipd.v1.SessionAffinity
 	5,  // 4: vipd.v1.Service.ports:type_name -> vipd.v1.Port
@@ -745,7 +802,7 @@ var file_vipd_v1_service_proto_depIdxs = []int32{
 	7,  // 6: vipd.v1.Service.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
 	3,  // 7: vipd.v1.Service.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
 	4,  // 8: vipd.v1.Service.load_balancing:type_name -> vipd.v1.LoadBalancing
-	10, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
+	11, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
 	10, // [10:10] is the sub-list for method output_type
 	10, // [10:10] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
@@ -764,7 +821,7 @@ func file_vipd_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_service_proto_rawDesc), len(file_vipd_v1_service_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -194,6 +194,377 @@ func (x *GetStatusResponse) GetSupportedProtocols() []Protocol {
 	return nil
 }
 
+type ExplainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// client_ip is the client's address; its family must be the VIP's.
+	ClientIp string `protobuf:"bytes,1,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
+	// client_port is the client's source port, 0 when unknown. Maglev hashes
+	// it, so without it the dataplane cannot tell a Maglev pick.
+	ClientPort uint32 `protobuf:"varint,2,opt,name=client_port,json=clientPort,proto3" json:"client_port,omitempty"`
+	// vip and port are the service address and port connected to.
+	Vip  string `protobuf:"bytes,3,opt,name=vip,proto3" json:"vip,omitempty"`
+	Port uint32 `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	// protocol defaults to PROTOCOL_TCP.
+	Protocol      Protocol `protobuf:"varint,5,opt,name=protocol,proto3,enum=vipd.v1.Protocol" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainRequest) Reset() {
+	*x = ExplainRequest{}
+	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainRequest) ProtoMessage() {}
+
+func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
+func (*ExplainRequest) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExplainRequest) GetClientIp() string {
+	if x != nil {
+		return x.ClientIp
+	}
+	return ""
+}
+
+func (x *ExplainRequest) GetClientPort() uint32 {
+	if x != nil {
+		return x.ClientPort
+	}
+	return 0
+}
+
+func (x *ExplainRequest) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *ExplainRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ExplainRequest) GetProtocol() Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return Protocol_PROTOCOL_UNSPECIFIED
+}
+
+type ExplainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service is the name of the service that claims vip:port/protocol.
+	Service string `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// port is the service port that matched, with its name and target port.
+	Port *Port `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"`
+	// load_balancing is the algorithm that picks a backend for a new connection.
+	LoadBalancing LoadBalancing `protobuf:"varint,3,opt,name=load_balancing,json=loadBalancing,proto3,enum=vipd.v1.LoadBalancing" json:"load_balancing,omitempty"`
+	// session_affinity and internal_traffic_policy are the service's settings.
+	SessionAffinity       *SessionAffinityConfig `protobuf:"bytes,4,opt,name=session_affinity,json=sessionAffinity,proto3" json:"session_affinity,omitempty"`
+	InternalTrafficPolicy TrafficPolicy          `protobuf:"varint,5,opt,name=internal_traffic_policy,json=internalTrafficPolicy,proto3,enum=vipd.v1.TrafficPolicy" json:"internal_traffic_policy,omitempty"`
+	// backends lists every backend of the service, in the service's order.
+	Backends []*ExplainedBackend `protobuf:"bytes,6,rep,name=backends,proto3" json:"backends,omitempty"`
+	// affinity is the client's session-affinity entry, as the dataplane holds it.
+	Affinity *ExplainedAffinity `protobuf:"bytes,7,opt,name=affinity,proto3" json:"affinity,omitempty"`
+	// would_pick is the backend this connection would get, when the
+	// dataplane can tell: by session affinity, or Maglev for this exact
+	// 5-tuple. Unset otherwise.
+	WouldPick *Endpoint `protobuf:"bytes,8,opt,name=would_pick,json=wouldPick,proto3" json:"would_pick,omitempty"`
+	// summary says the above in a sentence or two, for people.
+	Summary       string `protobuf:"bytes,9,opt,name=summary,proto3" json:"summary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainResponse) Reset() {
+	*x = ExplainResponse{}
+	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainResponse) ProtoMessage() {}
+
+func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
+func (*ExplainResponse) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExplainResponse) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *ExplainResponse) GetPort() *Port {
+	if x != nil {
+		return x.Port
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetLoadBalancing() LoadBalancing {
+	if x != nil {
+		return x.LoadBalancing
+	}
+	return LoadBalancing_LOAD_BALANCING_UNSPECIFIED
+}
+
+func (x *ExplainResponse) GetSessionAffinity() *SessionAffinityConfig {
+	if x != nil {
+		return x.SessionAffinity
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetInternalTrafficPolicy() TrafficPolicy {
+	if x != nil {
+		return x.InternalTrafficPolicy
+	}
+	return TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED
+}
+
+func (x *ExplainResponse) GetBackends() []*ExplainedBackend {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetAffinity() *ExplainedAffinity {
+	if x != nil {
+		return x.Affinity
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetWouldPick() *Endpoint {
+	if x != nil {
+		return x.WouldPick
+	}
+	return nil
+}
+
+func (x *ExplainResponse) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+// ExplainedBackend is one backend as a new connection would see it.
+type ExplainedBackend struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ip    string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	// target_port is the port the backend listens on for the matched port.
+	TargetPort uint32       `protobuf:"varint,2,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	State      BackendState `protobuf:"varint,3,opt,name=state,proto3,enum=vipd.v1.BackendState" json:"state,omitempty"`
+	Weight     uint32       `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	NodeLocal  bool         `protobuf:"varint,5,opt,name=node_local,json=nodeLocal,proto3" json:"node_local,omitempty"`
+	// eligible is true when the backend may get the new connection.
+	Eligible bool `protobuf:"varint,6,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	// ineligible_reason says why not, when eligible is false.
+	IneligibleReason string `protobuf:"bytes,7,opt,name=ineligible_reason,json=ineligibleReason,proto3" json:"ineligible_reason,omitempty"`
+	// probability is, for LOAD_BALANCING_RANDOM, the chance that this backend
+	// gets the connection: its weight over the eligible backends' total, 0
+	// when ineligible. It does not account for session affinity (see
+	// would_pick). It is 0 for LOAD_BALANCING_MAGLEV.
+	Probability   float64 `protobuf:"fixed64,8,opt,name=probability,proto3" json:"probability,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainedBackend) Reset() {
+	*x = ExplainedBackend{}
+	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainedBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainedBackend) ProtoMessage() {}
+
+func (x *ExplainedBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainedBackend.ProtoReflect.Descriptor instead.
+func (*ExplainedBackend) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExplainedBackend) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *ExplainedBackend) GetTargetPort() uint32 {
+	if x != nil {
+		return x.TargetPort
+	}
+	return 0
+}
+
+func (x *ExplainedBackend) GetState() BackendState {
+	if x != nil {
+		return x.State
+	}
+	return BackendState_BACKEND_STATE_UNSPECIFIED
+}
+
+func (x *ExplainedBackend) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *ExplainedBackend) GetNodeLocal() bool {
+	if x != nil {
+		return x.NodeLocal
+	}
+	return false
+}
+
+func (x *ExplainedBackend) GetEligible() bool {
+	if x != nil {
+		return x.Eligible
+	}
+	return false
+}
+
+func (x *ExplainedBackend) GetIneligibleReason() string {
+	if x != nil {
+		return x.IneligibleReason
+	}
+	return ""
+}
+
+func (x *ExplainedBackend) GetProbability() float64 {
+	if x != nil {
+		return x.Probability
+	}
+	return 0
+}
+
+// ExplainedAffinity is a client's session-affinity entry.
+type ExplainedAffinity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// present is true when the dataplane holds a live entry for the client.
+	Present bool `protobuf:"varint,1,opt,name=present,proto3" json:"present,omitempty"`
+	// backend is the backend the entry pins the client to.
+	Backend *Endpoint `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	// remaining is how long the entry lives without a new connection.
+	Remaining     *durationpb.Duration `protobuf:"bytes,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainedAffinity) Reset() {
+	*x = ExplainedAffinity{}
+	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainedAffinity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainedAffinity) ProtoMessage() {}
+
+func (x *ExplainedAffinity) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainedAffinity.ProtoReflect.Descriptor instead.
+func (*ExplainedAffinity) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ExplainedAffinity) GetPresent() bool {
+	if x != nil {
+		return x.Present
+	}
+	return false
+}
+
+func (x *ExplainedAffinity) GetBackend() *Endpoint {
+	if x != nil {
+		return x.Backend
+	}
+	return nil
+}
+
+func (x *ExplainedAffinity) GetRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.Remaining
+	}
+	return nil
+}
+
 var File_vipd_v1_status_service_proto protoreflect.FileDescriptor
 
 const file_vipd_v1_status_service_proto_rawDesc = "" +
@@ -213,9 +584,43 @@ const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"last_error\x18\t \x01(\tR\tlastError\x12P\n" +
 	"\x18supported_load_balancing\x18\n" +
 	" \x03(\x0e2\x16.vipd.v1.LoadBalancingR\x16supportedLoadBalancing\x12B\n" +
-	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols2S\n" +
+	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols\"\xa3\x01\n" +
+	"\x0eExplainRequest\x12\x1b\n" +
+	"\tclient_ip\x18\x01 \x01(\tR\bclientIp\x12\x1f\n" +
+	"\vclient_port\x18\x02 \x01(\rR\n" +
+	"clientPort\x12\x10\n" +
+	"\x03vip\x18\x03 \x01(\tR\x03vip\x12\x12\n" +
+	"\x04port\x18\x04 \x01(\rR\x04port\x12-\n" +
+	"\bprotocol\x18\x05 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\"\xe3\x03\n" +
+	"\x0fExplainResponse\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x12!\n" +
+	"\x04port\x18\x02 \x01(\v2\r.vipd.v1.PortR\x04port\x12=\n" +
+	"\x0eload_balancing\x18\x03 \x01(\x0e2\x16.vipd.v1.LoadBalancingR\rloadBalancing\x12I\n" +
+	"\x10session_affinity\x18\x04 \x01(\v2\x1e.vipd.v1.SessionAffinityConfigR\x0fsessionAffinity\x12N\n" +
+	"\x17internal_traffic_policy\x18\x05 \x01(\x0e2\x16.vipd.v1.TrafficPolicyR\x15internalTrafficPolicy\x125\n" +
+	"\bbackends\x18\x06 \x03(\v2\x19.vipd.v1.ExplainedBackendR\bbackends\x126\n" +
+	"\baffinity\x18\a \x01(\v2\x1a.vipd.v1.ExplainedAffinityR\baffinity\x120\n" +
+	"\n" +
+	"would_pick\x18\b \x01(\v2\x11.vipd.v1.EndpointR\twouldPick\x12\x18\n" +
+	"\asummary\x18\t \x01(\tR\asummary\"\x92\x02\n" +
+	"\x10ExplainedBackend\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x1f\n" +
+	"\vtarget_port\x18\x02 \x01(\rR\n" +
+	"targetPort\x12+\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x15.vipd.v1.BackendStateR\x05state\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\x12\x1d\n" +
+	"\n" +
+	"node_local\x18\x05 \x01(\bR\tnodeLocal\x12\x1a\n" +
+	"\beligible\x18\x06 \x01(\bR\beligible\x12+\n" +
+	"\x11ineligible_reason\x18\a \x01(\tR\x10ineligibleReason\x12 \n" +
+	"\vprobability\x18\b \x01(\x01R\vprobability\"\x93\x01\n" +
+	"\x11ExplainedAffinity\x12\x18\n" +
+	"\apresent\x18\x01 \x01(\bR\apresent\x12+\n" +
+	"\abackend\x18\x02 \x01(\v2\x11.vipd.v1.EndpointR\abackend\x127\n" +
+	"\tremaining\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tremaining2\x91\x01\n" +
 	"\rStatusService\x12B\n" +
-	"\tGetStatus\x12\x19.vipd.v1.GetStatusRequest\x1a\x1a.vipd.v1.GetStatusResponseB+Z)github.com/vipd/vipd/proto/vipd/v1;vipdv1b\x06proto3"
+	"\tGetStatus\x12\x19.vipd.v1.GetStatusRequest\x1a\x1a.vipd.v1.GetStatusResponse\x12<\n" +
+	"\aExplain\x12\x17.vipd.v1.ExplainRequest\x1a\x18.vipd.v1.ExplainResponseB+Z)github.com/vipd/vipd/proto/vipd/v1;vipdv1b\x06proto3"
 
 var (
 	file_vipd_v1_status_service_proto_rawDescOnce sync.Once
@@ -229,27 +634,49 @@ func file_vipd_v1_status_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_status_service_proto_rawDescData
 }
 
-var file_vipd_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_vipd_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_vipd_v1_status_service_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: vipd.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: vipd.v1.GetStatusResponse
-	(*durationpb.Duration)(nil),   // 2: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
-	(LoadBalancing)(0),            // 4: vipd.v1.LoadBalancing
-	(Protocol)(0),                 // 5: vipd.v1.Protocol
+	(*ExplainRequest)(nil),        // 2: vipd.v1.ExplainRequest
+	(*ExplainResponse)(nil),       // 3: vipd.v1.ExplainResponse
+	(*ExplainedBackend)(nil),      // 4: vipd.v1.ExplainedBackend
+	(*ExplainedAffinity)(nil),     // 5: vipd.v1.ExplainedAffinity
+	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(LoadBalancing)(0),            // 8: vipd.v1.LoadBalancing
+	(Protocol)(0),                 // 9: vipd.v1.Protocol
+	(*Port)(nil),                  // 10: vipd.v1.Port
+	(*SessionAffinityConfig)(nil), // 11: vipd.v1.SessionAffinityConfig
+	(TrafficPolicy)(0),            // 12: vipd.v1.TrafficPolicy
+	(*Endpoint)(nil),              // 13: vipd.v1.Endpoint
+	(BackendState)(0),             // 14: vipd.v1.BackendState
 }
 var file_vipd_v1_status_service_proto_depIdxs = []int32{
-	2, // 0: vipd.v1.GetStatusResponse.last_sync_duration:type_name -> google.protobuf.Duration
-	3, // 1: vipd.v1.GetStatusResponse.last_sync_time:type_name -> google.protobuf.Timestamp
-	4, // 2: vipd.v1.GetStatusResponse.supported_load_balancing:type_name -> vipd.v1.LoadBalancing
-	5, // 3: vipd.v1.GetStatusResponse.supported_protocols:type_name -> vipd.v1.Protocol
-	0, // 4: vipd.v1.StatusService.GetStatus:input_type -> vipd.v1.GetStatusRequest
-	1, // 5: vipd.v1.StatusService.GetStatus:output_type -> vipd.v1.GetStatusResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6,  // 0: vipd.v1.GetStatusResponse.last_sync_duration:type_name -> google.protobuf.Duration
+	7,  // 1: vipd.v1.GetStatusResponse.last_sync_time:type_name -> google.protobuf.Timestamp
+	8,  // 2: vipd.v1.GetStatusResponse.supported_load_balancing:type_name -> vipd.v1.LoadBalancing
+	9,  // 3: vipd.v1.GetStatusResponse.supported_protocols:type_name -> vipd.v1.Protocol
+	9,  // 4: vipd.v1.ExplainRequest.protocol:type_name -> vipd.v1.Protocol
+	10, // 5: vipd.v1.ExplainResponse.port:type_name -> vipd.v1.Port
+	8,  // 6: vipd.v1.ExplainResponse.load_balancing:type_name -> vipd.v1.LoadBalancing
+	11, // 7: vipd.v1.ExplainResponse.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
+	12, // 8: vipd.v1.ExplainResponse.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
+	4,  // 9: vipd.v1.ExplainResponse.backends:type_name -> vipd.v1.ExplainedBackend
+	5,  // 10: vipd.v1.ExplainResponse.affinity:type_name -> vipd.v1.ExplainedAffinity
+	13, // 11: vipd.v1.ExplainResponse.would_pick:type_name -> vipd.v1.Endpoint
+	14, // 12: vipd.v1.ExplainedBackend.state:type_name -> vipd.v1.BackendState
+	13, // 13: vipd.v1.ExplainedAffinity.backend:type_name -> vipd.v1.Endpoint
+	6,  // 14: vipd.v1.ExplainedAffinity.remaining:type_name -> google.protobuf.Duration
+	0,  // 15: vipd.v1.StatusService.GetStatus:input_type -> vipd.v1.GetStatusRequest
+	2,  // 16: vipd.v1.StatusService.Explain:input_type -> vipd.v1.ExplainRequest
+	1,  // 17: vipd.v1.StatusService.GetStatus:output_type -> vipd.v1.GetStatusResponse
+	3,  // 18: vipd.v1.StatusService.Explain:output_type -> vipd.v1.ExplainResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_status_service_proto_init() }
@@ -264,7 +691,7 @@ func file_vipd_v1_status_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_status_service_proto_rawDesc), len(file_vipd_v1_status_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

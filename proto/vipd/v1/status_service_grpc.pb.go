@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	StatusService_GetStatus_FullMethodName = "/vipd.v1.StatusService/GetStatus"
+	StatusService_Explain_FullMethodName   = "/vipd.v1.StatusService/Explain"
 )
 
 // StatusServiceClient is the client API for StatusService service.
@@ -30,6 +31,12 @@ const (
 type StatusServiceClient interface {
 	// GetStatus reports the dataplane, counts and the last sync.
 	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error)
+	// Explain says what would happen to a new connection from a client to a
+	// VIP:port: the service and port that claim it, every backend with its
+	// eligibility and chance, and what the dataplane's state holds for this
+	// client (a session-affinity entry, or the Maglev pick). NotFound if no
+	// service claims the VIP:port/protocol.
+	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 }
 
 type statusServiceClient struct {
@@ -50,6 +57,16 @@ func (c *statusServiceClient) GetStatus(ctx context.Context, in *GetStatusReques
 	return out, nil
 }
 
+func (c *statusServiceClient) Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainResponse)
+	err := c.cc.Invoke(ctx, StatusService_Explain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // StatusServiceServer is the server API for StatusService service.
 // All implementations must embed UnimplementedStatusServiceServer
 // for forward compatibility.
@@ -58,6 +75,12 @@ func (c *statusServiceClient) GetStatus(ctx context.Context, in *GetStatusReques
 type StatusServiceServer interface {
 	// GetStatus reports the dataplane, counts and the last sync.
 	GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error)
+	// Explain says what would happen to a new connection from a client to a
+	// VIP:port: the service and port that claim it, every backend with its
+	// eligibility and chance, and what the dataplane's state holds for this
+	// client (a session-affinity entry, or the Maglev pick). NotFound if no
+	// service claims the VIP:port/protocol.
+	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	mustEmbedUnimplementedStatusServiceServer()
 }
 
@@ -70,6 +93,9 @@ type UnimplementedStatusServiceServer struct{}
 
 func (UnimplementedStatusServiceServer) GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStatus not implemented")
+}
+func (UnimplementedStatusServiceServer) Explain(context.Context, *ExplainRequest) (*ExplainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Explain not implemented")
 }
 func (UnimplementedStatusServiceServer) mustEmbedUnimplementedStatusServiceServer() {}
 func (UnimplementedStatusServiceServer) testEmbeddedByValue()                       {}
@@ -110,6 +136,24 @@ func _StatusService_GetStatus_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _StatusService_Explain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StatusServiceServer).Explain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StatusService_Explain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StatusServiceServer).Explain(ctx, req.(*ExplainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // StatusService_ServiceDesc is the grpc.ServiceDesc for StatusService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -120,6 +164,10 @@ var StatusService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStatus",
 			Handler:    _StatusService_GetStatus_Handler,
+		},
+		{
+			MethodName: "Explain",
+			Handler:    _StatusService_Explain_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
