@@ -19,6 +19,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -31,6 +32,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -102,6 +104,74 @@ func (d *demo) show(ctx context.Context, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	return cmd.Run()
+}
+
+// flowFollower is a `vipctl flows --follow` running in the background.
+type flowFollower struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	args []string
+}
+
+// syncBuffer is a bytes.Buffer that a child's output can be copied into
+// while it is read.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// followFlows starts streaming the flow events of default/web.
+func (d *demo) followFlows(ctx context.Context) (*flowFollower, error) {
+	args := []string{"--socket", d.socket, "flows", "--follow", "--service", "default/web"}
+	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "vipctl"), args...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	time.Sleep(200 * time.Millisecond) // subscribed before the traffic starts
+	return &flowFollower{cmd: cmd, out: out, args: args[2:]}, nil
+}
+
+// show waits until the stream carried a NEW event for each of n
+// connections (and, on the eBPF dataplane, a CLOSED one: iptables reports a
+// close only when the kernel destroys the entry, after TIME_WAIT), stops
+// it, and prints what it streamed.
+func (f *flowFollower) show(n int) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if strings.Count(f.out.String(), " NEW ") >= n {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	f.cmd.Process.Signal(os.Interrupt)
+	f.cmd.Wait()
+	lines := strings.Split(strings.TrimSpace(f.out.String()), "\n")
+	step("the flow events of those requests, from the kernel's connection tracking")
+	fmt.Printf("$ vipctl %s   (%d lines; first 8)\n", strings.Join(f.args, " "), len(lines))
+	for _, l := range lines[:min(8, len(lines))] {
+		fmt.Println("  " + l)
+	}
+	news, closed := strings.Count(f.out.String(), " NEW "), strings.Count(f.out.String(), " CLOSED ")
+	fmt.Printf("  %d NEW and %d CLOSED events for %d connections\n", news, closed, n)
+	if news < n {
+		return fmt.Errorf("the flow stream carried %d NEW events for %d connections", news, n)
+	}
+	return nil
 }
 
 func (d *demo) vipctl(ctx context.Context, args ...string) error {
@@ -185,6 +255,10 @@ func run(ctx context.Context, bin, dataplane string) error {
 	}
 
 	client := d.lab.Pod("client")
+	flows, err := d.followFlows(ctx)
+	if err != nil {
+		return err
+	}
 	step("30 TCP requests from the client pod (%s) to %s:80", client.IPv4(), vip)
 	hits := map[string]int{}
 	for i := 1; i <= 30; i++ {
@@ -196,6 +270,9 @@ func run(ctx context.Context, bin, dataplane string) error {
 		fmt.Printf("  %2d  client %-21s → VIP %s → %s (backend saw %s)\n", i, r.Local, r.Remote, r.Backend, r.Peer)
 	}
 	printHits(hits)
+	if err := flows.show(30); err != nil {
+		return err
+	}
 
 	if d.ebpf() {
 		if err := d.nodeLocal(ctx); err != nil {
