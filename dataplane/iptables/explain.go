@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/nsdo"
 )
 
 // ExplainFlow implements dataplane.Explainer. Only ClientIP session affinity
@@ -71,7 +72,7 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 	}
 	lists := make([][]byte, len(candidates))
 	var now uint64
-	err = inNetNS(d.ct.ns, func() error {
+	err = nsdo.In(d.ct.ns, func() error {
 		for i, c := range candidates {
 			b, err := os.ReadFile("/proc/thread-self/net/xt_recent/" + c.list)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -12,8 +12,10 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/conntrack"
-	"github.com/vipd/vipd/dataplane"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/nsdo"
 )
 
 // The flow source (dataplane.FlowSource) reads the node's conntrack table
@@ -46,7 +48,7 @@ var flowSysctls = []struct{ path, value string }{
 
 // enableFlowAccounting sets flowSysctls in the dataplane's namespace.
 func (c *conntrackCleaner) enableFlowAccounting() error {
-	return inNetNS(c.ns, func() error {
+	return nsdo.In(c.ns, func() error {
 		for _, s := range flowSysctls {
 			if err := os.WriteFile(s.path, []byte(s.value), 0); err != nil {
 				return fmt.Errorf("enable flow accounting: %w", err)
