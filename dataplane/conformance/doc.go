@@ -10,8 +10,11 @@
 // that cgroup (vipd --cgroup-path) and pins its objects in a private bpffs
 // (vipd --bpffs). Pods' requests come from the test process.
 //
-// The package has only tests; it must never touch the root network
-// namespace, nor attach anything to the machine's root cgroup. Everything it
+// The package has only tests; it must never change the root network
+// namespace (no routes, rules or programs there), nor attach anything to
+// the machine's root cgroup. The only things of its vipds in the root
+// namespace are their Unix sockets and, in the flows metrics scenario, a
+// listener on 127.0.0.1; no packet leaves the netlab namespaces. Everything it
 // creates lives in netlab namespaces, its test cgroups or temporary
 // directories and is removed when a scenario ends, even when it fails.
 //

@@ -204,7 +204,10 @@ type env struct {
 	supportedProtocols     []vipdv1.Protocol
 }
 
-func newEnv(t *testing.T, dp, scenario string) *env {
+// newEnv builds a fresh env for scenario on dataplane dp. vipdArgs go on
+// vipd's command line after the env's own flags, so they may override them
+// (--metrics-addr, say).
+func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 	e := &env{t: t, dp: dp, name: dp + "/" + scenario}
 	e.lab = netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{
 		{Pods: []string{"client", "client2", "be1", "be2", "be3"}},
@@ -249,7 +252,7 @@ func newEnv(t *testing.T, dp, scenario string) *env {
 		os.RemoveAll(dir)
 	})
 	e.vipd = &daemon{dp: dp, netns: n1.Path(), socket: filepath.Join(dir, "vipd.sock"), stateDir: filepath.Join(dir, "state"),
-		cgroup: e.cgroup, bpffs: bpffs}
+		cgroup: e.cgroup, bpffs: bpffs, args: vipdArgs}
 	e.api, err = client.New("unix://"+e.vipd.socket, client.WithTimeout(rpcTimeout))
 	if err != nil {
 		e.fatalf("vipd client: %v", err)
@@ -634,6 +637,8 @@ type daemon struct {
 	// cgroup and bpffs are for the eBPF dataplane: the cgroup v2 directory
 	// its socket hooks attach to, and where it pins its objects.
 	cgroup, bpffs string
+	// args are extra flags for vipd run, after the daemon's own.
+	args []string
 
 	log lockedBuffer
 
@@ -656,6 +661,7 @@ func (d *daemon) start() error {
 		// processes are in this one.
 		args = append(args, "--cgroup-path", d.cgroup, "--bpffs", d.bpffs)
 	}
+	args = append(args, d.args...)
 	cmd := exec.Command(vipdBin, args...)
 	cmd.Stdout, cmd.Stderr = &d.log, &d.log
 	// vipd dies with the test binary, even on a go test timeout.
