@@ -43,6 +43,7 @@ type tcAttacher struct {
 	attached map[int]string // ifindex -> name
 	useTCX   bool
 	mode     string // TCAttachAuto, TCAttachTCX or TCAttachClsact
+	watching bool   // the link subscription runs (start may be retried)
 	done     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -85,6 +86,11 @@ func (a *tcAttacher) start() error {
 	if err := os.MkdirAll(a.linkDir, 0o700); err != nil {
 		return fmt.Errorf("create link pin directory: %w", err)
 	}
+	// Subscribe first, so that an interface created while the existing ones
+	// are listed is not missed (attaching twice is harmless).
+	if err := a.watch(); err != nil {
+		return err
+	}
 	var links []netlink.Link
 	if err := nsdo.Do(a.netns, func() (err error) {
 		links, err = netlink.LinkList()
@@ -97,16 +103,19 @@ func (a *tcAttacher) start() error {
 	for _, l := range links {
 		present[l.Attrs().Index] = true
 		if a.matches(l.Attrs().Name) {
-			if err := a.attach(l.Attrs().Index, l.Attrs().Name); err != nil {
+			err := a.attach(l.Attrs().Index, l.Attrs().Name)
+			if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
+				// A pod going away while vipd starts: not an error.
+				a.log.Debug("interface gone before attaching", "interface", l.Attrs().Name)
+				continue
+			}
+			if err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	a.dropStalePins(present)
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	return a.watch()
+	return errors.Join(errs...)
 }
 
 // dropStalePins unpins tcx links of interfaces that no longer exist.
@@ -205,8 +214,14 @@ func unpinLink(pin string) error {
 	return nil
 }
 
-// clsact filters carry this name so that vipd finds (and replaces) its own.
-const filterName = "vipd"
+// clsact filters carry this name so that vipd finds (and replaces) its own,
+// at a priority and handle of their own, so that replacing one never
+// touches another tool's filter (CNIs commonly use priority 1, handle 1).
+const (
+	filterName     = "vipd"
+	filterPriority = 0x7d1
+	filterHandle   = 0x7d1
+)
 
 func (a *tcAttacher) attachClsact(ifindex int) error {
 	qdisc := &netlink.GenericQdisc{
@@ -221,7 +236,7 @@ func (a *tcAttacher) attachClsact(ifindex int) error {
 		prog   *ebpf.Program
 	}{{netlink.HANDLE_MIN_INGRESS, a.ingress}, {netlink.HANDLE_MIN_EGRESS, a.egress}} {
 		f := &netlink.BpfFilter{
-			FilterAttrs:  netlink.FilterAttrs{LinkIndex: ifindex, Parent: d.parent, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			FilterAttrs:  netlink.FilterAttrs{LinkIndex: ifindex, Parent: d.parent, Handle: filterHandle, Protocol: unix.ETH_P_ALL, Priority: filterPriority},
 			Fd:           d.prog.FD(),
 			Name:         filterName,
 			DirectAction: true,
@@ -237,10 +252,20 @@ func (a *tcAttacher) attachClsact(ifindex int) error {
 // (a netlink receive error, such as an overrun), it subscribes again, listing
 // the existing interfaces, so that no new pod interface is missed.
 func (a *tcAttacher) watch() error {
+	a.mu.Lock()
+	running := a.watching
+	a.watching = true
+	a.mu.Unlock()
+	if running {
+		return nil
+	}
 	var h netns.NsHandle = -1
 	if a.netns != "" {
 		var err error
 		if h, err = netns.GetFromPath(a.netns); err != nil {
+			a.mu.Lock()
+			a.watching = false
+			a.mu.Unlock()
 			return fmt.Errorf("open network namespace %s: %w", a.netns, err)
 		}
 	}
@@ -269,6 +294,9 @@ func (a *tcAttacher) watch() error {
 		if h >= 0 {
 			h.Close()
 		}
+		a.mu.Lock()
+		a.watching = false
+		a.mu.Unlock()
 		return err
 	}
 	a.wg.Add(1)

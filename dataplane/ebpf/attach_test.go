@@ -127,3 +127,23 @@ func TestNewPodInterface(t *testing.T) {
 		t.Fatalf("tcx programs on lo: %d, want 0 (not a pod interface)", got)
 	}
 }
+
+// TestIDsNotReusedAfterRestart: a backend ID freed before a restart is not
+// handed to another backend after it, so a conntrack or affinity entry that
+// names the old ID can never find the new backend.
+func TestIDsNotReusedAfterRestart(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1", "be2", "be3"}, MapSizes{})
+	vip := netip.MustParseAddr("198.19.0.10")
+	e.open(nil)
+	e.apply(dpState(1, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be2"))))
+	old := dpSnapshot(t, &e.dp.objs.bpfMaps).backendID(t, e.pod("be2").IPv4())
+	e.apply(dpState(2, []string{"svc"}, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
+	e.close()
+
+	e.open(nil)
+	e.apply(dpState(3, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be3"))))
+	if got := dpSnapshot(t, &e.dp.objs.bpfMaps).backendID(t, e.pod("be3").IPv4()); got <= old {
+		t.Fatalf("be3 got backend ID %d after the restart; be2 had %d before it: freed IDs must not come back", got, old)
+	}
+	e.expectBackends(vip, "be1", "be3")
+}

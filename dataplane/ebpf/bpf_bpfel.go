@@ -199,6 +199,7 @@ const (
 	bpfMapVipdCt                = "vipd_ct"
 	bpfMapVipdEventDrops        = "vipd_event_drops"
 	bpfMapVipdEvents            = "vipd_events"
+	bpfMapVipdIds               = "vipd_ids"
 	bpfMapVipdMaglev            = "vipd_maglev"
 	bpfMapVipdMembers           = "vipd_members"
 	bpfMapVipdRevnat            = "vipd_revnat"
@@ -280,6 +281,7 @@ type bpfMapSpecs struct {
 	VipdCt         *ebpf.MapSpec `ebpf:"vipd_ct"`
 	VipdEventDrops *ebpf.MapSpec `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.MapSpec `ebpf:"vipd_events"`
+	VipdIds        *ebpf.MapSpec `ebpf:"vipd_ids"`
 	VipdMaglev     *ebpf.MapSpec `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
@@ -319,6 +321,7 @@ type bpfMaps struct {
 	VipdCt         *ebpf.Map `ebpf:"vipd_ct"`
 	VipdEventDrops *ebpf.Map `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.Map `ebpf:"vipd_events"`
+	VipdIds        *ebpf.Map `ebpf:"vipd_ids"`
 	VipdMaglev     *ebpf.Map `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
@@ -334,6 +337,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdCt,
 		m.VipdEventDrops,
 		m.VipdEvents,
+		m.VipdIds,
 		m.VipdMaglev,
 		m.VipdMembers,
 		m.VipdRevnat,

@@ -98,13 +98,30 @@ func (d *Dataplane) collectGarbage() (int, error) {
 		}
 		dead = append(dead, k)
 	}
-	if err := batchDelete(d.objs.VipdCt, dead); err != nil {
-		return n, err
+	// The packet path may have re-created any of these keys since the scan
+	// (a new flow reusing the tuple): delete each atomically, and put back
+	// what turns out to be live.
+	deleted := 0
+	for _, k := range dead {
+		var v bpfCtEntry
+		if err := d.objs.VipdCt.LookupAndDelete(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return n + deleted, fmt.Errorf("delete conntrack entry: %w", err)
+		}
+		if !expired(v.Expires, now) {
+			if err := d.objs.VipdCt.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				d.log.Warn("restore a live conntrack entry", "error", err)
+			}
+			continue
+		}
+		deleted++
 	}
 	if w != nil && len(closed) > 0 {
 		w.offer(closed)
 	}
-	return n + len(dead), nil
+	return n + deleted, nil
 }
 
 // gcLoop runs collectGarbage every interval until stop is closed.

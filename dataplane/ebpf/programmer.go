@@ -3,6 +3,7 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -94,6 +95,14 @@ func (p *programmer) restore() error {
 	if err != nil {
 		return fmt.Errorf("read backend map: %w", err)
 	}
+	// The counters survive restarts: IDs freed before one are not reused.
+	var next uint32
+	if p.maps.VipdIds.Lookup(uint32(0), &next) == nil {
+		p.nextBackend = max(p.nextBackend, next)
+	}
+	if p.maps.VipdIds.Lookup(uint32(1), &next) == nil {
+		p.nextRevNat = max(p.nextRevNat, next)
+	}
 	p.clean = len(p.revNatIDs) == 0 && len(p.backendIDs) == 0 &&
 		isEmpty(p.maps.VipdServices) && isEmpty(p.maps.VipdMembers) && isEmpty(p.maps.VipdMaglev)
 	return nil
@@ -168,6 +177,11 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 			}
 		}
 		next[c.key] = pr
+	}
+
+	// Record the ID counters before any entry uses a new ID.
+	if err := p.saveCounters(); err != nil {
+		return p.fail(err)
 	}
 
 	// 0. Frontends that leave go first, master first: they are leaving
@@ -293,15 +307,21 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	}
 
 	// Commit the in-memory view.
+	var udpGone []func()
 	for _, c := range gone {
 		old := p.frontends[c.key]
+		if c.key.proto == ipprotoUDP && p.onMembersRemoved != nil && len(old.fe.members) > 0 {
+			// Node-local sockets connected through the frontend have
+			// nowhere to go: destroy them so the application notices.
+			key, revNat, members := c.key, old.revNat, slices.Collect(maps.Keys(old.fe.members))
+			udpGone = append(udpGone, func() { p.onMembersRemoved(key, revNat, members) })
+		}
 		p.svcEntries -= 1 + len(old.slotIDs)
 		p.memberEntries -= len(old.memberIDs)
 		p.unindex(old.fe.service, c.key)
 		delete(p.frontends, c.key)
 		delete(p.revNatIDs, c.key)
 	}
-	var udpGone []func()
 	for key, pr := range next {
 		if old := p.frontends[key]; old != nil {
 			p.svcEntries -= 1 + len(old.slotIDs)
@@ -344,8 +364,12 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		p.log.Warn("delete unreferenced backends", "error", err)
 	}
 	if prune && !p.mapsEmpty() {
+		// The new state is in force already: a failed prune leaves stale
+		// entries no packet can reach (their masters are gone), for the
+		// next full apply to remove.
 		if err := p.prune(desiredAll); err != nil {
-			return fmt.Errorf("prune stale entries: %w", err)
+			p.clean = false
+			p.log.Warn("prune stale entries; the next full apply retries", "error", err)
 		}
 	}
 	for _, f := range udpGone {
@@ -356,6 +380,17 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 
 // fail marks the programmer's in-memory IDs as possibly ahead of the maps:
 // the caller rebuilds fully on the next apply.
+// saveCounters stores the next IDs in the pinned vipd_ids map.
+func (p *programmer) saveCounters() error {
+	if err := p.maps.VipdIds.Put(uint32(0), p.nextBackend); err != nil {
+		return fmt.Errorf("save backend ID counter: %w", err)
+	}
+	if err := p.maps.VipdIds.Put(uint32(1), p.nextRevNat); err != nil {
+		return fmt.Errorf("save reverse-NAT ID counter: %w", err)
+	}
+	return nil
+}
+
 // unindex removes key from the frontends of service.
 func (p *programmer) unindex(service string, key feKey) {
 	keys := slices.DeleteFunc(p.byService[service], func(k feKey) bool { return k == key })

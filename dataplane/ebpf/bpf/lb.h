@@ -136,10 +136,12 @@ static __always_inline __u32 select_backend(const struct svc_key *master, const 
 				id = cur->backend_id;
 		}
 	}
+	if (!id && (svc->flags & SVC_F_MAGLEV))
+		id = pick_maglev(svc, hash);
+	/* A Maglev table being swapped for one of another size can miss for
+	 * an instant: then pick at random rather than fail. */
 	if (!id) {
-		if (svc->flags & SVC_F_MAGLEV)
-			id = pick_maglev(svc, hash);
-		else if (svc->flags & SVC_F_WEIGHTED)
+		if (svc->flags & SVC_F_WEIGHTED)
 			id = svc->weight ? pick_weighted(master, svc, bpf_get_prandom_u32() % svc->weight) : 0;
 		else
 			id = slot_backend(master, bpf_get_prandom_u32() % svc->count + 1, NULL);

@@ -270,6 +270,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_sock_revnat SEC(".maps");
 
+/* The next backend ID (0) and reverse-NAT ID (1) vipd will hand out. IDs
+ * only grow, across restarts too: a conntrack or affinity entry that names
+ * a freed ID must never find another backend under it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_ids SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

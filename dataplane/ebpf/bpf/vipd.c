@@ -767,6 +767,11 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 	hairpin = e->flags & CT_F_HAIRPIN;
 	if (hairpin_only && !hairpin)
 		return TC_ACT_OK;
+	/* An expired entry not yet collected must not capture a new flow
+	 * that reuses the tuple (say, a direct connection from the same
+	 * client port). Replies keep it in step with its forward entry. */
+	if (p->proto == IPPROTO_TCP && (__s32)(e->expires - now) < 0)
+		return TC_ACT_OK;
 	vip = e->nat_addr;
 	vport = e->nat_port;
 
