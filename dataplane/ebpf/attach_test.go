@@ -44,7 +44,7 @@ func (e *dpEnv) clsactFilters() int {
 // without tcx get), then restarts onto tcx and back: each switch leaves the
 // programs attached exactly once, and traffic flows throughout.
 func TestTCAttachModes(t *testing.T) {
-	e := newDPEnv(t, []string{"client", "be1", "be2"}, MapSizes{})
+	e := newDPEnv(t, []string{"client", "be1", "be2"}, dpSmallMaps)
 	vip := netip.MustParseAddr("198.19.0.10")
 	svc := e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be2"))
 
@@ -94,7 +94,7 @@ func TestTCAttachModes(t *testing.T) {
 // attached is served too (the netlink link subscription), and that
 // interfaces outside --pod-interfaces are left alone.
 func TestNewPodInterface(t *testing.T) {
-	e := newDPEnv(t, []string{"client", "be1"}, MapSizes{})
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
 	vip := netip.MustParseAddr("198.19.0.10")
 	e.open(nil)
 	e.apply(dpState(1, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
@@ -132,7 +132,7 @@ func TestNewPodInterface(t *testing.T) {
 // handed to another backend after it, so a conntrack or affinity entry that
 // names the old ID can never find the new backend.
 func TestIDsNotReusedAfterRestart(t *testing.T) {
-	e := newDPEnv(t, []string{"client", "be1", "be2", "be3"}, MapSizes{})
+	e := newDPEnv(t, []string{"client", "be1", "be2", "be3"}, dpSmallMaps)
 	vip := netip.MustParseAddr("198.19.0.10")
 	e.open(nil)
 	e.apply(dpState(1, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be2"))))
@@ -146,4 +146,52 @@ func TestIDsNotReusedAfterRestart(t *testing.T) {
 		t.Fatalf("be3 got backend ID %d after the restart; be2 had %d before it: freed IDs must not come back", got, old)
 	}
 	e.expectBackends(vip, "be1", "be3")
+}
+
+// TestResizeOneMapKeepsConntrack: restarting with another event-ring size
+// replaces that map alone; conntrack survives, and with it an established
+// connection.
+func TestResizeOneMapKeepsConntrack(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1", "be2"}, dpSmallMaps)
+	vip := netip.MustParseAddr("198.19.0.10")
+	svc := e.service("svc", vip, dataplane.TCP, dpReady("be1"), dpReady("be2"))
+	e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(vip))
+	if err != nil {
+		t.Fatalf("dial %s: %v", vip, err)
+	}
+	defer c.Close()
+	first := connRequest(t, c, "before the restart")
+	ctInfo, err := e.dp.objs.VipdCt.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctID, _ := ctInfo.ID()
+	evInfo, err := e.dp.objs.VipdEvents.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evID, _ := evInfo.ID()
+	e.close()
+
+	e.cfg.Maps.Events = 1 << 20
+	e.open(nil)
+	e.apply(dpState(2, nil, svc))
+	if info, err := e.dp.objs.VipdCt.Info(); err != nil {
+		t.Fatal(err)
+	} else if id, _ := info.ID(); id != ctID {
+		t.Errorf("conntrack map was replaced (ID %d, was %d) when only the event ring changed size", id, ctID)
+	}
+	if info, err := e.dp.objs.VipdEvents.Info(); err != nil {
+		t.Fatal(err)
+	} else if id, _ := info.ID(); id == evID || e.dp.objs.VipdEvents.MaxEntries() != 1<<20 {
+		t.Errorf("event ring: ID %d (was %d), %d bytes; want a new map of %d bytes", id, evID, e.dp.objs.VipdEvents.MaxEntries(), 1<<20)
+	}
+	if got := connRequest(t, c, "after the restart"); got != first {
+		t.Fatalf("established connection answered by %s after resizing the event ring, want %s", got, first)
+	}
+	e.expectBackends(vip, "be1", "be2")
 }

@@ -127,6 +127,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 			"pinned", v, "ours", layoutVersion)
 		removePinnedMaps(dir)
 	}
+	removeResizedMaps(log, dir, spec)
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	var objs bpfObjects
 	err = spec.LoadAndAssign(&objs, opts)
@@ -144,6 +145,28 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		return nil, nil, fmt.Errorf("load BPF objects: %w", err)
 	}
 	return &objs, inner, nil
+}
+
+// removeResizedMaps unpins the maps whose size (or shape) the configuration
+// changed, and only those: resizing the event ring does not cost the
+// conntrack entries of established flows. A resized map starts empty; the
+// first (full) apply refills the service maps.
+func removeResizedMaps(log hclog.Logger, dir string, spec *ebpf.CollectionSpec) {
+	for name, ms := range spec.Maps {
+		pin := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(pin, nil)
+		if err != nil {
+			continue
+		}
+		same := m.Type() == ms.Type && m.KeySize() == ms.KeySize && m.ValueSize() == ms.ValueSize &&
+			m.MaxEntries() == ms.MaxEntries
+		m.Close()
+		if !same {
+			log.Warn("pinned map differs from the configuration: replacing it, empty", "map", name,
+				"max_entries", ms.MaxEntries)
+			os.Remove(pin)
+		}
+	}
 }
 
 // pinnedLayout reads the layout version of the maps pinned in dir.
