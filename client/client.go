@@ -301,9 +301,11 @@ func (c *Client) ListFlows(ctx context.Context, filter *vipdv1.FlowFilter, limit
 // or lost its flow source: watch again, and expect to have missed events).
 type FlowStream = vipdv1.FlowService_WatchFlowsClient
 
-// WatchFlows opens a stream of flow events; cancel ctx to end it. Unlike
-// the unary calls it has no default deadline: it lasts as long as ctx. It
-// is retried while vipd answers Unavailable before the first event only.
+// WatchFlows opens a stream of flow events; cancel ctx to end it. It returns
+// once vipd has subscribed the stream, so every event of traffic that starts
+// after it returns reaches the stream (or is reported lost). Unlike the
+// unary calls it has no default deadline: it lasts as long as ctx. It is
+// retried while vipd answers Unavailable before the first event only.
 //
 // vipd buffers a bounded number of events for each stream. A stream that
 // is read too slowly misses events, and gets a LostEvents with their exact
@@ -311,5 +313,15 @@ type FlowStream = vipdv1.FlowService_WatchFlowsClient
 // events the kernel dropped come as LostEvents of source
 // LOST_EVENTS_SOURCE_KERNEL.
 func (c *Client) WatchFlows(ctx context.Context, req *vipdv1.WatchFlowsRequest) (FlowStream, error) {
-	return c.flows.WatchFlows(ctx, req)
+	s, err := c.flows.WatchFlows(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	// vipd sends headers once the subscription is in place: waiting for
+	// them means no event of traffic started after WatchFlows returns is
+	// missed. (A stream that fails instead yields its error on Recv.)
+	if _, err := s.Header(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -97,6 +97,11 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 			return flowStatus(err)
 		}
 		defer sub.Close()
+		// Headers now tell the client that it is subscribed: every event
+		// from here on reaches it (client.WatchFlows waits for them).
+		if err := stream.SendHeader(nil); err != nil {
+			return err
+		}
 	}
 	if existing {
 		list, _, err := a.flows.List(ctx, f, 0)

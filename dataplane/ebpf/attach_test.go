@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -194,4 +195,49 @@ func TestResizeOneMapKeepsConntrack(t *testing.T) {
 		t.Fatalf("established connection answered by %s after resizing the event ring, want %s", got, first)
 	}
 	e.expectBackends(vip, "be1", "be2")
+}
+
+// TestDeletedServiceDrains: deleting a service leaves its established TCP
+// connections working, as conntrack's DNAT does under iptables, while new
+// connections to the VIP are no longer translated; once the last flow is
+// gone, the collector removes the draining entries.
+func TestDeletedServiceDrains(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
+	e.cfg.GCInterval = 200 * time.Millisecond
+	e.cfg.ConntrackTimeouts = ConntrackTimeouts{TCPClose: time.Second}
+	vip := netip.MustParseAddr("198.19.0.10")
+	e.open(nil)
+	e.apply(dpState(1, nil, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(vip))
+	if err != nil {
+		t.Fatalf("dial %s: %v", vip, err)
+	}
+	connRequest(t, c, "before the delete")
+
+	e.apply(dpState(2, []string{"svc"}))
+	for i := range 3 {
+		if got := connRequest(t, c, "after the service was deleted"); got != "be1" {
+			t.Fatalf("request %d on the established connection after the delete answered by %s, want be1", i, got)
+		}
+	}
+	e.expectDead(vip)
+	master := svcKeyOf(feKey{addr: vip, port: 80, proto: ipprotoTCP}, 0)
+	var v bpfSvcVal
+	if err := e.dp.objs.VipdServices.Lookup(&master, &v); err != nil || v.Flags&svcFlagDraining == 0 {
+		t.Fatalf("master entry while a flow drains: %+v, %v; want a draining one", v, err)
+	}
+
+	c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.dp.objs.VipdServices.Lookup(&master, &v) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the draining master is still there 10 s after its last flow closed: %+v", v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The VIP can come back, and works at once.
+	e.apply(dpState(3, []string{"svc"}, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
+	e.expectBackends(vip, "be1")
 }

@@ -134,6 +134,10 @@ type Dataplane struct {
 	monoOffset int64
 	// watch is the running WatchFlows, if any: the collector hands it the
 	// flows that time out.
+	// applyMu serializes Apply and the collector's removal of drained
+	// frontends: both change the programmer's state.
+	applyMu sync.Mutex
+
 	watchMu  sync.Mutex
 	watch    *flowWatch
 	closing  bool           // Close has begun: no new WatchFlows
@@ -243,6 +247,8 @@ func (d *Dataplane) Capabilities() dataplane.Capabilities {
 // prunes what no service accounts for. A failed Apply rolls the maps back
 // to the previously applied state.
 func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	full := d.needFull || s.Changed == nil
 	names := s.Changed
 	if full {
@@ -287,8 +293,21 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			changes = append(changes, change{key: k, fe: fe})
 		}
 	}
+	d.prog.noDrain = false
 	if err := d.prog.checkCapacity(changes); err != nil {
-		return err
+		if len(d.prog.draining) == 0 && !hasRemovals(changes) {
+			return err
+		}
+		// Room may be in draining frontends: end their flows' grace,
+		// and delete the leaving ones outright.
+		if _, derr := d.prog.drained(nil); derr != nil {
+			return errors.Join(err, derr)
+		}
+		d.prog.noDrain = true
+		if err := d.prog.checkCapacity(changes); err != nil {
+			return err
+		}
+		d.log.Warn("maps near capacity: deleted frontends were removed without letting their flows drain")
 	}
 	if err := d.prog.apply(changes, desired, full); err != nil {
 		d.needFull = true
@@ -306,6 +325,16 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		d.attached = true
 	}
 	return nil
+}
+
+// hasRemovals reports whether changes remove a frontend.
+func hasRemovals(changes []change) bool {
+	for _, c := range changes {
+		if c.fe == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // attach puts the programs in place: tc on pod interfaces, socket hooks on

@@ -39,7 +39,11 @@ func (d *Dataplane) collectGarbage() (int, error) {
 		flows, dead []bpfCtKey
 		replies     = map[bpfCtKey]bpfCtEntry{}
 	)
+	live := map[uint32]bool{} // reverse-NAT IDs of live flows
 	err := forEach(d.objs.VipdCt, func(k bpfCtKey, v bpfCtEntry) {
+		if k.Dir == ctDirForward && !expired(v.Expires, now) {
+			live[v.RevNatId] = true
+		}
 		switch {
 		case !expired(v.Expires, now):
 		case k.Dir == ctDirForward && v.EvFlags&ctEvClosed == 0:
@@ -120,6 +124,16 @@ func (d *Dataplane) collectGarbage() (int, error) {
 	}
 	if w != nil && len(closed) > 0 {
 		w.offer(closed)
+	}
+	// Deleted frontends drain until none of their flows is left.
+	d.applyMu.Lock()
+	drained, err := d.prog.drained(live)
+	d.applyMu.Unlock()
+	if err != nil {
+		return n + deleted, fmt.Errorf("remove drained frontends: %w", err)
+	}
+	if drained > 0 {
+		d.log.Debug("deleted frontends drained", "frontends", drained)
 	}
 	return n + deleted, nil
 }

@@ -14,6 +14,7 @@ const (
 	svcFlagAffinity = 1
 	svcFlagMaglev   = 2
 	svcFlagWeighted = 4
+	svcFlagDraining = 8
 
 	memberFlagEligible = 1
 

@@ -28,6 +28,11 @@ type programmer struct {
 
 	frontends map[feKey]*programmed
 	byService map[string][]feKey
+	// draining are deleted frontends whose draining master stays while
+	// flows use it, by reverse-NAT ID. noDrain deletes leaving frontends
+	// outright instead: when the maps are too full to keep them.
+	draining map[feKey]uint32
+	noDrain  bool
 
 	revNatIDs   map[feKey]uint32
 	nextRevNat  uint32
@@ -64,6 +69,7 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 		innerSpec:   innerSpec,
 		maglevMin:   maglevMin,
 		frontends:   map[feKey]*programmed{},
+		draining:    map[feKey]uint32{},
 		byService:   map[string][]feKey{},
 		revNatIDs:   map[feKey]uint32{},
 		backendIDs:  map[beKey]uint32{},
@@ -94,6 +100,14 @@ func (p *programmer) restore() error {
 	})
 	if err != nil {
 		return fmt.Errorf("read backend map: %w", err)
+	}
+	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
+		if sk.Slot == 0 && sv.Flags&svcFlagDraining != 0 {
+			p.draining[feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}] = sv.RevNatId
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("read service map: %w", err)
 	}
 	// The counters survive restarts: IDs freed before one are not reused.
 	var next uint32
@@ -187,17 +201,28 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	// 0. Frontends that leave go first, master first: they are leaving
 	// anyway, and their room may be needed. On a full apply of maps a
 	// previous run left behind, so do frontends no service has any more.
+	//
+	// A leaving frontend's master becomes a draining one (count 0, no new
+	// flow translated, new connections pass as if there were no service)
+	// so that its established TCP and SCTP flows finish, as conntrack's
+	// DNAT lets them under iptables; its reverse-NAT entry stays. The
+	// conntrack collector removes both once no flow uses them.
 	var leaving writes
 	for _, c := range gone {
 		old := p.frontends[c.key]
-		leaving.deleteSlot(c.key, 0)
+		if p.noDrain {
+			leaving.deleteSlot(c.key, 0)
+			leaving.deleteRevNat(old.revNat)
+		} else {
+			leaving.svcKeys = append(leaving.svcKeys, svcKeyOf(c.key, 0))
+			leaving.svcVals = append(leaving.svcVals, bpfSvcVal{RevNatId: old.revNat, Flags: svcFlagDraining})
+		}
 		for i := range old.slotIDs {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
 		for id := range old.memberIDs {
 			leaving.deleteMember(old.revNat, id)
 		}
-		leaving.deleteRevNat(old.revNat)
 		if old.fe.flags&svcFlagMaglev != 0 {
 			leaving.deleteMaglev(old.revNat)
 		}
@@ -320,7 +345,11 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		p.memberEntries -= len(old.memberIDs)
 		p.unindex(old.fe.service, c.key)
 		delete(p.frontends, c.key)
-		delete(p.revNatIDs, c.key)
+		if p.noDrain {
+			delete(p.revNatIDs, c.key)
+		} else {
+			p.draining[c.key] = old.revNat // its ID stays taken while it drains
+		}
 	}
 	for key, pr := range next {
 		if old := p.frontends[key]; old != nil {
@@ -340,6 +369,7 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		}
 		p.svcEntries += 1 + len(pr.slotIDs)
 		p.memberEntries += len(pr.memberIDs)
+		delete(p.draining, key) // back before it drained: a live master again
 		if old := p.frontends[key]; old == nil || old.fe.service != pr.fe.service {
 			if old != nil {
 				p.unindex(old.fe.service, key)
@@ -380,6 +410,33 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 
 // fail marks the programmer's in-memory IDs as possibly ahead of the maps:
 // the caller rebuilds fully on the next apply.
+// drained removes the draining masters (and reverse-NAT entries) of deleted
+// frontends that no live flow uses any more: live holds the reverse-NAT IDs
+// of the live flows. It returns how many it removed.
+func (p *programmer) drained(live map[uint32]bool) (int, error) {
+	var w writes
+	var done []feKey
+	for k, id := range p.draining {
+		if live[id] {
+			continue
+		}
+		w.deleteSlot(k, 0)
+		w.deleteRevNat(id)
+		done = append(done, k)
+	}
+	if len(done) == 0 {
+		return 0, nil
+	}
+	if err := w.flush(p.maps); err != nil {
+		return 0, err
+	}
+	for _, k := range done {
+		delete(p.draining, k)
+		delete(p.revNatIDs, k)
+	}
+	return len(done), nil
+}
+
 // saveCounters stores the next IDs in the pinned vipd_ids map.
 func (p *programmer) saveCounters() error {
 	if err := p.maps.VipdIds.Put(uint32(0), p.nextBackend); err != nil {
@@ -446,7 +503,7 @@ func (p *programmer) checkCapacity(changes []change) error {
 	// Departing frontends go first (apply step 0); a changing frontend
 	// holds the union of its old and new members, and its longer slot list,
 	// until its stale entries are trimmed (step 5): count that peak.
-	svc, members, frontends := p.svcEntries, p.memberEntries, len(p.frontends)
+	svc, members, frontends := p.svcEntries+len(p.draining), p.memberEntries, len(p.frontends)+len(p.draining)
 	newBackends := make(map[beKey]bool, len(changes))
 	for _, c := range changes {
 		old := p.frontends[c.key]
@@ -456,6 +513,10 @@ func (p *programmer) checkCapacity(changes []change) error {
 			frontends--
 		}
 		if c.fe == nil {
+			if old != nil && !p.noDrain {
+				svc++ // it drains: its master and reverse-NAT entry stay
+				frontends++
+			}
 			continue
 		}
 		frontends++
@@ -497,7 +558,7 @@ func (p *programmer) queueAbsent(w *writes, desired map[feKey]*frontend) error {
 	absent := map[uint32]bool{}
 	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
 		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
-		if desired[k] == nil {
+		if desired[k] == nil && p.draining[k] != id {
 			absent[id] = true
 			w.deleteRevNat(id)
 		}
@@ -509,6 +570,9 @@ func (p *programmer) queueAbsent(w *writes, desired map[feKey]*frontend) error {
 	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
 		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
 		if desired[k] != nil {
+			return
+		}
+		if _, drains := p.draining[k]; drains && sk.Slot == 0 {
 			return
 		}
 		if sk.Slot == 0 {
@@ -546,6 +610,9 @@ func (p *programmer) prune(desired map[feKey]*frontend) error {
 	var del writes
 	err := forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
 		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
+		if _, drains := p.draining[k]; drains && sk.Slot == 0 {
+			return
+		}
 		pr := p.frontends[k]
 		if pr == nil || desired[k] == nil || int(sk.Slot) > len(pr.slotIDs) {
 			del.svcDeletes = append(del.svcDeletes, sk)
@@ -561,6 +628,10 @@ func (p *programmer) prune(desired map[feKey]*frontend) error {
 	for _, pr := range p.frontends {
 		byRevNat[pr.revNat] = pr
 	}
+	drainingIDs := make(map[uint32]bool, len(p.draining))
+	for _, id := range p.draining {
+		drainingIDs[id] = true
+	}
 	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, _ uint32) {
 		if pr := byRevNat[mk.RevNatId]; pr == nil {
 			del.memberDeletes = append(del.memberDeletes, mk)
@@ -572,7 +643,7 @@ func (p *programmer) prune(desired map[feKey]*frontend) error {
 		return err
 	}
 	err = forEach(p.maps.VipdRevnat, func(id uint32, _ bpfRevNat) {
-		if byRevNat[id] == nil {
+		if byRevNat[id] == nil && !drainingIDs[id] {
 			del.revNatDeletes = append(del.revNatDeletes, id)
 		}
 	})
@@ -602,7 +673,7 @@ func (p *programmer) prune(desired map[feKey]*frontend) error {
 		}
 	}
 	for k, id := range p.revNatIDs {
-		if byRevNat[id] == nil {
+		if byRevNat[id] == nil && !drainingIDs[id] {
 			delete(p.revNatIDs, k)
 		}
 	}

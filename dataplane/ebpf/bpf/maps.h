@@ -22,6 +22,7 @@ union addr {
 #define SVC_F_AFFINITY 1 /* ClientIP session affinity */
 #define SVC_F_MAGLEV 2   /* pick by Maglev table, not at random */
 #define SVC_F_WEIGHTED 4 /* slots carry cumulative weights */
+#define SVC_F_DRAINING 8 /* deleted: tracked flows finish, nothing new is translated */
 
 /*
  * One frontend is (VIP, port, protocol). Slot 0 is its master entry; slots

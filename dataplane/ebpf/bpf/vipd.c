@@ -709,6 +709,8 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			flow_closed(replaced_reason(e, now), &fk, e, &rk);
 			bpf_map_delete_elem(&vipd_ct, &rk);
 		}
+		if (svc->flags & SVC_F_DRAINING)
+			return TC_ACT_OK; /* a deleted service: as if there were none */
 		if (svc->count == 0)
 			return reject(skb, p);
 		if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
@@ -927,7 +929,7 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6)
 	sk.port = (__be16)ctx->user_port;
 	sk.proto = proto;
 	svc = bpf_map_lookup_elem(&vipd_services, &sk);
-	if (!svc)
+	if (!svc || (svc->flags & SVC_F_DRAINING))
 		return 1;
 	if (svc->count == 0) {
 		bpf_set_retval(-ECONNREFUSED);
