@@ -62,9 +62,20 @@ func TestRunsAndStopsGracefully(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	fi, err := os.Stat(cfg.Socket)
-	if err != nil || fi.Mode().Perm() != 0o660 {
-		t.Fatalf("socket mode %v, %v; want 0660", fi.Mode(), err)
+	// The socket is chmodded right after it starts listening (until then
+	// its mode is the more restrictive one of the umask).
+	for {
+		fi, err := os.Stat(cfg.Socket)
+		if err == nil && fi.Mode().Perm() == 0o660 {
+			break
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				t.Fatalf("stat socket: %v", err)
+			}
+			t.Fatalf("socket mode %v; want 0660", fi.Mode())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	// A second daemon on the same state dir is refused.
 	second := cfg
