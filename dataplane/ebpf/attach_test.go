@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -240,4 +241,56 @@ func TestDeletedServiceDrains(t *testing.T) {
 	// The VIP can come back, and works at once.
 	e.apply(dpState(3, []string{"svc"}, e.service("svc", vip, dataplane.TCP, dpReady("be1"))))
 	e.expectBackends(vip, "be1")
+}
+
+// TestNodeLocalUnconnectedUDPSticks: datagrams of one unconnected node-local
+// UDP socket (sendto per datagram) to a VIP stay on one backend, as a UDP
+// conntrack entry would keep them, with replies from the VIP; when that
+// backend leaves, the socket moves on.
+func TestNodeLocalUnconnectedUDPSticks(t *testing.T) {
+	e := newDPEnv(t, []string{"be1", "be2", "be3"}, dpSmallMaps)
+	svc := e.service("test/udp", dpVIPA, dataplane.UDP, dpReady("be1"), dpReady("be2"), dpReady("be3"))
+	e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	vip := netip.AddrPortFrom(dpVIPA, 80)
+	c := e.startUDPClient(vip)
+	if line := c.do("open"); line != "ok" {
+		t.Fatalf("open: %s", line)
+	}
+	sendto := func(what string) string {
+		t.Helper()
+		line := c.do("sendto")
+		var backend, from string
+		if _, err := fmt.Sscanf(line, "reply %s from %s", &backend, &from); err != nil {
+			t.Fatalf("%s: the UDP client process said %q, want a reply", what, line)
+		}
+		if from != vip.String() {
+			t.Fatalf("%s: reply from %s, want the VIP %s", what, from, vip)
+		}
+		return backend
+	}
+	first := sendto("datagram 1")
+	for i := 2; i <= 20; i++ {
+		if got := sendto(fmt.Sprintf("datagram %d", i)); got != first {
+			t.Fatalf("datagram %d of one unconnected socket answered by %s, datagram 1 by %s: want one backend per socket", i, got, first)
+		}
+	}
+	var rest []dpBE
+	for _, b := range []string{"be1", "be2", "be3"} {
+		if b != first {
+			rest = append(rest, dpReady(b))
+		}
+	}
+	svc2 := e.service("test/udp", dpVIPA, dataplane.UDP, rest...)
+	svc2.Generation = 2
+	e.apply(dpState(2, []string{svc2.Name}, svc2))
+	moved := sendto("after its backend left")
+	if moved == first {
+		t.Fatalf("the socket still reaches %s, which left the service", first)
+	}
+	for i := range 5 {
+		if got := sendto("after the move"); got != moved {
+			t.Fatalf("datagram %d after the move answered by %s, then by %s", i, moved, got)
+		}
+	}
 }

@@ -152,6 +152,24 @@ type bpfSockKey struct {
 	Pad2 uint32
 }
 
+type bpfSockUdpKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Vip    struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+	Port uint16
+	Pad  uint16
+	Pad2 uint32
+}
+
+type bpfSockUdpVal struct {
+	_         structs.HostLayout
+	BackendId uint32
+	LastUsed  uint32
+}
+
 type bpfSockVal struct {
 	_   structs.HostLayout
 	Vip struct {
@@ -205,6 +223,7 @@ const (
 	bpfMapVipdRevnat            = "vipd_revnat"
 	bpfMapVipdServices          = "vipd_services"
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
+	bpfMapVipdSockUdp           = "vipd_sock_udp"
 	bpfProgVipdFromPod          = "vipd_from_pod"
 	bpfProgVipdSockConnect4     = "vipd_sock_connect4"
 	bpfProgVipdSockConnect6     = "vipd_sock_connect6"
@@ -287,6 +306,7 @@ type bpfMapSpecs struct {
 	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.MapSpec `ebpf:"vipd_services"`
 	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
+	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -327,6 +347,7 @@ type bpfMaps struct {
 	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.Map `ebpf:"vipd_services"`
 	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
+	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -343,6 +364,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdRevnat,
 		m.VipdServices,
 		m.VipdSockRevnat,
+		m.VipdSockUdp,
 	)
 }
 

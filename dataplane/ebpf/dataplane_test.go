@@ -905,6 +905,32 @@ func dpServeUDPClient(vip, nsPath string) int {
 			}
 			backend, _, _ := strings.Cut(string(buf[:n]), " ")
 			fmt.Printf("reply %s\n", backend)
+		case "open": // an unconnected socket, for sendto
+			c, err := net.ListenUDP("udp4", nil)
+			if err != nil {
+				fail("listen", err)
+				continue
+			}
+			conn = c
+			fmt.Println("ok")
+		case "sendto":
+			if conn == nil {
+				fmt.Println("error - no socket")
+				continue
+			}
+			if _, err := conn.WriteToUDPAddrPort([]byte("ping\n"), dst); err != nil {
+				fail("sendto", err)
+				continue
+			}
+			conn.SetReadDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 512)
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				fail("recvfrom", err)
+				continue
+			}
+			backend, _, _ := strings.Cut(string(buf[:n]), " ")
+			fmt.Printf("reply %s from %s\n", backend, from)
 		default:
 			fmt.Printf("error - unknown command %q\n", in.Text())
 		}

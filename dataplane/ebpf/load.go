@@ -113,6 +113,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		"vipd_ct":          sizes.Conntrack,
 		"vipd_affinity":    sizes.Affinity,
 		"vipd_sock_revnat": sizes.Sockets,
+		"vipd_sock_udp":    sizes.Sockets,
 		"vipd_events":      sizes.Events,
 	} {
 		if size == 0 {

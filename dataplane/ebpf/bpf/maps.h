@@ -183,6 +183,21 @@ struct sock_val {
 #define CT_TCP_CLOSE 10
 #define CT_OTHER 60
 
+/* Unconnected node-local UDP sockets: the backend each one's datagrams to
+ * a VIP go to, so that a socket's exchange stays on one backend. */
+struct sock_udp_key {
+	__u64 cookie;
+	union addr vip;
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct sock_udp_val {
+	__u32 backend_id;
+	__u32 last_used; /* monotonic seconds */
+};
+
 struct config {
 	__u64 host_netns_cookie; /* socket hooks act only in this netns */
 	__u32 layout_version;    /* at offset 8 in every layout */
@@ -270,6 +285,14 @@ struct {
 	__type(value, struct sock_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_sock_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct sock_udp_key);
+	__type(value, struct sock_udp_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_sock_udp SEC(".maps");
 
 /* The next backend ID (0) and reverse-NAT ID (1) vipd will hand out. IDs
  * only grow, across restarts too: a conntrack or affinity entry that names

@@ -908,7 +908,7 @@ static __always_inline int sock_addr_set(struct bpf_sock_addr *ctx, int v6, cons
  * getpeername() show the VIP. With no usable backend it refuses the call
  * with ECONNREFUSED.
  */
-static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6)
+static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int sendmsg)
 {
 	struct svc_key sk = {};
 	struct svc_val *svc;
@@ -940,7 +940,30 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6)
 	/* The client of a node-local socket is its network namespace. */
 	client.w[0] = (__u32)netns;
 	client.w[1] = (__u32)(netns >> 32);
-	id = select_backend(&sk, svc, &client, mix32((__u32)cookie ^ (__u32)(cookie >> 32)));
+	id = 0;
+	if (sendmsg) {
+		/* An unconnected socket's datagrams to a VIP stay on one backend
+		 * while it is listed and the exchange is not idle, as a UDP
+		 * conntrack entry would keep them. */
+		struct sock_udp_key uk = {.cookie = cookie, .vip = sk.addr, .port = sk.port};
+		struct sock_udp_val *uv = bpf_map_lookup_elem(&vipd_sock_udp, &uk);
+		__u32 now = now_sec();
+
+		if (uv && now - uv->last_used <= cfg_or(config(), ct_other, CT_OTHER) &&
+		    member_flags(svc->rev_nat_id, uv->backend_id) >= 0) {
+			id = uv->backend_id;
+			uv->last_used = now;
+		} else {
+			id = select_backend(&sk, svc, &client, mix32((__u32)cookie ^ (__u32)(cookie >> 32)));
+			if (id) {
+				struct sock_udp_val nv = {.backend_id = id, .last_used = now};
+
+				bpf_map_update_elem(&vipd_sock_udp, &uk, &nv, BPF_ANY);
+			}
+		}
+	} else {
+		id = select_backend(&sk, svc, &client, mix32((__u32)cookie ^ (__u32)(cookie >> 32)));
+	}
 	b = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
 	if (!b) {
 		bpf_set_retval(-ECONNREFUSED);
@@ -984,16 +1007,16 @@ static __always_inline int sock_reverse(struct bpf_sock_addr *ctx, int v6)
 }
 
 SEC("cgroup/connect4")
-int vipd_sock_connect4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0); }
+int vipd_sock_connect4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0, 0); }
 
 SEC("cgroup/connect6")
-int vipd_sock_connect6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1); }
+int vipd_sock_connect6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1, 0); }
 
 SEC("cgroup/sendmsg4")
-int vipd_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0); }
+int vipd_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 0, 1); }
 
 SEC("cgroup/sendmsg6")
-int vipd_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1); }
+int vipd_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_translate(ctx, 1, 1); }
 
 SEC("cgroup/recvmsg4")
 int vipd_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_reverse(ctx, 0); }
