@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,13 +17,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/internal/syncbuf"
+
+	"golang.org/x/sys/unix"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"golang.org/x/sys/unix"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 const (
@@ -640,7 +642,7 @@ type daemon struct {
 	// args are extra flags for vipd run, after the daemon's own.
 	args []string
 
-	log lockedBuffer
+	log syncbuf.Buffer
 
 	mu     sync.Mutex
 	proc   *os.Process
@@ -729,22 +731,4 @@ func (d *daemon) logTail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "")
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes and reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/internal/syncbuf"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/google/go-cmp/cmp"
@@ -593,25 +595,6 @@ func TestDataplaneResourceExhausted(t *testing.T) {
 	e.expectDead(dpVIPB)
 }
 
-// dpSyncBuffer is a bytes.Buffer for a logger that other goroutines may
-// write to.
-type dpSyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *dpSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *dpSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestDataplaneLayoutMismatch(t *testing.T) {
 	e := newDPEnv(t, []string{"client", "be1", "be2"}, dpSmallMaps)
 	svc := e.service("test/a", dpVIPA, dataplane.TCP, dpReady("be1"))
@@ -640,7 +623,7 @@ func TestDataplaneLayoutMismatch(t *testing.T) {
 		t.Fatalf("write config map: %v", err)
 	}
 
-	var logs dpSyncBuffer
+	var logs syncbuf.Buffer
 	dp = e.open(hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
 	const msg = "pinned maps have another layout version: replacing them"
 	if out := logs.String(); !strings.Contains(out, msg) || !strings.Contains(out, "pinned=999") {

@@ -1,13 +1,13 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/vipd/vipd/internal/syncbuf"
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/testserver"
@@ -91,30 +91,12 @@ func TestFlowsList(t *testing.T) {
 `, ExitInvalid)
 }
 
-// syncBuffer is a bytes.Buffer that a running vipctl writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // follow runs "vipctl flows --follow" with args until it has printed
 // lines lines after emit ran, then interrupts it as Ctrl-C would. It must
 // be the only stream of vipd.
 func follow(t *testing.T, vipd *testserver.Server, lines int, emit func(), args ...string) result {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	app := New(Streams{In: strings.NewReader(""), Out: &out, Err: &errb})

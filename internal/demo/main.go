@@ -19,7 +19,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -32,14 +31,16 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/vipd/vipd/internal/syncbuf"
+
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
-	"golang.org/x/sys/unix"
 )
 
 // Dataplanes the demo runs vipd with.
@@ -109,34 +110,15 @@ func (d *demo) show(ctx context.Context, name string, args ...string) error {
 // flowFollower is a `vipctl flows --follow` running in the background.
 type flowFollower struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	args []string
-}
-
-// syncBuffer is a bytes.Buffer that a child's output can be copied into
-// while it is read.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // followFlows starts streaming the flow events of default/web.
 func (d *demo) followFlows(ctx context.Context) (*flowFollower, error) {
 	args := []string{"--socket", d.socket, "flows", "--follow", "--service", "default/web"}
 	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "vipctl"), args...)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err
