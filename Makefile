@@ -7,7 +7,7 @@ BIN      := $(CURDIR)/bin
 GOTEST   ?= $(GO) test
 TESTARGS ?= -count=1 -race -timeout 20m
 
-.PHONY: all build test generate lint demo clean deps
+.PHONY: all build test generate lint demo clean deps bench bench-quick
 
 all: build
 
@@ -36,6 +36,15 @@ DATAPLANE ?= ebpf
 
 demo: deps build $(BIN)/grpcurl
 	$(GO) run ./internal/demo -bin $(BIN) -dataplane $(DATAPLANE)
+
+# bench measures vipd against the direct path and a kube-proxy-shaped
+# iptables ruleset and writes bench/RESULTS.md (about half an hour);
+# bench-quick runs small sizes of every measurement and prints the tables.
+bench: deps build
+	$(GO) run ./bench/cmd/vipd-bench -vipd $(BIN)/vipd -out bench/RESULTS.md
+
+bench-quick: deps build
+	$(GO) run ./bench/cmd/vipd-bench -quick -vipd $(BIN)/vipd
 
 clean:
 	rm -rf $(BIN)

@@ -40,43 +40,85 @@ const removeTimeout = 10 * time.Second
 func NewTestGroup(tb testing.TB) string {
 	tb.Helper()
 	requireRoot(tb)
-	if err := sweepMounts(tb.Logf); err != nil {
-		tb.Logf("sweep leftover test cgroup mounts: %v", err)
-	}
-	mnt, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", mountPrefix, os.Getpid()))
+	g, err := NewGroup(tb.Logf)
 	if err != nil {
-		tb.Fatalf("new test cgroup: %v", err)
-	}
-	if err := mount(mnt); err != nil {
-		os.Remove(mnt)
 		tb.Fatalf("new test cgroup: %v (is the kernel built with cgroup v2, and does the test have CAP_SYS_ADMIN?)", err)
 	}
 	tb.Cleanup(func() {
-		if err := unmount(mnt); err != nil {
-			tb.Errorf("remove test cgroup mount: %v", err)
-		}
-	})
-	if err := sweepGroups(mnt, tb.Logf); err != nil {
-		tb.Logf("sweep leftover test cgroups: %v", err)
-	}
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatalf("new test cgroup: %v", err)
-	}
-	dir := filepath.Join(mnt, fmt.Sprintf("%s%d-%s", groupPrefix, os.Getpid(), hex.EncodeToString(b[:])))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		tb.Fatalf("new test cgroup: %v", err)
-	}
-	tb.Cleanup(func() {
-		killed, err := removeGroup(dir, removeTimeout)
+		killed, err := g.Remove()
 		if len(killed) > 0 {
-			tb.Logf("test cgroup %s: killed leftover processes %v", filepath.Base(dir), killed)
+			tb.Logf("test cgroup %s: killed leftover processes %v", filepath.Base(g.Dir()), killed)
 		}
 		if err != nil {
 			tb.Errorf("remove test cgroup: %v", err)
 		}
 	})
-	return dir
+	return g.Dir()
+}
+
+// Group is a throwaway cgroup, "vipd-test-<pid>-<hex>", made as a child of
+// the cgroup2 root (of the caller's cgroup namespace) through a private
+// cgroup2 mount in the temporary directory: something to attach socket hooks
+// to and start processes in without touching the machine's root cgroup.
+// Processes get into the group by being born there (see NewTestGroup).
+type Group struct {
+	mnt, dir string
+}
+
+// NewGroup mounts cgroup2 privately and makes a new, empty group there. It
+// first removes the mounts and empty groups that processes which died
+// without cleaning up left behind, telling logf. On error it leaves nothing
+// behind; otherwise the caller must Remove the group.
+func NewGroup(logf func(string, ...any)) (_ *Group, err error) {
+	if err := sweepMounts(logf); err != nil {
+		logf("sweep leftover cgroup2 mounts: %v", err)
+	}
+	mnt, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", mountPrefix, os.Getpid()))
+	if err != nil {
+		return nil, err
+	}
+	if err := mount(mnt); err != nil {
+		os.Remove(mnt)
+		return nil, err
+	}
+	g := &Group{mnt: mnt}
+	defer func() {
+		if err != nil {
+			g.Remove()
+		}
+	}()
+	if err := sweepGroups(mnt, logf); err != nil {
+		logf("sweep leftover cgroups: %v", err)
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(mnt, fmt.Sprintf("%s%d-%s", groupPrefix, os.Getpid(), hex.EncodeToString(b[:])))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	g.dir = dir
+	return g, nil
+}
+
+// Dir is the group's absolute path, inside the private mount.
+func (g *Group) Dir() string { return g.dir }
+
+// Remove kills whatever is still in the group, removes the group, unmounts
+// the private mount and removes its mount point. It tries every step, and
+// returns the processes it killed and every error.
+func (g *Group) Remove() (killed []int, err error) {
+	var errs []error
+	if g.dir != "" {
+		k, err := removeGroup(g.dir, removeTimeout)
+		killed = k
+		errs = append(errs, err)
+	}
+	// Only os.Remove once unmounted: RemoveAll on a mounted cgroup2 would
+	// remove the machine's empty cgroups.
+	errs = append(errs, unmount(g.mnt))
+	return killed, errors.Join(errs...)
 }
 
 // removeGroup kills every process in the cgroup dir, which must have no child

@@ -10,7 +10,7 @@
 // With eBPF it also sends requests from a process on the node itself, which
 // the socket hooks balance at connect(), and lists the maps and links vipd
 // pinned. vipd pins them in a bpffs of the demo's own and attaches its
-// socket hooks to a cgroup of the demo's own (vipd-demo-<pid>, made through
+// socket hooks to a cgroup of the demo's own (vipd-test-<pid>-<hex>, made through
 // a private cgroup2 mount), never to the machine's root cgroup. With
 // iptables it shows the conntrack entries and the rules instead.
 //
@@ -83,7 +83,7 @@ type demo struct {
 	vipdArgs        []string
 	lab             *netlab.Lab
 	node            *netlab.Node
-	cgroup          *demoCgroup    // eBPF only
+	cgroup          *cgroup2.Group // eBPF only
 	client          *netlab.Client // eBPF only: the process on the node
 	vipd            *exec.Cmd      // the running vipd, or nil
 	vipdStartedOnce bool           // the kernel may hold what vipd programmed
@@ -174,7 +174,7 @@ func run(ctx context.Context, bin, dataplane string) error {
 	defer d.close()
 
 	if d.ebpf() {
-		if d.cgroup, err = newDemoCgroup(); err != nil {
+		if d.cgroup, err = cgroup2.NewGroup(func(string, ...any) {}); err != nil {
 			return err
 		}
 	}
@@ -196,9 +196,9 @@ func run(ctx context.Context, bin, dataplane string) error {
 	d.vipdArgs = []string{"run", "--dataplane", dataplane, "--netns", node.Path(), "--metrics-addr=",
 		"--socket", d.socket, "--state-dir", filepath.Join(work, "state")}
 	if d.ebpf() {
-		d.vipdArgs = append(d.vipdArgs, "--cgroup-path", d.cgroup.dir, "--bpffs", d.bpffs())
+		d.vipdArgs = append(d.vipdArgs, "--cgroup-path", d.cgroup.Dir(), "--bpffs", d.bpffs())
 		step("start vipd with the eBPF dataplane, programming %s", node.Name())
-		fmt.Printf("  tc programs on the pods' host veths, socket hooks on the cgroup %s\n", d.cgroup.dir)
+		fmt.Printf("  tc programs on the pods' host veths, socket hooks on the cgroup %s\n", d.cgroup.Dir())
 		fmt.Printf("  (not the machine's root cgroup), maps and links pinned in %s\n", d.bpffs())
 	} else {
 		step("start vipd with the iptables dataplane, programming %s", node.Name())
@@ -285,7 +285,7 @@ func run(ctx context.Context, bin, dataplane string) error {
 
 	if d.ebpf() {
 		step("what vipd pinned in %s", d.bpffs())
-		if err := showPinned(d.bpffs(), node, d.cgroup.dir); err != nil {
+		if err := showPinned(d.bpffs(), node, d.cgroup.Dir()); err != nil {
 			return err
 		}
 		fmt.Println("  The tcx links (the pods' host veths) and the cgroup links (the socket hooks) are pinned")
@@ -350,7 +350,7 @@ func run(ctx context.Context, bin, dataplane string) error {
 // connect(), so the packets carry the backend's address from the start,
 // and getpeername() still gives the VIP.
 func (d *demo) nodeLocal(ctx context.Context) error {
-	c, err := d.node.StartClient(ctx, d.cgroup.dir)
+	c, err := d.node.StartClient(ctx, d.cgroup.Dir())
 	if err != nil {
 		return err
 	}
@@ -514,7 +514,8 @@ func (d *demo) close() {
 		report("remove the namespaces", d.lab.Close())
 	}
 	if d.cgroup != nil {
-		report("remove the cgroup", d.cgroup.remove())
+		_, err := d.cgroup.Remove()
+		report("remove the cgroup", err)
 	}
 	report("remove the work directory", os.RemoveAll(d.work))
 }

@@ -1,172 +1,19 @@
-package bench
+package main
 
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"slices"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
-
-// flowBenchDuration is how long the workers of BenchmarkFlowEvents make
-// connections, per iteration.
-const flowBenchDuration = 3 * time.Second
-
-// BenchmarkFlowEvents measures the flow event pipeline under load, per
-// dataplane: W workers in a client pod each make TCP connections to a VIP
-// one after the other (connect, one request, close) for 3 s, while one
-// WatchFlows stream (vipd's default buffer) reads every event of the
-// service. It reports
-//
-//   - conn/s: connections made;
-//   - events: NEW and CLOSED events the stream got; missing: those it got
-//     neither as an event nor as part of a LostEvents count;
-//   - lost: events reported lost (kernel and subscriber);
-//   - new-p50-us, new-p99-us: from the start of connect() to the NEW
-//     event's arrival on the stream, matched by client port.
-//
-// For iptables, node1's conntrack TIME_WAIT is cut to 1 s, so that CLOSED
-// events (reported when the kernel destroys the entry) arrive while the
-// benchmark waits for them.
-//
-//	go test ./bench/ -run '^$' -bench FlowEvents -benchtime 1x
-func BenchmarkFlowEvents(b *testing.B) {
-	for _, dp := range []string{"iptables", "ebpf"} {
-		for _, w := range []int{4, 16} {
-			b.Run(fmt.Sprintf("%s/workers=%d", dp, w), func(b *testing.B) { benchFlowEvents(b, dp, w) })
-		}
-	}
-}
-
-func benchFlowEvents(b *testing.B, dp string, workers int) {
-	lab := netlab.New(b, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "be1", "be2", "be3"}}}})
-	node := lab.Node(1)
-	clientPod := node.Pod("client")
-	svc := &vipdv1.Service{
-		Name: "bench/flows", Vips: []string{"198.19.0.10"},
-		Ports: []*vipdv1.Port{{Name: "http", Port: 80, TargetPort: 8080}},
-	}
-	for _, name := range []string{"be1", "be2", "be3"} {
-		p := node.Pod(name)
-		if _, err := p.StartEcho(name, 8080); err != nil {
-			b.Fatal(err)
-		}
-		svc.Backends = append(svc.Backends, &vipdv1.Backend{Ip: p.IPv4().String()})
-	}
-	vip := netip.MustParseAddrPort("198.19.0.10:80")
-	// Room for every connection's port while it sits in TIME_WAIT; the
-	// probes' ports lie below.
-	if err := clientPod.SetSysctl("net.ipv4.ip_local_port_range", "2000 65535"); err != nil {
-		b.Fatal(err)
-	}
-	args := []string{"--dataplane", dp}
-	if dp == "ebpf" {
-		args = append(args, "--cgroup-path", cgroup2.NewTestGroup(b))
-	} else {
-		for _, s := range [][2]string{
-			{"net.netfilter.nf_conntrack_tcp_timeout_time_wait", "1"},
-			{"net.netfilter.nf_conntrack_tcp_timeout_close_wait", "1"},
-			{"net.netfilter.nf_conntrack_tcp_timeout_fin_wait", "1"},
-			{"net.netfilter.nf_conntrack_tcp_timeout_last_ack", "1"},
-			{"net.netfilter.nf_conntrack_tcp_timeout_close", "1"},
-		} {
-			if err := node.SetSysctl(s[0], s[1]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	_, api := startVipd(b, node, args...)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := api.UpsertService(ctx, svc, 0); err != nil {
-		b.Fatal(err)
-	}
-
-	w, err := watchFlowEvents(ctx, api, svc.Name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The stream is subscribed once a connection's NEW reaches it.
-	deadline := time.Now().Add(15 * time.Second)
-	for port, synced := uint16(1024), false; !synced; port++ {
-		if time.Now().After(deadline) || port == 2000 {
-			b.Fatal("the stream got no NEW event of a probe connection in 15 s")
-		}
-		w.ignore(port)
-		if _, _, err := flowRequest(clientPod.NS, vip, port); err != nil {
-			b.Fatal(err)
-		}
-		for end := time.Now().Add(250 * time.Millisecond); !synced && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-			synced = w.sawProbe(port)
-		}
-	}
-
-	var (
-		conns   []flowBenchConn
-		elapsed time.Duration
-		errs    int
-		firstEr error
-	)
-	b.ResetTimer()
-	for range b.N {
-		c, d, n, err := runFlowWorkers(clientPod.NS, vip, workers, flowBenchDuration)
-		conns = append(conns, c...)
-		elapsed += d
-		errs += n
-		if firstEr == nil {
-			firstEr = err
-		}
-	}
-	b.StopTimer()
-
-	// Wait for every connection's NEW and CLOSED, or their loss reports.
-	// For iptables a dump makes the kernel destroy expired entries.
-	want := 2 * len(conns)
-	deadline = time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		st := w.stats()
-		if st.news+st.closeds+int(st.lost) >= want {
-			break
-		}
-		if dp == "iptables" {
-			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
-			api.ListFlows(lctx, nil, 0)
-			lcancel()
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	st := w.stats()
-	if err := w.failure(); err != nil {
-		b.Fatalf("WatchFlows: %v", err)
-	}
-	lat := w.latencies(conns)
-	failed := fmt.Sprint(errs)
-	if firstEr != nil {
-		failed += fmt.Sprintf(", first: %v", firstEr)
-	}
-	b.Logf("%s, %d workers: %d connections in %v (%s failed); %d NEW + %d CLOSED events, %d lost (kernel %d, subscriber %d); %d of %d NEW matched to their connection",
-		dp, workers, len(conns), elapsed.Round(time.Millisecond), failed, st.news, st.closeds, st.lost, st.lostKernel, st.lost-st.lostKernel, len(lat), len(conns))
-	b.ReportMetric(float64(len(conns))/elapsed.Seconds(), "conn/s")
-	b.ReportMetric(float64(st.news+st.closeds), "events")
-	b.ReportMetric(float64(st.lost), "lost")
-	b.ReportMetric(float64(max(0, want-st.news-st.closeds-int(st.lost))), "missing")
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) }
-		b.ReportMetric(pct(0.5), "new-p50-us")
-		b.ReportMetric(pct(0.99), "new-p99-us")
-	}
-}
 
 // flowBenchConn is one connection: its client port and when connect()
 // started.

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/vipd/vipd/internal/netlab"
+)
+
+// fullRun is one full programming of N services × 10 backends: by
+// SyncServices from empty, then by a restart that restores the state dir.
+type fullRun struct {
+	sync, restart       time.Duration
+	syncRSS, restartRSS int64
+	mapMem              int64
+}
+
+// fullProgramming runs vipd with dataplane dp on an empty node, syncs n
+// services × 10 backends, restarts it, and measures both.
+func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run fullRun, err error) {
+	lab, err := netlab.Build(ctx, netlab.Spec{}, nil)
+	if err != nil {
+		return run, err
+	}
+	defer lab.Close()
+	d, err := newDaemon(b.vipd, dp, lab.Node(1), b.work)
+	if err != nil {
+		return run, err
+	}
+	defer func() {
+		if cerr := d.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if _, err := d.start(); err != nil {
+		return run, err
+	}
+	svcs := fillers(n, 10)
+	sctx, cancel := context.WithTimeout(ctx, b.cfg.fullTimeout)
+	defer cancel()
+	start := time.Now()
+	if _, err := d.api.SyncServices(sctx, owner, svcs); err != nil {
+		return run, fmt.Errorf("sync %d services: %w", n, err)
+	}
+	run.sync = time.Since(start)
+	svcs = nil
+	if run.syncRSS, err = d.peakRSS(); err != nil {
+		return run, err
+	}
+	if dp == "ebpf" {
+		if run.mapMem, err = d.mapMemory(); err != nil {
+			return run, err
+		}
+	}
+	if err := d.stop(); err != nil {
+		return run, err
+	}
+	if run.restart, err = d.start(); err != nil {
+		return run, fmt.Errorf("restart: %w", err)
+	}
+	st, err := d.api.Status(ctx)
+	if err != nil {
+		return run, err
+	}
+	if int(st.GetServices()) != n {
+		return run, fmt.Errorf("restarted vipd has %d services, want %d", st.GetServices(), n)
+	}
+	run.restartRSS, err = d.peakRSS()
+	return run, err
+}
+
+// fullSection measures full programming for both dataplanes.
+func (b *bench) fullSection(ctx context.Context) (*table, error) {
+	t := &table{
+		title: "2. Full programming",
+		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one SyncServices RPC (until it returns: applied and saved), "+
+			"then a restart of vipd on the same state dir (SIGTERM, start, until GetStatus says ready: the restored state applied over what the kernel kept). "+
+			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock). "+
+			"Median (min–max) of %d runs.", b.cfg.fullRuns),
+		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory"},
+	}
+	var firstErr error
+	for _, n := range b.cfg.fullSizes {
+		for _, dp := range []string{"ebpf", "iptables"} {
+			runs := b.cfg.fullRuns
+			var rs []fullRun
+			var err error
+			for r := range runs {
+				b.logf("full programming: %s, %s × 10, run %d/%d", dp, count(n), r+1, runs)
+				var run fullRun
+				if run, err = b.fullProgramming(ctx, dp, n); err != nil {
+					break
+				}
+				rs = append(rs, run)
+			}
+			if err != nil {
+				if firstErr == nil {
+					firstErr = fmt.Errorf("full programming %s at %d: %w", dp, n, err)
+				}
+				t.add(count(n), dp, "error: "+oneLine(err))
+				continue
+			}
+			col := func(f func(fullRun) float64) spread {
+				var xs []float64
+				for _, r := range rs {
+					xs = append(xs, f(r))
+				}
+				return spreadOf(xs)
+			}
+			b.figure(fmt.Sprintf("full/%s/%d/sync", dp, n), col(func(r fullRun) float64 { return r.sync.Seconds() }).med)
+			b.figure(fmt.Sprintf("full/%s/%d/rss", dp, n), col(func(r fullRun) float64 { return float64(r.syncRSS) }).med)
+			mapMem := "–"
+			if dp == "ebpf" {
+				mapMem = col(func(r fullRun) float64 { return float64(r.mapMem) }).format(fmtMiB)
+			}
+			t.add(count(n), dp,
+				col(func(r fullRun) float64 { return r.sync.Seconds() }).format(fmtSec),
+				col(func(r fullRun) float64 { return float64(r.syncRSS) }).format(fmtMiB),
+				col(func(r fullRun) float64 { return r.restart.Seconds() }).format(fmtSec),
+				col(func(r fullRun) float64 { return float64(r.restartRSS) }).format(fmtMiB),
+				mapMem)
+		}
+	}
+	return t, firstErr
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vipd/vipd/bench/kubeproxy"
+	"github.com/vipd/vipd/bench/load"
+	"github.com/vipd/vipd/internal/netlab"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+)
+
+// progVIP is the VIP of the service whose backend the programming
+// benchmark moves.
+var progVIP = netip.MustParseAddrPort("198.19.255.1:80")
+
+// landTimeout bounds the wait for a change to reach the data path.
+const landTimeout = 2 * time.Minute
+
+// progSample is one change: from the start of the request to the connect()
+// of the first connection that reached the new backend, and the request's
+// own latency (an UpsertService RPC, or a kube-proxy-style restore).
+type progSample struct {
+	land, call time.Duration
+	probes     int
+}
+
+// progCell is the outcome of one dataplane at one size.
+type progCell struct {
+	samples []progSample
+	err     error
+}
+
+func (c progCell) quantiles() (land50, land99, call50, call99 time.Duration) {
+	var land, call []time.Duration
+	for _, s := range c.samples {
+		land = append(land, s.land)
+		call = append(call, s.call)
+	}
+	return quantile(land, 0.5), quantile(land, 0.99), quantile(call, 0.5), quantile(call, 0.99)
+}
+
+// programmingLab is a node with a client pod and two backend pods, be1 and
+// be2, serving on 8080.
+func (b *bench) programmingLab(ctx context.Context) (*netlab.Lab, error) {
+	lab, err := netlab.Build(ctx, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "be1", "be2"}}}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"be1", "be2"} {
+		if _, err := lab.Pod(name).StartEcho(name, 8080); err != nil {
+			lab.Close()
+			return nil, err
+		}
+	}
+	return lab, nil
+}
+
+// programmingVipd measures vipd with dataplane dp and n other services
+// present (5 backends each): samples changes of the tested service's
+// backend between be1 and be2.
+func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int) (cell progCell) {
+	lab, err := b.programmingLab(ctx)
+	if err != nil {
+		return progCell{err: err}
+	}
+	defer lab.Close()
+	node := lab.Node(1)
+	d, err := newDaemon(b.vipd, dp, node, b.work)
+	if err != nil {
+		return progCell{err: err}
+	}
+	defer func() {
+		if err := d.close(); err != nil && cell.err == nil {
+			cell.err = err
+		}
+	}()
+	if _, err := d.start(); err != nil {
+		return progCell{err: err}
+	}
+	svc := func(pod string) *vipdv1.Service {
+		return &vipdv1.Service{
+			Name: owner + "/prog", Owner: owner, Vips: []string{progVIP.Addr().String()},
+			Ports:    []*vipdv1.Port{{Port: uint32(progVIP.Port()), TargetPort: 8080}},
+			Backends: backendsOf(lab.Pod(pod).IPv4()),
+		}
+	}
+	if _, err := d.api.SyncServices(ctx, owner, append(fillers(n, 5), svc("be1"))); err != nil {
+		return progCell{err: fmt.Errorf("sync %d services: %w", n+1, err)}
+	}
+	client := node.Pod("client")
+	if _, _, err := load.Probe(client.NS, progVIP, "be1", time.Now().Add(landTimeout)); err != nil {
+		return progCell{err: err}
+	}
+	for i := range samples {
+		target := []string{"be2", "be1"}[i%2]
+		s, err := measureChange(client.NS, target, func() error {
+			_, err := d.api.UpsertService(ctx, svc(target), 0)
+			return err
+		})
+		if err != nil {
+			return progCell{samples: cell.samples, err: err}
+		}
+		cell.samples = append(cell.samples, s)
+	}
+	return cell
+}
+
+// programmingKubeProxy measures the kube-proxy-shaped peer with n other
+// services present: each change is the partial iptables-restore --noflush
+// that kube-proxy runs when one service's endpoints change (the whole
+// KUBE-SERVICES chain and the service's chains rewritten).
+func (b *bench) programmingKubeProxy(ctx context.Context, n, samples int) progCell {
+	lab, err := b.programmingLab(ctx)
+	if err != nil {
+		return progCell{err: err}
+	}
+	defer lab.Close()
+	node := lab.Node(1)
+	svcs := kubeProxyFillers(n, 5)
+	ep := func(pod string) []netip.AddrPort {
+		return []netip.AddrPort{netip.AddrPortFrom(lab.Pod(pod).IPv4(), 8080)}
+	}
+	svcs = append(svcs, kubeproxy.Service{Namespace: owner, Name: "prog", PortName: "http", VIP: progVIP.Addr(), Port: progVIP.Port(), Protocol: "tcp", Endpoints: ep("be1")})
+	last := len(svcs) - 1
+	if _, err := kubeproxy.Restore(ctx, node.Path(), kubeproxy.Full(svcs, clusterCIDR), false); err != nil {
+		return progCell{err: fmt.Errorf("load %d kube-proxy services: %w", len(svcs), err)}
+	}
+	client := node.Pod("client")
+	if _, _, err := load.Probe(client.NS, progVIP, "be1", time.Now().Add(landTimeout)); err != nil {
+		return progCell{err: err}
+	}
+	var cell progCell
+	for i := range samples {
+		target := []string{"be2", "be1"}[i%2]
+		old := svcs[last].Endpoints
+		svcs[last].Endpoints = ep(target)
+		rules := kubeproxy.Partial(svcs, last, old, clusterCIDR)
+		s, err := measureChange(client.NS, target, func() error {
+			_, err := kubeproxy.Restore(ctx, node.Path(), rules, true)
+			return err
+		})
+		if err != nil {
+			return progCell{samples: cell.samples, err: err}
+		}
+		cell.samples = append(cell.samples, s)
+	}
+	return cell
+}
+
+// clusterCIDR is the pod range the kube-proxy-shaped rules treat as
+// in-cluster.
+var clusterCIDR = netip.MustParsePrefix("198.18.0.0/16")
+
+// measureChange starts change and probes the VIP from ns until a connection
+// reaches target.
+func measureChange(ns *netlab.NS, target string, change func() error) (progSample, error) {
+	start := time.Now()
+	done := make(chan error, 1)
+	var call time.Duration
+	go func() {
+		err := change()
+		call = time.Since(start)
+		done <- err
+	}()
+	landed, probes, perr := load.Probe(ns, progVIP, target, start.Add(landTimeout))
+	if err := <-done; err != nil {
+		return progSample{}, fmt.Errorf("change to %s: %w", target, err)
+	}
+	if perr != nil {
+		return progSample{}, perr
+	}
+	return progSample{land: max(0, landed.Sub(start)), call: call, probes: probes}, nil
+}
+
+// programmingSection measures network programming latency for both
+// dataplanes and the kube-proxy-shaped peer.
+func (b *bench) programmingSection(ctx context.Context) (*table, error) {
+	t := &table{
+		title: "1. Network programming latency",
+		intro: fmt.Sprintf("One service's backend moves between two pods, with N other services present (5 backends each). "+
+			"**land** is from sending the change to the connect() of the first new connection that reached the new backend "+
+			"(a client pod probes the VIP back to back, with fresh connections); **call** is the request's own latency: "+
+			"vipd's UpsertService RPC (the dataplane applied and the state saved with fdatasync), or for the kube-proxy-shaped peer the partial "+
+			"`iptables-nft-restore --noflush` that kube-proxy runs for one changed service (KUBE-SERVICES and the service's chains rewritten). "+
+			"p50/p99 over %d changes per cell (%d for iptables-based cells at 100,000); ratios are of the p99 land time.", b.cfg.progSamples, b.cfg.progSamplesSlow),
+		header: []string{"N present", "dataplane", "land p50", "land p99", "call p50", "call p99", "land p99 vs kube-proxy"},
+	}
+	var firstErr error
+	for _, n := range b.cfg.progSizes {
+		cells := map[string]progCell{}
+		for _, dp := range []string{"ebpf", "iptables", "kube-proxy"} {
+			samples := b.cfg.progSamples
+			if dp != "ebpf" && n >= 100_000 {
+				samples = b.cfg.progSamplesSlow
+			}
+			if dp == "kube-proxy" && n > b.cfg.kubeProxyMax {
+				t.note("kube-proxy-shaped peer not measured at %s services: loading its ruleset alone takes longer than this benchmark's budget (%s was the largest).", count(n), count(b.cfg.kubeProxyMax))
+				continue
+			}
+			b.logf("programming: %s with %s services present, %d changes", dp, count(n), samples)
+			var c progCell
+			if dp == "kube-proxy" {
+				c = b.programmingKubeProxy(ctx, n, samples)
+			} else {
+				c = b.programmingVipd(ctx, dp, n, samples)
+			}
+			cells[dp] = c
+			if c.err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("programming %s at %d: %w", dp, n, c.err)
+			}
+		}
+		_, kp99, _, _ := cells["kube-proxy"].quantiles()
+		for _, dp := range []string{"ebpf", "iptables", "kube-proxy"} {
+			c, ok := cells[dp]
+			if !ok {
+				continue
+			}
+			if c.err != nil {
+				t.add(count(n), dp, "error: "+oneLine(c.err))
+				continue
+			}
+			l50, l99, c50, c99 := c.quantiles()
+			b.figure(fmt.Sprintf("prog/%s/%d/land99", dp, n), l99.Seconds())
+			b.figure(fmt.Sprintf("prog/%s/%d/call99", dp, n), c99.Seconds())
+			t.add(count(n), dp, ms(l50), ms(l99), ms(c50), ms(c99), ratio(l99.Seconds(), kp99.Seconds()))
+		}
+	}
+	return t, firstErr
+}

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// table is one result table of the report.
+type table struct {
+	title  string
+	intro  string // what was measured and how, before the table
+	header []string
+	rows   [][]string
+	notes  []string // after the table
+}
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) note(format string, args ...any) {
+	t.notes = append(t.notes, fmt.Sprintf(format, args...))
+}
+
+// markdown writes t as a Markdown section.
+func (t *table) markdown(w io.Writer) {
+	fmt.Fprintf(w, "## %s\n\n", t.title)
+	if t.intro != "" {
+		fmt.Fprintf(w, "%s\n\n", t.intro)
+	}
+	fmt.Fprintf(w, "| %s |\n", strings.Join(t.header, " | "))
+	fmt.Fprintf(w, "|%s\n", strings.Repeat(" --- |", len(t.header)))
+	for _, r := range t.rows {
+		cells := slices.Clone(r)
+		for len(cells) < len(t.header) {
+			cells = append(cells, "")
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+	fmt.Fprintln(w)
+	for _, n := range t.notes {
+		fmt.Fprintf(w, "- %s\n", n)
+	}
+	if len(t.notes) > 0 {
+		fmt.Fprintln(w)
+	}
+}
+
+// spread summarises repeated runs of one figure: its median, min and max.
+type spread struct {
+	med, lo, hi float64
+	n           int
+}
+
+func spreadOf(xs []float64) spread {
+	if len(xs) == 0 {
+		return spread{}
+	}
+	s := slices.Sorted(slices.Values(xs))
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return spread{med: m, lo: s[0], hi: s[len(s)-1], n: len(s)}
+}
+
+// format renders the spread with f for each number: "med (lo–hi)".
+func (s spread) format(f func(float64) string) string {
+	if s.n == 0 {
+		return "–"
+	}
+	if s.n == 1 {
+		return f(s.med)
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(s.med), f(s.lo), f(s.hi))
+}
+
+// quantile returns the q-quantile of ds (sorted in place), 0 if empty.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[int(q*float64(len(ds)-1)+0.5)]
+}
+
+func ms(d time.Duration) string { return fmtMS(d.Seconds() * 1000) }
+
+func fmtMS(v float64) string {
+	switch {
+	case v < 1:
+		return fmt.Sprintf("%.2f ms", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%.0f ms", v)
+	}
+}
+
+func fmtSec(v float64) string {
+	if v < 10 {
+		return fmt.Sprintf("%.2f s", v)
+	}
+	return fmt.Sprintf("%.1f s", v)
+}
+
+func fmtRate(v float64) string { return count(int(v + 0.5)) }
+
+func fmtMiB(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
+
+func fmtGbit(bytesPerSec float64) string { return fmt.Sprintf("%.2f Gbit/s", bytesPerSec*8/1e9) }
+
+// ratio renders a/b as "0.97×", or "–" when b is zero.
+func ratio(a, b float64) string {
+	if b == 0 || a == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// count renders n with thousands separators: 10,000.
+func count(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// machine describes where the benchmark ran.
+func machine() []string {
+	var lines []string
+	model := "unknown CPU"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(data)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	lines = append(lines, fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), model))
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for line := range strings.Lines(string(data)) {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				var kb int64
+				fmt.Sscan(rest, &kb)
+				lines = append(lines, fmt.Sprintf("%.1f GiB memory", float64(kb)/(1<<20)))
+			}
+		}
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		lines = append(lines, "kernel "+unix.ByteSliceToString(u.Release[:]))
+	}
+	if out, err := exec.Command("iptables-nft", "--version").Output(); err == nil {
+		lines = append(lines, strings.TrimSpace(string(out)))
+	}
+	lines = append(lines, runtime.Version())
+	if out, err := exec.Command("git", "describe", "--always", "--dirty").Output(); err == nil {
+		lines = append(lines, "vipd "+strings.TrimSpace(string(out)))
+	}
+	return lines
+}
+
+// figure records a number that the summary of targets uses.
+func (b *bench) figure(key string, v float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.figures[key] = v
+}
+
+// target is one of the issue's targets and how to read it from figures.
+type target struct {
+	what string
+	want string
+	got  func(f map[string]float64) (string, bool, bool) // rendered value, met, measured
+}
+
+var targets = []target{
+	{"programming latency p99 (land), 10,000 present, eBPF", "≤ 1 ms", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["prog/ebpf/10000/land99"]
+		return fmtMS(v * 1000), v <= 0.001, ok
+	}},
+	{"programming latency p99 (land), 10,000 present, iptables", "≤ 0.2 × kube-proxy partial restore p99", func(f map[string]float64) (string, bool, bool) {
+		v, ok1 := f["prog/iptables/10000/land99"]
+		kp, ok2 := f["prog/kube-proxy/10000/call99"]
+		return fmt.Sprintf("%s = %s of %s", fmtMS(v*1000), ratio(v, kp), fmtMS(kp*1000)), ok2 && v <= 0.2*kp, ok1 && ok2
+	}},
+	{"TCP connection rate through the VIP, 10,000 services, eBPF vs direct", "≥ 0.95×", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["data/ebpf/10000/tcp/direct"]
+		return fmt.Sprintf("%.2f×", v), v >= 0.95, ok
+	}},
+	{"TCP connection rate through the VIP, 10,000 services, eBPF vs kube-proxy-shaped", "≥ 2×", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["data/ebpf/10000/tcp/kube-proxy"]
+		return fmt.Sprintf("%.2f×", v), v >= 2, ok
+	}},
+	{"full programming of 100,000 × 10, eBPF, SyncServices", "≤ 2 s", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["full/ebpf/100000/sync"]
+		return fmtSec(v), v <= 2, ok
+	}},
+	{"vipd peak RSS, 100,000 × 10, eBPF", "≤ 300 MB", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["full/ebpf/100000/rss"]
+		return fmt.Sprintf("%.0f MB", v/1e6), v <= 300e6, ok
+	}},
+	{"flow events lost at the highest rate this machine generates, eBPF", "0", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["flows/ebpf/lost-at-max"]
+		return fmt.Sprintf("%.0f lost at %.0f conn/s", v, f["flows/ebpf/max-rate"]), v == 0, ok
+	}},
+	{"flow events lost at the highest rate this machine generates, iptables", "0", func(f map[string]float64) (string, bool, bool) {
+		v, ok := f["flows/iptables/lost-at-max"]
+		return fmt.Sprintf("%.0f lost at %.0f conn/s", v, f["flows/iptables/max-rate"]), v == 0, ok
+	}},
+}
+
+// report writes the whole Markdown report.
+func (b *bench) report(w io.Writer, quick bool, only []string, started time.Time) {
+	fmt.Fprintln(w, "# vipd benchmark results")
+	fmt.Fprintln(w)
+	cmd := "make bench"
+	if quick {
+		cmd = "make bench-quick"
+	}
+	fmt.Fprintf(w, "Produced by `%s` (`%s`), %s, in %s.\n\n", cmd, strings.Join(os.Args, " "),
+		started.UTC().Format("2006-01-02 15:04 UTC"), time.Since(started).Round(time.Second))
+	fmt.Fprintln(w, "Machine: "+strings.Join(machine(), "; ")+".")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Everything ran inside throw-away network namespaces (netlab): a node namespace with pod namespaces on veths, "+
+		"vipd programming the node namespace. The **kube-proxy-shaped** peer is a ruleset in kube-proxy's iptables-mode shape "+
+		"(KUBE-SERVICES → KUBE-SVC-* with `statistic` → KUBE-SEP-* DNAT) loaded with `iptables-nft-restore` into the same kind of node namespace, "+
+		"the tested service last in KUBE-SERVICES. **direct** is the client pod talking to the backend pods' own addresses: the physical limit.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "## Targets")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | wanted | this run | met |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- |")
+	for _, t := range targets {
+		got, met, measured := t.got(b.figures)
+		if !measured {
+			continue
+		}
+		m := "no"
+		if met {
+			m = "yes"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", t.what, t.want, got, m)
+	}
+	fmt.Fprintln(w)
+	for _, s := range sections {
+		for _, t := range b.tables[s] {
+			t.markdown(w)
+		}
+	}
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/netlab"
+)
+
+// daemon is one vipd process serving one netlab node, with its state
+// directory, its private bpffs and (eBPF) its private cgroup. It may be
+// stopped and started again on the same state.
+type daemon struct {
+	bin       string
+	dataplane string
+	node      *netlab.Node
+	dir       string
+	cgroup    *cgroup2.Group
+
+	cmd *exec.Cmd
+	api *client.Client
+}
+
+// readyTimeout bounds how long a start waits for vipd to have applied its
+// restored state.
+const readyTimeout = 15 * time.Minute
+
+// newDaemon prepares a vipd for node in a new directory under work; start
+// runs it.
+func newDaemon(bin, dataplane string, node *netlab.Node, work string) (*daemon, error) {
+	dir, err := os.MkdirTemp(work, "vipd-"+dataplane+"-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{bin: bin, dataplane: dataplane, node: node, dir: dir}
+	if dataplane == "ebpf" {
+		if d.cgroup, err = cgroup2.NewGroup(func(string, ...any) {}); err != nil {
+			return nil, fmt.Errorf("cgroup for vipd: %w", err)
+		}
+	}
+	return d, nil
+}
+
+func (d *daemon) bpffs() string { return filepath.Join(d.dir, "bpf") }
+
+// start runs vipd and waits until it has applied its restored state. It
+// returns how long that took.
+func (d *daemon) start(extra ...string) (time.Duration, error) {
+	sock := filepath.Join(d.dir, "vipd.sock")
+	args := []string{"run", "--dataplane", d.dataplane, "--netns", d.node.Path(), "--socket", sock,
+		"--state-dir", filepath.Join(d.dir, "state"), "--bpffs", d.bpffs(), "--metrics-addr=", "--log-level", "warn"}
+	if d.cgroup != nil {
+		args = append(args, "--cgroup-path", d.cgroup.Dir())
+	}
+	d.cmd = exec.Command(d.bin, append(args, extra...)...)
+	d.cmd.Stderr = os.Stderr
+	// Die with the benchmark, even if it is killed.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	os.Remove(sock)
+	start := time.Now()
+	if err := d.cmd.Start(); err != nil {
+		return 0, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- d.cmd.Wait() }()
+	api, err := client.New("unix://"+sock, client.WithTimeout(30*time.Minute))
+	if err != nil {
+		return 0, err
+	}
+	d.api = api
+	deadline := start.Add(readyTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := api.Status(ctx)
+		cancel()
+		if err == nil && st.GetReady() {
+			return time.Since(start), nil
+		}
+		select {
+		case err := <-exited:
+			return 0, fmt.Errorf("vipd exited before it was ready: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("vipd not ready after %v", readyTimeout)
+		}
+	}
+}
+
+// stop ends vipd with SIGTERM, leaving the kernel programmed.
+func (d *daemon) stop() error {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return nil
+	}
+	d.api.Close()
+	d.cmd.Process.Signal(unix.SIGTERM)
+	deadline := time.Now().Add(time.Minute)
+	for processAlive(d.cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			d.cmd.Process.Kill()
+			return errors.New("vipd did not stop within a minute of SIGTERM; killed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.cmd = nil
+	return nil
+}
+
+func processAlive(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie (state Z) has exited.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// close stops vipd and removes everything it programmed and pinned, its
+// cgroup and its directory.
+func (d *daemon) close() error {
+	errs := []error{d.stop()}
+	out, err := exec.Command(d.bin, "cleanup", "--netns", d.node.Path(), "--bpffs", d.bpffs()).CombinedOutput()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("vipd cleanup: %w: %s", err, out))
+	}
+	if err := unix.Unmount(d.bpffs(), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("unmount %s: %w", d.bpffs(), err))
+	}
+	if d.cgroup != nil {
+		_, err := d.cgroup.Remove()
+		errs = append(errs, err)
+	}
+	errs = append(errs, os.RemoveAll(d.dir))
+	return errors.Join(errs...)
+}
+
+// peakRSS is vipd's peak resident memory so far (VmHWM), in bytes.
+func (d *daemon) peakRSS() (int64, error) {
+	return procStatus(d.cmd.Process.Pid, "VmHWM")
+}
+
+// procStatus reads a "kB" field of /proc/PID/status, in bytes.
+func procStatus(pid int, field string) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), field+":"); ok {
+			kb, err := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// mapMemory sums the memory the kernel charges for the BPF maps vipd holds
+// open (the memlock line of each map's fdinfo), counting each map once.
+func (d *daemon) mapMemory() (int64, error) {
+	dir := fmt.Sprintf("/proc/%d/fdinfo", d.cmd.Process.Pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	seen := map[string]bool{}
+	var total int64
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil || !strings.Contains(string(data), "map_type:") {
+			continue
+		}
+		var id string
+		var mem int64
+		for line := range strings.Lines(string(data)) {
+			k, val, _ := strings.Cut(strings.TrimSpace(line), ":")
+			switch k {
+			case "map_id":
+				id = strings.TrimSpace(val)
+			case "memlock":
+				mem, _ = strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+			}
+		}
+		if !seen[id] {
+			seen[id] = true
+			total += mem
+		}
+	}
+	return total, nil
+}
