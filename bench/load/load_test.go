@@ -2,32 +2,36 @@ package load
 
 import (
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/vipd/vipd/internal/netlab"
 )
 
-// TestLoadDirect runs every generator against real servers in pods and
+func TestMain(m *testing.M) {
+	RunServersIfRequested()
+	os.Exit(m.Run())
+}
+
+// TestLoadDirect runs every generator against backend servers in pods and
 // checks that each one counts what happened.
 func TestLoadDirect(t *testing.T) {
 	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "be1", "be2"}}}})
 	node := lab.Node(1)
 	client := node.Pod("client")
+	var backends []Backend
 	var dsts []netip.AddrPort
 	for _, name := range []string{"be1", "be2"} {
 		p := node.Pod(name)
-		if _, err := p.StartEcho(name, 8080); err != nil {
-			t.Fatal(err)
-		}
+		backends = append(backends, Backend{NetNS: p.Path(), Name: name, Addr: p.IPv4(), EchoPort: 8080, SinkPort: 9000})
 		dsts = append(dsts, netip.AddrPortFrom(p.IPv4(), 8080))
 	}
-	be1 := node.Pod("be1")
-	sink, err := StartSink(be1.NS, netip.AddrPortFrom(be1.IPv4(), 9000))
+	servers, err := StartServers(backends)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sink.Close()
+	defer servers.Close()
 
 	res := TCPConnections(client.NS, dsts, DirectPorts, 2, 300*time.Millisecond)
 	if res.Failed != 0 || res.OK == 0 {
@@ -46,7 +50,7 @@ func TestLoadDirect(t *testing.T) {
 		t.Fatalf("UDP: %d ok, %d failed (first: %v), backends %v", res.OK, res.Failed, res.FirstErr, res.Backends)
 	}
 
-	rate, err := Bulk(client.NS, netip.AddrPortFrom(be1.IPv4(), 9000), DirectPorts, 300*time.Millisecond)
+	rate, err := Bulk(client.NS, netip.AddrPortFrom(dsts[0].Addr(), 9000), DirectPorts, 300*time.Millisecond)
 	if err != nil || rate <= 0 {
 		t.Fatalf("bulk: %v B/s, %v", rate, err)
 	}

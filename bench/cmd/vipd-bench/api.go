@@ -55,7 +55,7 @@ func (b *bench) apiThroughput(ctx context.Context, dp string, n int) (res apiRes
 		return res, err
 	}
 	defer lab.Close()
-	d, err := newDaemon(b.vipd, dp, lab.Node(1), b.work)
+	d, err := newDaemon(b.vipd, b.vipdArgs, dp, lab.Node(1), b.work)
 	if err != nil {
 		return res, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vipd/vipd/bench/kubeproxy"
@@ -30,35 +31,32 @@ type dataCase struct {
 	tcpDirect, tcpVIP   []load.Result
 	udpDirect, udpVIP   []load.Result
 	bulkDirect, bulkVIP []float64
-	err                 error
+	// vipdCPU is the share of one CPU vipd used during the VIP TCP runs.
+	vipdCPU []float64
+	err     error
 }
 
 // dataLab builds the data-path lab: a client pod and four backend pods,
-// each serving echo on 8080 (TCP and UDP) and a sink on 9000.
+// each serving echo on 8080 (TCP and UDP) and a sink on 9000 from a
+// separate process.
 func dataLab(ctx context.Context) (*netlab.Lab, func(), error) {
 	lab, err := netlab.Build(ctx, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: append([]string{"client"}, dataBackend...)}}}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	var sinks []*load.Sink
-	closeAll := func() {
-		for _, s := range sinks {
-			s.Close()
-		}
-		lab.Close()
-	}
+	var backends []load.Backend
 	for _, name := range dataBackend {
 		p := lab.Pod(name)
-		if _, err := p.StartEcho(name, echoPort); err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		s, err := load.StartSink(p.NS, netip.AddrPortFrom(p.IPv4(), sinkPort))
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		sinks = append(sinks, s)
+		backends = append(backends, load.Backend{NetNS: p.Path(), Name: name, Addr: p.IPv4(), EchoPort: echoPort, SinkPort: sinkPort})
+	}
+	servers, err := load.StartServers(backends)
+	if err != nil {
+		lab.Close()
+		return nil, nil, err
+	}
+	closeAll := func() {
+		servers.Close()
+		lab.Close()
 	}
 	// Reuse client ports in TIME_WAIT for new connections: a run makes
 	// more connections than a port range has ports.
@@ -118,6 +116,7 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 			return dataCase{err: err}
 		}
 	}
+	var vipd *daemon
 	switch kind {
 	case "kube-proxy":
 		svcs := append(kubeProxyFillers(n-1, 5), dataKubeProxyServices(lab)...)
@@ -125,7 +124,7 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 			return dataCase{err: fmt.Errorf("load %d kube-proxy services: %w", n, err)}
 		}
 	default:
-		d, err := newDaemon(b.vipd, kind, node, b.work)
+		d, err := newDaemon(b.vipd, b.vipdArgs, kind, node, b.work)
 		if err != nil {
 			return dataCase{err: err}
 		}
@@ -137,6 +136,7 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 		if _, err := d.start(); err != nil {
 			return dataCase{err: err}
 		}
+		vipd = d
 		if _, err := d.api.SyncServices(ctx, owner, append(fillers(n-1, 5), dataService(lab))); err != nil {
 			return dataCase{err: fmt.Errorf("sync %d services: %w", n, err)}
 		}
@@ -161,7 +161,17 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 		}
 		b.logf("data path: %s, %s services, run %d/%d", kind, count(n), r+1, cfg.dataRuns)
 		res.tcpDirect = append(res.tcpDirect, load.TCPConnections(client, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration))
-		res.tcpVIP = append(res.tcpVIP, load.TCPConnections(client, vip, load.VIPPorts, cfg.workers, cfg.tcpDuration))
+		var cpu0 time.Duration
+		if vipd != nil {
+			cpu0, _ = vipd.cpuTime()
+		}
+		r := load.TCPConnections(client, vip, load.VIPPorts, cfg.workers, cfg.tcpDuration)
+		res.tcpVIP = append(res.tcpVIP, r)
+		if vipd != nil {
+			if cpu1, err := vipd.cpuTime(); err == nil {
+				res.vipdCPU = append(res.vipdCPU, (cpu1-cpu0).Seconds()/r.Elapsed.Seconds())
+			}
+		}
 		res.udpDirect = append(res.udpDirect, load.UDPRequests(client, direct, load.DirectPorts, cfg.workers, cfg.udpDuration))
 		res.udpVIP = append(res.udpVIP, load.UDPRequests(client, vip, load.VIPPorts, cfg.workers, cfg.udpDuration))
 		bd, err1 := load.Bulk(client, bulkDirect, load.DirectPorts, cfg.bulkDuration)
@@ -203,9 +213,9 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 		intro: fmt.Sprintf("%d workers in one client pod each loop: connect, send one request line, read the reply, close; for %v per run, "+
 			"to the 4 backend pods **directly** (round robin) and then **through the VIP** (N services in all, the tested one last), alternating, %d runs each. "+
 			"Rates are connections per second, median (min–max) of the runs; latency is one whole connection, pooled over the runs. "+
-			"Direct and VIP runs use separate client port ranges. Each case runs in its own fresh namespaces; in the iptables-based ones "+
+			"Direct and VIP runs use separate client port ranges. **vipd CPU** is the share of one CPU that vipd used during the VIP runs (it reads the flow events of every connection). Each case runs in its own fresh namespaces; in the iptables-based ones "+
 			"conntrack sees the direct connections too.", cfg.workers, cfg.tcpDuration, cfg.dataRuns),
-		header: []string{"N services", "case", "direct conn/s", "VIP conn/s", "VIP vs direct", "VIP vs kube-proxy", "VIP p50 / p99", "direct p50 / p99", "failed"},
+		header: []string{"N services", "case", "direct conn/s", "VIP conn/s", "VIP vs direct", "VIP vs kube-proxy", "VIP p50 / p99", "direct p50 / p99", "failed", "vipd CPU"},
 	}
 	udp := &table{
 		title: "3b. Data path: UDP request/reply rate",
@@ -237,6 +247,10 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 				}
 				continue
 			}
+			cpu := "–"
+			if len(c.vipdCPU) > 0 {
+				cpu = fmt.Sprintf("%.0f%%", 100*spreadOf(c.vipdCPU).med)
+			}
 			for _, x := range []struct {
 				t                *table
 				direct, vip, kpv []load.Result
@@ -249,8 +263,17 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 				}
 				v50, v99, vf := pooled(x.vip)
 				d50, d99, df := pooled(x.direct)
-				x.t.add(count(n), kind, d.format(fmtRate), v.format(fmtRate), ratio(v.med, d.med), ratio(v.med, rates(x.kpv).med),
-					ms(v50)+" / "+ms(v99), ms(d50)+" / "+ms(d99), fmt.Sprint(vf+df))
+				row := []string{count(n), kind, d.format(fmtRate), v.format(fmtRate), ratio(v.med, d.med), ratio(v.med, rates(x.kpv).med),
+					ms(v50) + " / " + ms(v99), ms(d50) + " / " + ms(d99), fmt.Sprint(vf + df)}
+				if x.key == "tcp" {
+					row = append(row, cpu)
+				}
+				x.t.add(row...)
+				for _, r := range append(slices.Clone(x.direct), x.vip...) {
+					if r.Failed > 0 {
+						x.t.note("%s, %s services: %d requests failed in one run (first: %v)", kind, count(n), r.Failed, r.FirstErr)
+					}
+				}
 			}
 			d, v := spreadOf(c.bulkDirect), spreadOf(c.bulkVIP)
 			bulk.add(count(n), kind, d.format(fmtGbit), v.format(fmtGbit), ratio(v.med, d.med), ratio(v.med, spreadOf(kp.bulkVIP).med))

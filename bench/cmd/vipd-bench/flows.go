@@ -66,7 +66,7 @@ func (b *bench) flowEvents(ctx context.Context, dp string, workers int, d time.D
 			}
 		}
 	}
-	dmn, err := newDaemon(b.vipd, dp, node, b.work)
+	dmn, err := newDaemon(b.vipd, b.vipdArgs, dp, node, b.work)
 	if err != nil {
 		return step, err
 	}

@@ -24,7 +24,7 @@ func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run full
 		return run, err
 	}
 	defer lab.Close()
-	d, err := newDaemon(b.vipd, dp, lab.Node(1), b.work)
+	d, err := newDaemon(b.vipd, b.vipdArgs, dp, lab.Node(1), b.work)
 	if err != nil {
 		return run, err
 	}

@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vipd/vipd/bench/load"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/testbin"
 )
@@ -78,11 +79,13 @@ var sections = []string{"programming", "full", "datapath", "flows", "api"}
 
 // bench is one run of the benchmarks.
 type bench struct {
-	cfg    config
-	vipd   string // the vipd binary
-	work   string // a temporary directory for vipd's state, sockets and pins
-	log    io.Writer
-	tables map[string][]*table
+	cfg  config
+	vipd string // the vipd binary
+	// vipdArgs are added to every vipd's command line.
+	vipdArgs []string
+	work     string // a temporary directory for vipd's state, sockets and pins
+	log      io.Writer
+	tables   map[string][]*table
 	// figures are the numbers the summary of targets reads, by key
 	// ("prog/ebpf/10000/land99", seconds; see targets).
 	mu      sync.Mutex
@@ -95,18 +98,20 @@ func (b *bench) logf(format string, args ...any) {
 
 func main() {
 	netlab.RunClientIfRequested()
+	load.RunServersIfRequested()
 	quick := flag.Bool("quick", false, "small sizes of every measurement, for a check that they all run (under 3 minutes)")
 	out := flag.String("out", "", "write the Markdown report to this file too")
 	vipdBin := flag.String("vipd", "", "the vipd binary (default: build ./cmd/vipd)")
+	vipdArgs := flag.String("vipd-args", "", "extra arguments for every vipd, space-separated (for example \"--pprof --metrics-addr=127.0.0.1:9641\")")
 	only := flag.String("only", strings.Join(sections, ","), "comma-separated sections to run: "+strings.Join(sections, ", "))
 	flag.Parse()
-	if err := run(*quick, *out, *vipdBin, strings.Split(*only, ",")); err != nil {
+	if err := run(*quick, *out, *vipdBin, strings.Fields(*vipdArgs), strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "vipd-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(quick bool, out, vipdBin string, only []string) error {
+func run(quick bool, out, vipdBin string, vipdArgs, only []string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it builds network namespaces and runs vipd")
 	}
@@ -119,7 +124,7 @@ func run(quick bool, out, vipdBin string, only []string) error {
 	defer stop()
 
 	started := time.Now()
-	b := &bench{cfg: fullConfig, log: os.Stderr, vipd: vipdBin, tables: map[string][]*table{}, figures: map[string]float64{}}
+	b := &bench{cfg: fullConfig, log: os.Stderr, vipd: vipdBin, vipdArgs: vipdArgs, tables: map[string][]*table{}, figures: map[string]float64{}}
 	if quick {
 		b.cfg = quickConfig
 	}

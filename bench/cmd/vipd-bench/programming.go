@@ -68,7 +68,7 @@ func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int) 
 	}
 	defer lab.Close()
 	node := lab.Node(1)
-	d, err := newDaemon(b.vipd, dp, node, b.work)
+	d, err := newDaemon(b.vipd, b.vipdArgs, dp, node, b.work)
 	if err != nil {
 		return progCell{err: err}
 	}

@@ -29,6 +29,7 @@ type daemon struct {
 	node      *netlab.Node
 	dir       string
 	cgroup    *cgroup2.Group
+	extra     []string // added to the command line of every start
 
 	cmd *exec.Cmd
 	api *client.Client
@@ -40,12 +41,12 @@ const readyTimeout = 15 * time.Minute
 
 // newDaemon prepares a vipd for node in a new directory under work; start
 // runs it.
-func newDaemon(bin, dataplane string, node *netlab.Node, work string) (*daemon, error) {
+func newDaemon(bin string, extra []string, dataplane string, node *netlab.Node, work string) (*daemon, error) {
 	dir, err := os.MkdirTemp(work, "vipd-"+dataplane+"-")
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{bin: bin, dataplane: dataplane, node: node, dir: dir}
+	d := &daemon{bin: bin, extra: extra, dataplane: dataplane, node: node, dir: dir}
 	if dataplane == "ebpf" {
 		if d.cgroup, err = cgroup2.NewGroup(func(string, ...any) {}); err != nil {
 			return nil, fmt.Errorf("cgroup for vipd: %w", err)
@@ -58,14 +59,14 @@ func (d *daemon) bpffs() string { return filepath.Join(d.dir, "bpf") }
 
 // start runs vipd and waits until it has applied its restored state. It
 // returns how long that took.
-func (d *daemon) start(extra ...string) (time.Duration, error) {
+func (d *daemon) start() (time.Duration, error) {
 	sock := filepath.Join(d.dir, "vipd.sock")
 	args := []string{"run", "--dataplane", d.dataplane, "--netns", d.node.Path(), "--socket", sock,
 		"--state-dir", filepath.Join(d.dir, "state"), "--bpffs", d.bpffs(), "--metrics-addr=", "--log-level", "warn"}
 	if d.cgroup != nil {
 		args = append(args, "--cgroup-path", d.cgroup.Dir())
 	}
-	d.cmd = exec.Command(d.bin, append(args, extra...)...)
+	d.cmd = exec.Command(d.bin, append(args, d.extra...)...)
 	d.cmd.Stderr = os.Stderr
 	// Die with the benchmark, even if it is killed.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -203,4 +204,29 @@ func (d *daemon) mapMemory() (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// cpuTime is the CPU time vipd has used so far, user and system.
+func (d *daemon) cpuTime() (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(data)
+	// Fields after the command name, which is in parentheses: state is
+	// field 3, utime 14 and stime 15, in clock ticks (100 per second on
+	// Linux).
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", d.cmd.Process.Pid)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }

@@ -1,0 +1,188 @@
+package load
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/vipd/vipd/internal/childproc"
+	"github.com/vipd/vipd/internal/nsdo"
+)
+
+// Backend is one backend server: echo on EchoPort (TCP and UDP; each line or
+// datagram is answered with "<Name> <peer>\n") and a sink on SinkPort (TCP,
+// everything read is discarded), on Addr inside the network namespace at
+// NetNS.
+type Backend struct {
+	NetNS    string
+	Name     string
+	Addr     netip.Addr
+	EchoPort uint16
+	SinkPort uint16
+}
+
+// serversEnv carries the backends to a child process started by
+// StartServers.
+const serversEnv = "VIPD_BENCH_SERVERS"
+
+// Servers is a child process serving backends, so that their sockets and
+// goroutines do not share a Go runtime with the load generators.
+type Servers struct {
+	cmd  *exec.Cmd
+	done <-chan error
+}
+
+// StartServers starts a child process (this same binary, which must call
+// RunServersIfRequested first thing in main or TestMain) serving backends,
+// and returns once they all listen. Close stops it; it also dies with this
+// process.
+func StartServers(backends []Backend) (*Servers, error) {
+	spec, err := json.Marshal(backends)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Env = append(os.Environ(), serversEnv+"="+string(spec))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	exited, err := childproc.Start(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start backend servers: %w", err)
+	}
+	s := &Servers{cmd: cmd, done: exited}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err == nil && line != "ready\n" {
+			err = fmt.Errorf("backend servers: %s", strings.TrimSpace(line))
+		}
+		ready <- err
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("backend servers did not start: %w", err)
+		}
+	case <-time.After(30 * time.Second):
+		s.Close()
+		return nil, errors.New("backend servers did not start within 30 s")
+	}
+	return s, nil
+}
+
+// Close stops the servers and waits for the process to exit.
+func (s *Servers) Close() error {
+	s.cmd.Process.Kill()
+	<-s.done
+	return nil
+}
+
+// RunServersIfRequested turns this process into the backend servers when
+// it was started by StartServers, and never returns then; otherwise it
+// returns at once.
+func RunServersIfRequested() {
+	spec, ok := os.LookupEnv(serversEnv)
+	if !ok {
+		return
+	}
+	if err := serve(spec); err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// serve listens on every backend's sockets, reports "ready" on stdout, and
+// serves until it is killed.
+func serve(spec string) error {
+	var backends []Backend
+	if err := json.Unmarshal([]byte(spec), &backends); err != nil {
+		return fmt.Errorf("backend servers: %w", err)
+	}
+	for _, b := range backends {
+		var (
+			tl, sl *net.TCPListener
+			uc     *net.UDPConn
+		)
+		// Sockets stay in the namespace they were made in.
+		err := nsdo.Do(b.NetNS, func() error {
+			var err error
+			if tl, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.EchoPort))); err != nil {
+				return err
+			}
+			if uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.EchoPort))); err != nil {
+				return err
+			}
+			sl, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.SinkPort)))
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("backend %s: %w", b.Name, err)
+		}
+		go acceptLoop(tl, func(c net.Conn) { echoTCP(b.Name, c) })
+		go acceptLoop(sl, func(c net.Conn) { io.Copy(io.Discard, c) })
+		go echoUDP(b.Name, uc)
+	}
+	fmt.Println("ready")
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+func acceptLoop(l *net.TCPListener, handle func(net.Conn)) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			runtime.Gosched()
+			continue
+		}
+		go func() {
+			defer c.Close()
+			handle(c)
+		}()
+	}
+}
+
+func echoTCP(name string, c net.Conn) {
+	reply := []byte(name + " " + c.RemoteAddr().String() + "\n")
+	r := bufio.NewReaderSize(c, 512)
+	for {
+		if _, err := r.ReadSlice('\n'); err != nil {
+			return
+		}
+		if _, err := c.Write(reply); err != nil {
+			return
+		}
+	}
+}
+
+func echoUDP(name string, c *net.UDPConn) {
+	buf := make([]byte, 2048)
+	for {
+		_, peer, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		c.WriteToUDPAddrPort([]byte(name+" "+peer.String()+"\n"), peer)
+	}
+}
