@@ -1,21 +1,105 @@
 package dataplane
 
 import (
+	"iter"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 )
 
 // State is the complete desired state handed to Dataplane.Apply.
+//
+// The services come either in Set or, when Set is nil, in the Services
+// map. Dataplanes read them only through Get, Len, All and ServiceSet, so
+// that a store can hand over its persistent index (Set) without building a
+// map of every service for each Apply.
 type State struct {
 	// Generation is the store revision this state reflects. It only grows.
 	Generation uint64
-	// Services holds every service, keyed by name. A *Service is immutable:
+	// Set holds every service. It never changes, so a dataplane may keep it
+	// after Apply returns. When Set is not nil, Services is ignored.
+	Set ServiceSet
+	// Services holds every service, keyed by name, when Set is nil: the
+	// simple form for tests and tools. The caller must not change the map
+	// while a dataplane may read it. A *Service is immutable in either form:
 	// a changed service is a new value with a higher Generation.
 	Services map[string]*Service
 	// Changed names the services added, changed or removed since the State of
 	// the previous successful Apply. It is only a hint for incremental
 	// dataplanes; nil means "unknown, diff everything".
 	Changed []string
+}
+
+// ServiceSet is an immutable set of services keyed by name. Its methods are
+// safe for concurrent use.
+type ServiceSet interface {
+	// Get returns the named service.
+	Get(name string) (*Service, bool)
+	// Len is the number of services.
+	Len() int
+	// All yields every service with its name, in name order.
+	All() iter.Seq2[string, *Service]
+}
+
+// ServiceMap is a ServiceSet over a plain map. The map must not change
+// while the set is in use.
+type ServiceMap map[string]*Service
+
+// Get implements ServiceSet.
+func (m ServiceMap) Get(name string) (*Service, bool) {
+	svc, ok := m[name]
+	return svc, ok && svc != nil
+}
+
+// Len implements ServiceSet.
+func (m ServiceMap) Len() int { return len(m) }
+
+// All implements ServiceSet. It sorts the names first: O(n log n).
+func (m ServiceMap) All() iter.Seq2[string, *Service] {
+	return func(yield func(string, *Service) bool) {
+		for _, name := range slices.Sorted(maps.Keys(m)) {
+			if !yield(name, m[name]) {
+				return
+			}
+		}
+	}
+}
+
+// ServiceSet returns s's services as a set: Set, or else the Services map.
+func (s *State) ServiceSet() ServiceSet {
+	if s.Set != nil {
+		return s.Set
+	}
+	return ServiceMap(s.Services)
+}
+
+// Get returns the named service of s.
+func (s *State) Get(name string) (*Service, bool) {
+	if s.Set != nil {
+		return s.Set.Get(name)
+	}
+	svc, ok := s.Services[name]
+	return svc, ok && svc != nil
+}
+
+// Len is the number of services in s.
+func (s *State) Len() int { return s.ServiceSet().Len() }
+
+// All yields every service of s with its name, in name order.
+func (s *State) All() iter.Seq2[string, *Service] { return s.ServiceSet().All() }
+
+// Map returns a new map of every service in s. It costs O(n): it is for
+// tests and for dataplanes that rebuild everything anyway.
+func (s *State) Map() map[string]*Service {
+	if s.Set == nil {
+		return maps.Clone(s.Services)
+	}
+	m := make(map[string]*Service, s.Set.Len())
+	for name, svc := range s.Set.All() {
+		m[name] = svc
+	}
+	return m
 }
 
 // Service is one load-balanced service, with every default already filled in
@@ -175,7 +259,7 @@ func (l LoadBalancing) String() string {
 // BackendCount is the number of backends summed over all services.
 func (s *State) BackendCount() int {
 	n := 0
-	for _, svc := range s.Services {
+	for _, svc := range s.All() {
 		n += len(svc.Backends)
 	}
 	return n

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
@@ -81,19 +82,21 @@ func (a *API) validService(svc *vipdv1.Service, field string) (*vipdv1.Service, 
 	return out, dp, nil
 }
 
-// put stages svc unless the stored service already has the same spec. It
-// copies svc and dp, because a mutation may run more than once. It reports
-// whether anything changed.
+// put stages svc unless the stored service already has the same spec, and
+// returns the service as stored (with its generation). The store keeps a
+// copy of dp, not dp itself, because a mutation may run more than once and
+// each run stamps its own generation; dp's slices and maps are shared and
+// must not change afterwards. It reports whether anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
 	if old, ok := tx.Get(svc.Name); ok && old.SameSpec(svc) {
-		return old.Service, false, nil
+		svc.Generation = old.Generation()
+		return svc, false, nil
 	}
 	dpCopy := *dp
-	e, err := tx.Put(proto.Clone(svc).(*vipdv1.Service), &dpCopy)
-	if err != nil {
+	if _, err := tx.Put(svc, &dpCopy); err != nil {
 		return nil, false, err
 	}
-	return e.Service, true, nil
+	return svc, true, nil
 }
 
 func checkGeneration(tx *store.Txn, name string, expected uint64) error {
@@ -102,7 +105,7 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 	}
 	var have uint64
 	if e, ok := tx.Get(name); ok {
-		have = e.Service.Generation
+		have = e.Generation()
 	}
 	if have != expected {
 		return generationMismatch(name, expected, have)
@@ -158,7 +161,7 @@ func (a *API) GetService(_ context.Context, req *vipdv1.GetServiceRequest) (*vip
 	if !ok {
 		return nil, notFound(req.Name)
 	}
-	return &vipdv1.GetServiceResponse{Service: e.Service}, nil
+	return &vipdv1.GetServiceResponse{Service: e.Service()}, nil
 }
 
 // ListServices implements vipdv1.LoadBalancerServiceServer.
@@ -171,7 +174,7 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 	entries := a.rec.Snapshot().List(req.Owner)
 	resp := &vipdv1.ListServicesResponse{Services: make([]*vipdv1.Service, len(entries))}
 	for i, e := range entries {
-		resp.Services[i] = e.Service
+		resp.Services[i] = e.Service()
 	}
 	return resp, nil
 }
@@ -180,23 +183,32 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	var v validation.Violations
 	v = append(v, validation.Name(req.Owner, "owner")...)
+	// A desired service is kept encoded (store.EncodeSpec) rather than as
+	// the request's message, so that the request can be dropped before the
+	// dataplane programs the change: for 100,000 services with 10 backends
+	// each, its decoded messages are over 100 MB.
 	type desired struct {
-		svc *vipdv1.Service
-		dp  *dataplane.Service
+		spec []byte
+		dp   *dataplane.Service
 	}
 	want := make([]desired, 0, len(req.Services))
-	index := map[string]int{}
+	index := make(map[string]int, len(req.Services))
+	// The request is this call's own (gRPC decoded it for the call), so its
+	// services are normalized in place rather than copied first: a sync of
+	// 100,000 services would otherwise copy a million backends.
 	for i, in := range req.Services {
-		field := fmt.Sprintf("services[%d]", i)
+		// Each message is dropped once handled, so that the collector can
+		// take the request piece by piece while its encoded form grows.
+		req.Services[i] = nil
+		field := "services[" + strconv.Itoa(i) + "]"
 		if in != nil && in.Owner != "" && in.Owner != req.Owner {
 			v = append(v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, req.Owner)})
 			continue
 		}
 		if in != nil && in.Owner == "" {
-			in = proto.Clone(in).(*vipdv1.Service)
 			in.Owner = req.Owner
 		}
-		svc, dp, vs := validation.Service(in, a.limits, field)
+		svc, dp, vs := validation.ServiceInPlace(in, a.limits, field)
 		if len(vs) > 0 {
 			v = append(v, vs...)
 			continue
@@ -205,9 +217,14 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 			v = append(v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
 			continue
 		}
+		spec, err := store.EncodeSpec(svc)
+		if err != nil {
+			return nil, toStatus(err)
+		}
 		index[svc.Name] = i
-		want = append(want, desired{svc, dp})
+		want = append(want, desired{spec, dp})
 	}
+	req.Services = nil
 	if len(v) > 0 {
 		return nil, toStatus(v)
 	}
@@ -230,23 +247,24 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		// ports in one call without a spurious conflict.
 		var changes []desired
 		for _, d := range want {
-			old, exists := tx.Get(d.svc.Name)
+			old, exists := tx.Get(d.dp.Name)
 			switch {
 			case !exists:
-				resp.Created = append(resp.Created, d.svc.Name)
-			case old.Service.Owner != req.Owner:
-				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.svc.Name, old.Service.Owner, req.Owner)
-			case old.SameSpec(d.svc):
-				resp.Unchanged = append(resp.Unchanged, d.svc.Name)
+				resp.Created = append(resp.Created, d.dp.Name)
+			case old.Owner() != req.Owner:
+				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.dp.Name, old.Owner(), req.Owner)
+			case old.SameEncodedSpec(d.spec):
+				resp.Unchanged = append(resp.Unchanged, d.dp.Name)
 				continue
 			default:
-				resp.Updated = append(resp.Updated, d.svc.Name)
-				tx.Delete(d.svc.Name)
+				resp.Updated = append(resp.Updated, d.dp.Name)
+				tx.Delete(d.dp.Name)
 			}
 			changes = append(changes, d)
 		}
 		for _, d := range changes {
-			if _, _, err := put(tx, d.svc, d.dp); err != nil {
+			dpCopy := *d.dp // see put
+			if _, err := tx.PutSpec(d.spec, &dpCopy); err != nil {
 				return nil, err
 			}
 		}
@@ -331,7 +349,7 @@ func (a *API) mergeBackends(e *store.Entry, upsert []*vipdv1.Backend, remove map
 	if len(v) > 0 {
 		return nil, v
 	}
-	merged := proto.Clone(e.Service).(*vipdv1.Service)
+	merged := e.Service()
 	merged.Backends = slices.DeleteFunc(merged.Backends, func(b *vipdv1.Backend) bool {
 		ip := netip.MustParseAddr(b.Ip)
 		return remove[ip] || byIP[ip] != nil

@@ -484,7 +484,7 @@ func holdDataplane(in *instance, poison string) (held chan struct{}, release fun
 	var once sync.Once
 	in.dp.SetHook(func(ctx context.Context, s *dataplane.State) error {
 		once.Do(func() { close(held); <-gate })
-		if _, bad := s.Services[poison]; bad {
+		if _, bad := s.Get(poison); bad {
 			return fmt.Errorf("%w: %s", dataplane.ErrResourceExhausted, poison)
 		}
 		return nil

@@ -28,12 +28,13 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 		return nil, status.Errorf(codes.NotFound, "no service claims %s/%s", q.VIP, q.Protocol)
 	}
 	svc := e.Dataplane
+	api := e.Service()
 	resp := &vipdv1.ExplainResponse{
 		Service:               svc.Name,
 		Port:                  &vipdv1.Port{Name: port.Name, Protocol: protocolToProto[port.Protocol], Port: uint32(port.Port), TargetPort: uint32(port.TargetPort)},
-		LoadBalancing:         e.Service.LoadBalancing,
-		SessionAffinity:       e.Service.SessionAffinity,
-		InternalTrafficPolicy: e.Service.InternalTrafficPolicy,
+		LoadBalancing:         api.LoadBalancing,
+		SessionAffinity:       api.SessionAffinity,
+		InternalTrafficPolicy: api.InternalTrafficPolicy,
 		Affinity:              &vipdv1.ExplainedAffinity{},
 	}
 

@@ -32,7 +32,7 @@ func FlowResolver(snapshot func() *store.Snapshot) flows.Resolver {
 		if !ok {
 			return "", "", false
 		}
-		return e.Service.Name, port.Name, true
+		return e.Name(), port.Name, true
 	}
 }
 

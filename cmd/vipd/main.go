@@ -61,6 +61,7 @@ func runCommand() *cobra.Command {
 		logJSON      bool
 		socketMode   string
 		iptablesMode string
+		memoryLimit  string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -79,6 +80,9 @@ func runCommand() *cobra.Command {
 				return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", socketMode)
 			}
 			cfg.SocketMode = os.FileMode(mode)
+			if cfg.Memory.Limit, err = daemon.ParseSize(memoryLimit); err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
+			}
 			if cfg.IPTablesMode, err = iptables.ParseMode(iptablesMode); err != nil {
 				return err
 			}
@@ -122,6 +126,9 @@ func runCommand() *cobra.Command {
 	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
 	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber; a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
+	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
+	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100)")
+	f.StringVar(&memoryLimit, "memory-limit", "0", "soft limit on the Go runtime's memory (GOMEMLIMIT), in bytes or with KiB, MiB or GiB: the GC works harder near it and never fails on it (0 keeps GOMEMLIMIT's setting)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	return cmd

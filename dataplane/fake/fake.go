@@ -16,7 +16,8 @@ const Name = "fake"
 
 // Record is one call to Apply.
 type Record struct {
-	// State is a shallow copy of the state passed to Apply.
+	// State is a shallow copy of the state passed to Apply, with its
+	// services always in the Services map (Set is nil).
 	State *dataplane.State
 	// Full is true when the fake treated the call as a full rebuild: the first
 	// Apply, and every Apply after a failed one.
@@ -113,7 +114,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		err = d.check(s)
 	}
 	rec := Record{
-		State: &dataplane.State{Generation: s.Generation, Services: maps.Clone(s.Services), Changed: slices.Clone(s.Changed)},
+		State: &dataplane.State{Generation: s.Generation, Services: s.Map(), Changed: slices.Clone(s.Changed)},
 		Full:  d.needFull,
 		Err:   err,
 	}
@@ -129,8 +130,8 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 }
 
 func (d *Dataplane) check(s *dataplane.State) error {
-	for _, name := range slices.Sorted(maps.Keys(s.Services)) {
-		if err := d.caps.Check(s.Services[name]); err != nil {
+	for _, svc := range s.All() {
+		if err := d.caps.Check(svc); err != nil {
 			return err
 		}
 	}

@@ -193,11 +193,14 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		stats.RulesWritten += u.RulesWritten
 		stats.ChainsDeleted += u.ChainsDeleted
 	}
-	d.ct.cleanup(d.state, s.Services)
-	d.applied, d.state, d.needFull = next, s.Services, false
+	// A map of every service: Render walked them all already, and the
+	// conntrack cleaner and Explain look them up.
+	svcs := s.Map()
+	d.ct.cleanup(d.state, svcs)
+	d.applied, d.state, d.needFull = next, svcs, false
 	d.last = SyncStats{Stats: stats, Full: full}
 	d.enableFlowAccounting()
-	d.log.Debug("applied", "full", full, "services", len(s.Services), "chains_rewritten", stats.ChainsRewritten,
+	d.log.Debug("applied", "full", full, "services", len(svcs), "chains_rewritten", stats.ChainsRewritten,
 		"rules_written", stats.RulesWritten, "chains_deleted", stats.ChainsDeleted, "elapsed", time.Since(start))
 	return nil
 }

@@ -248,26 +248,26 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		return nil, err
 	}
 	caps := Capabilities()
-	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, len(s.Services))}
-	names := slices.Sorted(maps.Keys(s.Services))
-	rendered := make([]*[2]serviceRules, len(names))
+	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, s.Len())}
+	rendered := make([]*[2]serviceRules, 0, s.Len())
 	var size [2]int
 	var entries [2][len(trieKinds)]int
-	for i, name := range names {
-		svc := s.Services[name]
+	for _, svc := range s.All() { // in name order
 		if err := caps.Check(svc); err != nil {
 			return nil, err
 		}
+		var sr *[2]serviceRules
 		if prev != nil {
-			rendered[i] = prev.services[svc]
+			sr = prev.services[svc]
 		}
-		if rendered[i] == nil {
-			rendered[i] = &[2]serviceRules{renderService(svc, IPv4), renderService(svc, IPv6)}
+		if sr == nil {
+			sr = &[2]serviceRules{renderService(svc, IPv4), renderService(svc, IPv6)}
 		}
-		r.services[svc] = rendered[i]
+		r.services[svc] = sr
+		rendered = append(rendered, sr)
 		for _, f := range families {
-			size[f] += len(rendered[i][f].chains)
-			for k, es := range rendered[i][f].tries {
+			size[f] += len(sr[f].chains)
+			for k, es := range sr[f].tries {
 				entries[f][k] += len(es)
 			}
 		}

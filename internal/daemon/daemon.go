@@ -5,8 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -54,6 +58,64 @@ type Config struct {
 	MetricsAddr string
 	// FlowBuffer bounds each WatchFlows subscriber's buffer, in events.
 	FlowBuffer int
+	// Pprof serves the Go runtime's profiles under /debug/pprof/ on
+	// MetricsAddr, which must then be set.
+	Pprof bool
+	// Memory tunes the Go runtime's garbage collector; see Memory.
+	Memory Memory
+}
+
+// Memory tunes the Go garbage collector for the daemon. The zero value
+// leaves the runtime's own settings (the GOGC and GOMEMLIMIT environment
+// variables) alone.
+//
+// The trade-off: the collector lets the heap grow to GCPercent percent
+// above the live heap before it runs again, so peak memory during a big
+// SyncServices is about (1 + GCPercent/100) times what is live. A lower
+// GCPercent, or a Limit the heap approaches, makes the collector run more
+// often: less memory, more CPU. Limit is soft. When the live heap itself
+// exceeds it the runtime does not fail, but it caps the collector at about
+// half the CPU, so a limit set below what the state needs costs throughput
+// rather than correctness.
+type Memory struct {
+	// GCPercent is GOGC: the heap growth, in percent of the live heap,
+	// that triggers a collection. Zero keeps the runtime's setting; a
+	// negative value turns the proportional trigger off, leaving only Limit.
+	GCPercent int
+	// Limit is GOMEMLIMIT in bytes: a soft limit on the memory the Go
+	// runtime uses. Zero keeps the runtime's setting.
+	Limit int64
+}
+
+// ParseSize parses a byte count for Memory.Limit: a plain number of bytes,
+// or a number with one of the suffixes KiB, MiB, GiB (powers of 1024).
+func ParseSize(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with KiB, MiB or GiB", s)
+	}
+	return n * mult, nil
+}
+
+// apply sets the runtime's knobs that m configures.
+func (m Memory) apply(log hclog.Logger) {
+	if m.GCPercent != 0 {
+		debug.SetGCPercent(m.GCPercent)
+	}
+	if m.Limit > 0 {
+		debug.SetMemoryLimit(m.Limit)
+	}
+	log.Debug("go runtime memory", "gc_percent", m.GCPercent, "limit", debug.SetMemoryLimit(-1))
 }
 
 // Dataplane names accepted by Config.Dataplane.
@@ -80,6 +142,10 @@ func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
 // when the state file is corrupt: vipd never starts empty over a state it
 // cannot read.
 func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
+	if cfg.Pprof && cfg.MetricsAddr == "" {
+		return errors.New("pprof is served on the metrics listener: set a metrics address (such as 127.0.0.1:9640) to use it")
+	}
+	cfg.Memory.apply(log)
 	dir, err := store.OpenDir(cfg.StateDir)
 	if err != nil {
 		return err
@@ -143,6 +209,11 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	m.InitializeGRPC(srv)
 	if cfg.MetricsAddr != "" {
+		var opts []metrics.HandlerOption
+		if cfg.Pprof {
+			opts = append(opts, metrics.WithPprof())
+			log.Warn("serving Go profiles under /debug/pprof/ on the metrics listener", "addr", cfg.MetricsAddr)
+		}
 		ms, err := metrics.Listen(log.Named("metrics"), cfg.MetricsAddr, m, func() bool {
 			select {
 			case <-rec.Ready():
@@ -150,7 +221,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 			default:
 				return false
 			}
-		})
+		}, opts...)
 		if err != nil {
 			srv.Shutdown(0)
 			return fmt.Errorf("metrics listener: %w", err)

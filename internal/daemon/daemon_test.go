@@ -101,3 +101,39 @@ func TestUnknownDataplane(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"0", 0, true},
+		{"1048576", 1 << 20, true},
+		{"512MiB", 512 << 20, true},
+		{"2GiB", 2 << 30, true},
+		{"64KiB", 64 << 10, true},
+		{"", 0, false},
+		{"-1", 0, false},
+		{"1.5GiB", 0, false},
+		{"512MB", 0, false},
+		{"9000000000GiB", 0, false},
+	} {
+		got, err := daemon.ParseSize(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestPprofNeedsMetricsAddr checks that profiles, which are served on the
+// metrics listener, are refused without one rather than silently absent.
+func TestPprofNeedsMetricsAddr(t *testing.T) {
+	cfg := config(t)
+	cfg.Pprof = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := daemon.Run(ctx, hclog.NewNullLogger(), cfg); err == nil || !strings.Contains(err.Error(), "metrics address") {
+		t.Fatalf("Run with pprof and no metrics address: %v, want an error naming the metrics address", err)
+	}
+}

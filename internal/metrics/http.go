@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -21,16 +22,41 @@ const (
 	shutdownTimeout   = 5 * time.Second
 )
 
+// HandlerOption configures NewHandler and Listen.
+type HandlerOption func(*handlerConfig)
+
+type handlerConfig struct {
+	pprof bool
+}
+
+// WithPprof also serves the Go runtime's profiles (net/http/pprof) under
+// /debug/pprof/. It is off by default: a CPU profile costs the daemon CPU
+// while it runs, and the endpoint has no authentication, so it belongs on
+// a loopback address only.
+func WithPprof() HandlerOption { return func(c *handlerConfig) { c.pprof = true } }
+
 // NewHandler serves:
 //   - /metrics: m's registry;
 //   - /healthz: 200 while the process is up;
 //   - /readyz: 200 once ready returns true (after the first successful
-//     apply), 503 before.
+//     apply), 503 before;
+//   - /debug/pprof/: profiles, with WithPprof only.
 //
 // ready is called on every /readyz request and must be cheap and safe for
 // concurrent use.
-func NewHandler(m *Metrics, ready func() bool) http.Handler {
+func NewHandler(m *Metrics, ready func() bool, opts ...HandlerOption) http.Handler {
+	var cfg handlerConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	mux := http.NewServeMux()
+	if cfg.pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -56,10 +82,10 @@ type Server struct {
 	http *http.Server
 }
 
-// Listen opens addr (host:port; port 0 picks one) for NewHandler(m, ready).
-// It fails at once if the address cannot be bound, so that a daemon can
-// refuse to start. ready must not be nil.
-func Listen(log hclog.Logger, addr string, m *Metrics, ready func() bool) (*Server, error) {
+// Listen opens addr (host:port; port 0 picks one) for NewHandler(m, ready,
+// opts...). It fails at once if the address cannot be bound, so that a
+// daemon can refuse to start. ready must not be nil.
+func Listen(log hclog.Logger, addr string, m *Metrics, ready func() bool, opts ...HandlerOption) (*Server, error) {
 	if ready == nil {
 		return nil, errors.New("metrics listener needs a ready func")
 	}
@@ -71,7 +97,7 @@ func Listen(log hclog.Logger, addr string, m *Metrics, ready func() bool) (*Serv
 		log: log,
 		l:   l,
 		http: &http.Server{
-			Handler:           NewHandler(m, ready),
+			Handler:           NewHandler(m, ready, opts...),
 			ReadHeaderTimeout: readHeaderTimeout,
 			ErrorLog:          log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 		},

@@ -142,9 +142,9 @@ func get(t *testing.T, url string) (int, string) {
 
 // listen runs a metrics Server on a free loopback port until the test ends
 // and returns its base URL.
-func listen(t *testing.T, m *metrics.Metrics, ready func() bool) string {
+func listen(t *testing.T, m *metrics.Metrics, ready func() bool, opts ...metrics.HandlerOption) string {
 	t.Helper()
-	srv, err := metrics.Listen(hclog.NewNullLogger(), "127.0.0.1:0", m, ready)
+	srv, err := metrics.Listen(hclog.NewNullLogger(), "127.0.0.1:0", m, ready, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,5 +539,21 @@ func TestListen(t *testing.T) {
 	if c, err := net.Dial("tcp", addr); err == nil {
 		c.Close()
 		t.Error("the listener is still open after Close")
+	}
+}
+
+// TestPprof checks that profiles are served only when asked for.
+func TestPprof(t *testing.T) {
+	m := metrics.New()
+	ready := func() bool { return true }
+	if code, _ := get(t, listen(t, m, ready)+"/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/heap without WithPprof: %d, want 404", code)
+	}
+	base := listen(t, m, ready, metrics.WithPprof())
+	if code, body := get(t, base+"/debug/pprof/heap?debug=1"); code != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Errorf("/debug/pprof/heap with WithPprof: %d %.80q, want 200 and a heap profile", code, body)
+	}
+	if code, _ := get(t, base+"/metrics"); code != http.StatusOK {
+		t.Errorf("/metrics with WithPprof: %d, want 200", code)
 	}
 }

@@ -314,7 +314,7 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 			q.done <- result{err: err}
 			continue
 		}
-		changes = append(changes, len(sub.Changed()) > 0)
+		changes = append(changes, sub.Dirty())
 		sub.Merge()
 		staged = append(staged, q)
 		values = append(values, v)

@@ -4,6 +4,5 @@ package store
 // that forwards c.VIP, c.Port and c.Protocol. c.VIP must be in its
 // canonical (unmapped) form, as services store it.
 func (s *Snapshot) Holder(c Claim) (string, bool) {
-	name, ok := s.claims[c]
-	return name, ok
+	return s.claims.Get(c)
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -25,9 +26,12 @@ import (
 //	length    uint64   payload length in bytes
 //	reserved  uint32   0
 //	checksum  uint32   CRC-32C of the header's first 44 bytes and the payload
-//	payload   count × (uvarint length, deterministic protobuf vipd.v1.Service)
+//	payload   count × (uvarint length, protobuf vipd.v1.Service)
 //
 // Save writes the records sorted by service name; Load accepts any order.
+// Each record is the deterministic encoding of the service without its
+// generation, followed by the generation field, so that the same snapshot
+// always saves to the same bytes.
 //
 // All integers are little-endian. The checksum and the exact length make any
 // truncation or corrupted byte detectable.
@@ -150,16 +154,17 @@ func decodeEntry(rec []byte) (*Entry, error) {
 	if err := proto.Unmarshal(rec, stored); err != nil {
 		return nil, fmt.Errorf("decode service: %w", err)
 	}
+	gen := stored.Generation
 	// Limits are not applied: flags may have changed since the state was
 	// written, and refusing to start over that would break running traffic.
-	svc, dp, v := validation.Service(stored, validation.Limits{}, "service")
+	svc, dp, v := validation.ServiceInPlace(stored, validation.Limits{}, "service")
 	if len(v) > 0 {
 		return nil, fmt.Errorf("service %q does not validate: %w", stored.Name, v)
 	}
-	if stored.Generation == 0 {
+	if gen == 0 {
 		return nil, fmt.Errorf("service %s has no generation", svc.Name)
 	}
-	return NewEntry(svc, dp, stored.Generation)
+	return NewEntry(svc, dp, gen)
 }
 
 // Save makes s durable before it returns. When s was committed on the
@@ -183,36 +188,58 @@ func (d *Dir) Save(s *Snapshot) error {
 // written and synced, then renamed over the state file, and the directory
 // is synced. On error the previous state file is intact. It returns the
 // file's size.
+//
+// The records are streamed through a small buffer, so that saving a big
+// state needs no second copy of it in memory; the checksum, which the
+// header holds, is written last.
 func (d *Dir) writeFile(s *Snapshot) (int, error) {
-	// Records go in name order, so that a snapshot always saves to the same
-	// bytes; map order would make every save of it differ.
-	entries := s.List("")
+	// Records go in name order (the tree's order), so that a snapshot
+	// always saves to the same bytes.
 	payloadLen := 0
-	for _, e := range entries {
-		payloadLen += uvarintLen(uint64(len(e.encoded))) + len(e.encoded)
+	for _, e := range s.All() {
+		n := e.encodedLen()
+		payloadLen += uvarintLen(uint64(n)) + n
 	}
-	buf := make([]byte, headerSize, headerSize+payloadLen)
-	copy(buf, magic)
+	header := make([]byte, headerSize)
+	copy(header, magic)
 	le := binary.LittleEndian
-	le.PutUint32(buf[8:], formatVersion)
-	le.PutUint64(buf[16:], s.revision)
-	le.PutUint64(buf[24:], uint64(len(entries)))
-	le.PutUint64(buf[32:], uint64(payloadLen))
-	for _, e := range entries {
-		buf = binary.AppendUvarint(buf, uint64(len(e.encoded)))
-		buf = append(buf, e.encoded...)
-	}
-	le.PutUint32(buf[44:], crc32.Update(crc32.Checksum(buf[:44], castagnoli), castagnoli, buf[headerSize:]))
-	return len(buf), writeAtomic(d.Path(), buf)
+	le.PutUint32(header[8:], formatVersion)
+	le.PutUint64(header[16:], s.revision)
+	le.PutUint64(header[24:], uint64(s.Len()))
+	le.PutUint64(header[32:], uint64(payloadLen))
+	sum := crc32.Checksum(header[:44], castagnoli)
+	err := writeAtomic(d.Path(), func(f *os.File) error {
+		w := bufio.NewWriterSize(f, 1<<20)
+		w.Write(header)
+		var rec []byte
+		for _, e := range s.All() {
+			rec = binary.AppendUvarint(rec[:0], uint64(e.encodedLen()))
+			rec = e.appendEncoded(rec)
+			sum = crc32.Update(sum, castagnoli, rec)
+			if _, err := w.Write(rec); err != nil {
+				return err
+			}
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		var c [4]byte
+		le.PutUint32(c[:], sum)
+		_, err := f.WriteAt(c[:], 44)
+		return err
+	})
+	return headerSize + payloadLen, err
 }
 
-func writeAtomic(path string, data []byte) error {
+// writeAtomic makes path hold what write writes into a new file, or leaves
+// it as it was on error.
+func writeAtomic(path string, write func(*os.File) error) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("write state file: %w", err)
 	}
-	_, err = f.Write(data)
+	err = write(f)
 	if err == nil {
 		err = f.Sync()
 	}

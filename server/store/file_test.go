@@ -130,15 +130,15 @@ func sameSnapshot(t testing.TB, want, got *store.Snapshot) {
 	}
 	var wantSvcs, gotSvcs []*vipdv1.Service
 	for _, e := range want.List("") {
-		wantSvcs = append(wantSvcs, e.Service)
+		wantSvcs = append(wantSvcs, e.Service())
 	}
 	for _, e := range got.List("") {
-		gotSvcs = append(gotSvcs, e.Service)
+		gotSvcs = append(gotSvcs, e.Service())
 	}
 	if diff := cmp.Diff(wantSvcs, gotSvcs, protocmp.Transform()); diff != "" {
 		t.Errorf("services (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(want.DataplaneState(nil), got.DataplaneState(nil), addrCmp); diff != "" {
+	if diff := cmp.Diff(plainState(want.DataplaneState(nil)), plainState(got.DataplaneState(nil)), addrCmp); diff != "" {
 		t.Errorf("dataplane state (-want +got):\n%s", diff)
 	}
 }
@@ -168,7 +168,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 	sameSnapshot(t, want, got)
 	for name, gen := range map[string]uint64{"web": 6, "kube-system/dns": 2, "dual": 4, "v6": 5} {
-		if e, ok := got.Get(name); !ok || e.Service.Generation != gen || e.Dataplane.Generation != gen {
+		if e, ok := got.Get(name); !ok || e.Service().Generation != gen || e.Dataplane.Generation != gen {
 			t.Errorf("loaded %s: %v, want generation %d", name, e, gen)
 		}
 	}
@@ -194,8 +194,8 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	}
 	// The deleted service's claim is free, and generations go on from the revision.
 	e := put(t, tx, svc("x", "10.96.0.99", 0, tcp(80)))
-	if e.Service.Generation != 8 {
-		t.Errorf("first generation after Load is %d, want 8", e.Service.Generation)
+	if e.Service().Generation != 8 {
+		t.Errorf("first generation after Load is %d, want 8", e.Service().Generation)
 	}
 
 	// Saving what was loaded writes the same bytes.
@@ -221,7 +221,7 @@ func TestFileFormat(t *testing.T) {
 	data := save(t, openDir(t), s)
 	var payload []byte
 	for _, e := range s.List("") {
-		payload = append(payload, record(t, e.Service)...)
+		payload = append(payload, record(t, e.Service())...)
 	}
 	if want := encodeFile(1, 2, 2, payload); !bytes.Equal(data, want) {
 		t.Errorf("saved file:\n%x\nwant:\n%x", data, want)
@@ -554,8 +554,8 @@ func FuzzDecodeRecords(f *testing.F) {
 			t.Fatalf("loaded revision %d and %d services from a header that says %d and %d", s.Revision(), s.Len(), revision, count)
 		}
 		for _, e := range s.List("") {
-			if g := e.Service.Generation; g == 0 || g > revision || e.Dataplane.Generation != g {
-				t.Fatalf("loaded %s with generations %d/%d, revision %d", e.Service.Name, g, e.Dataplane.Generation, revision)
+			if g := e.Service().Generation; g == 0 || g > revision || e.Dataplane.Generation != g {
+				t.Fatalf("loaded %s with generations %d/%d, revision %d", e.Service().Name, g, e.Dataplane.Generation, revision)
 			}
 		}
 		first := save(t, to, s)

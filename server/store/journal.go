@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 
+	"github.com/vipd/vipd/internal/pmap"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,7 +22,7 @@ import (
 //	  revision  uint64   the revision after it
 //	  count     uvarint  number of changed services
 //	  count × ( op byte (journalPut or journalDelete), uvarint name length, name,
-//	            put only: uvarint length, deterministic protobuf vipd.v1.Service )
+//	            put only: uvarint length, protobuf vipd.v1.Service as in the state file )
 //
 // Load replays the records above the state file's revision. Records at or
 // below it are skipped: a compaction wrote the state file and then emptied
@@ -92,7 +93,7 @@ func (j *journal) open(path string, base *Snapshot, fileSize int) (*Snapshot, er
 // error, any other damage is.
 func replay(base *Snapshot, data []byte) (*Snapshot, int, error) {
 	le := binary.LittleEndian
-	var services map[string]*Entry
+	var services *pmap.Builder[string, *Entry]
 	revision := base.revision
 	off := 0
 	for off < len(data) {
@@ -126,16 +127,13 @@ func replay(base *Snapshot, data []byte) (*Snapshot, int, error) {
 			return nil, 0, fmt.Errorf("record for revision %d applies to %d, but the state is at %d", rev, parent, revision)
 		}
 		if services == nil {
-			services = make(map[string]*Entry, len(base.services))
-			for k, e := range base.services {
-				services[k] = e
-			}
+			services = base.services.Builder()
 		}
 		for name, e := range changes {
 			if e == nil {
-				delete(services, name)
+				services.Delete(name)
 			} else {
-				services[name] = e
+				services.Set(name, e)
 			}
 		}
 		revision = rev
@@ -143,8 +141,10 @@ func replay(base *Snapshot, data []byte) (*Snapshot, int, error) {
 	if services == nil {
 		return base, off, nil
 	}
-	entries := make([]*Entry, 0, len(services))
-	for _, e := range services {
+	// build checks the claims of the result, as Load does for a state file.
+	t := services.Map()
+	entries := make([]*Entry, 0, t.Len())
+	for _, e := range t.All() {
 		entries = append(entries, e)
 	}
 	s, err := build(revision, entries)
@@ -211,11 +211,11 @@ func decodeRecord(p []byte) (parent, revision uint64, changes map[string]*Entry,
 			if err != nil {
 				return 0, 0, nil, err
 			}
-			if e.Service.Name != string(name) {
-				return 0, 0, nil, fmt.Errorf("change of %q holds service %q", name, e.Service.Name)
+			if e.Name() != string(name) {
+				return 0, 0, nil, fmt.Errorf("change of %q holds service %q", name, e.Name())
 			}
-			if e.Service.Generation > revision {
-				return 0, 0, nil, fmt.Errorf("service %s has generation %d, above the record's revision %d", name, e.Service.Generation, revision)
+			if e.Generation() > revision {
+				return 0, 0, nil, fmt.Errorf("service %s has generation %d, above the record's revision %d", name, e.Generation(), revision)
 			}
 			changes[string(name)] = e
 		default:
@@ -230,16 +230,38 @@ func decodeRecord(p []byte) (parent, revision uint64, changes map[string]*Entry,
 
 // canAppend reports whether s can be saved as a journal record: a state
 // file exists (the first save writes one), s was committed on the snapshot
-// saved last and says what it changed, and the journal is not due for
-// compaction.
+// saved last and says what it changed, and the journal, with the record,
+// stays below the compaction threshold. The last condition also bounds the
+// record, which is built in memory: a change as big as the state (a big
+// SyncServices) writes the state file, streamed, instead.
 func (j *journal) canAppend(s *Snapshot) bool {
-	return j.f != nil && j.known && j.fileSize > 0 && s.delta != nil && s.parent == j.saved &&
-		j.size < max(int64(j.fileSize), journalMinCompact)
+	if j.f == nil || !j.known || j.fileSize <= 0 || s.delta == nil || s.parent != j.saved {
+		return false
+	}
+	limit := max(int64(j.fileSize), journalMinCompact)
+	size := j.size
+	for _, name := range s.delta {
+		if size >= limit {
+			return false
+		}
+		size += int64(1 + 2*binary.MaxVarintLen64 + len(name))
+		if e, ok := s.Get(name); ok {
+			size += int64(e.encodedLen())
+		}
+	}
+	return size < limit
 }
 
 // append writes s's changes as one record and syncs it.
 func (j *journal) append(s *Snapshot) error {
-	rec := make([]byte, journalHeader, 64)
+	size := journalHeader + 16 + binary.MaxVarintLen64
+	for _, name := range s.delta {
+		size += 1 + 2*binary.MaxVarintLen64 + len(name)
+		if e, ok := s.Get(name); ok {
+			size += e.encodedLen()
+		}
+	}
+	rec := make([]byte, journalHeader, size)
 	rec = binary.LittleEndian.AppendUint64(rec, s.parent)
 	rec = binary.LittleEndian.AppendUint64(rec, s.revision)
 	rec = binary.AppendUvarint(rec, uint64(len(s.delta)))
@@ -253,8 +275,8 @@ func (j *journal) append(s *Snapshot) error {
 		rec = binary.AppendUvarint(rec, uint64(len(name)))
 		rec = append(rec, name...)
 		if ok {
-			rec = binary.AppendUvarint(rec, uint64(len(e.encoded)))
-			rec = append(rec, e.encoded...)
+			rec = binary.AppendUvarint(rec, uint64(e.encodedLen()))
+			rec = e.appendEncoded(rec)
 		}
 	}
 	n := uint32(len(rec) - journalHeader)

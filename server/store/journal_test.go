@@ -218,7 +218,7 @@ func TestJournalOlderThanStateFile(t *testing.T) {
 	// A snapshot not committed on the saved one: written whole.
 	tx := store.Empty().Begin()
 	for _, e := range last.List("") {
-		put(t, tx, e.Service)
+		put(t, tx, e.Service())
 	}
 	full := tx.Commit()
 	save(t, d, full)

@@ -1,48 +1,118 @@
 package store
 
 import (
-	"cmp"
+	"bytes"
 	"fmt"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/pmap"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
-// Entry is one stored service in its two forms. An Entry is immutable.
+// Entry is one stored service. An Entry is immutable.
+//
+// It keeps the dataplane form, which the dataplane reads on every apply,
+// and the API form only serialized: that is what the state file and the
+// journal hold anyway, and it takes a fraction of the memory of the
+// decoded messages (a store of 100,000 services with 10 backends each
+// would otherwise keep a million backend messages alive). Service decodes
+// it on demand.
 type Entry struct {
-	// Service is the normalized API form, with its generation set.
-	Service *vipdv1.Service
-	// Dataplane is the same service as the dataplane sees it.
+	// Dataplane is the service as the dataplane sees it. Its Name, Owner
+	// and Generation are the service's.
 	Dataplane *dataplane.Service
-	// encoded caches the serialized Service for the state file.
-	encoded []byte
+	// spec is the normalized API form without its generation (see
+	// EncodeSpec); the generation is Dataplane's. Entries of different
+	// generations, such as those of a retried mutation, may share it.
+	spec []byte
 }
 
-// NewEntry pairs a validated, normalized service with its dataplane form and
-// stamps both with generation gen. It copies nothing: the caller hands over
-// ownership of svc and dp.
-func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, error) {
-	svc.Generation = gen
-	dp.Generation = gen
+// generationField is vipd.v1.Service's generation field number.
+const generationField protowire.Number = 10
+
+// EncodeSpec serializes a validated, normalized service without its
+// generation: the form an Entry keeps, and what SameSpec compares. It
+// leaves svc as it was.
+func EncodeSpec(svc *vipdv1.Service) ([]byte, error) {
+	g := svc.Generation
+	svc.Generation = 0
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(svc)
+	svc.Generation = g
 	if err != nil {
 		return nil, fmt.Errorf("encode service %s: %w", svc.Name, err)
 	}
-	return &Entry{Service: svc, Dataplane: dp, encoded: b}, nil
+	return b, nil
 }
 
-// SameSpec reports whether e and svc describe the same service, ignoring generation.
-func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
-	g := svc.Generation
-	svc.Generation = e.Service.Generation
-	same := proto.Equal(e.Service, svc)
-	svc.Generation = g
-	return same
+// NewEntry pairs a validated, normalized service with its dataplane form and
+// stamps both with generation gen. It sets svc.Generation but does not keep
+// svc; it keeps dp, which the caller hands over.
+func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, error) {
+	spec, err := EncodeSpec(svc)
+	if err != nil {
+		return nil, err
+	}
+	svc.Generation = gen
+	return newEntry(spec, dp, gen), nil
 }
+
+// newEntry is NewEntry for a service already encoded by EncodeSpec. The
+// entry shares spec, which must not change.
+func newEntry(spec []byte, dp *dataplane.Service, gen uint64) *Entry {
+	dp.Generation = gen
+	return &Entry{Dataplane: dp, spec: spec}
+}
+
+// Name is the service's name.
+func (e *Entry) Name() string { return e.Dataplane.Name }
+
+// Owner is the service's owner.
+func (e *Entry) Owner() string { return e.Dataplane.Owner }
+
+// Generation is the generation the service was stored with.
+func (e *Entry) Generation() uint64 { return e.Dataplane.Generation }
+
+// Service returns the normalized API form, with its generation set. It
+// decodes a new message on every call, which the caller owns.
+func (e *Entry) Service() *vipdv1.Service {
+	svc := &vipdv1.Service{}
+	if err := proto.Unmarshal(e.spec, svc); err != nil {
+		// EncodeSpec made it: it cannot fail to decode.
+		panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), err))
+	}
+	svc.Generation = e.Generation()
+	return svc
+}
+
+// encodedLen is the length of appendEncoded's output.
+func (e *Entry) encodedLen() int {
+	return len(e.spec) + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())
+}
+
+// appendEncoded appends the service, generation included, as one
+// vipd.v1.Service message: the form of the state file and the journal.
+func (e *Entry) appendEncoded(b []byte) []byte {
+	b = append(b, e.spec...)
+	b = protowire.AppendTag(b, generationField, protowire.VarintType)
+	return protowire.AppendVarint(b, e.Generation())
+}
+
+// SameSpec reports whether e and svc describe the same service, ignoring
+// generation. svc must be normalized, as stored services are.
+func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
+	b, err := EncodeSpec(svc)
+	return err == nil && e.SameEncodedSpec(b)
+}
+
+// SameEncodedSpec is SameSpec for a service encoded by EncodeSpec.
+func (e *Entry) SameEncodedSpec(spec []byte) bool { return bytes.Equal(spec, e.spec) }
 
 // Claim is one VIP:port/protocol that a service forwards. Two services may
 // not hold the same claim.
@@ -68,10 +138,16 @@ func claimsOf(svc *dataplane.Service) []Claim {
 }
 
 // Snapshot is an immutable, complete desired state.
+//
+// Its services and claims live in persistent hash maps (internal/pmap): a
+// commit copies only the few nodes on the paths to the keys it changes and
+// shares everything else with the snapshot it was committed on, so a
+// change costs O(change), not O(services), however many services exist,
+// and older snapshots stay valid for concurrent readers.
 type Snapshot struct {
 	revision uint64
-	services map[string]*Entry
-	claims   map[Claim]string
+	services pmap.Map[string, *Entry] // by name
+	claims   pmap.Map[Claim, string]  // the holder's name
 	backends int
 	// parent is the revision of the snapshot this one was committed on,
 	// and delta the names that differ from it (nil: unknown). The state
@@ -81,45 +157,84 @@ type Snapshot struct {
 }
 
 // Empty returns the snapshot of a store with no services.
-func Empty() *Snapshot {
-	return &Snapshot{services: map[string]*Entry{}, claims: map[Claim]string{}}
-}
+func Empty() *Snapshot { return &Snapshot{} }
 
 // Revision is the highest generation ever assigned in this store. It only grows.
 func (s *Snapshot) Revision() uint64 { return s.revision }
 
 // Len is the number of services.
-func (s *Snapshot) Len() int { return len(s.services) }
+func (s *Snapshot) Len() int { return s.services.Len() }
 
 // BackendCount is the number of backends summed over all services.
 func (s *Snapshot) BackendCount() int { return s.backends }
 
 // Get returns the named service.
-func (s *Snapshot) Get(name string) (*Entry, bool) {
-	e, ok := s.services[name]
-	return e, ok
-}
+func (s *Snapshot) Get(name string) (*Entry, bool) { return s.services.Get(name) }
+
+// All yields every service in name order. It sorts the names first, so it
+// costs O(n log n) before the first entry.
+func (s *Snapshot) All() iter.Seq2[string, *Entry] { return sorted(s.services) }
 
 // List returns the services of owner, or all when owner is empty, sorted by name.
 func (s *Snapshot) List(owner string) []*Entry {
 	var res []*Entry
-	for _, e := range s.services {
-		if owner == "" || e.Service.Owner == owner {
+	for _, e := range s.services.All() {
+		if owner == "" || e.Owner() == owner {
 			res = append(res, e)
 		}
 	}
-	slices.SortFunc(res, func(a, b *Entry) int { return cmp.Compare(a.Service.Name, b.Service.Name) })
+	slices.SortFunc(res, func(a, b *Entry) int { return strings.Compare(a.Name(), b.Name()) })
 	return res
 }
 
 // DataplaneState returns the state a dataplane needs to forward s, with
 // changed as the hint of what differs from the previously applied state.
+// It costs O(1): the state reads s's services in place.
 func (s *Snapshot) DataplaneState(changed []string) *dataplane.State {
-	svcs := make(map[string]*dataplane.Service, len(s.services))
-	for name, e := range s.services {
-		svcs[name] = e.Dataplane
+	return &dataplane.State{Generation: s.revision, Set: dataplaneSet{s.services}, Changed: changed}
+}
+
+// dataplaneSet shows a snapshot's services to a dataplane.
+type dataplaneSet struct{ m pmap.Map[string, *Entry] }
+
+func (d dataplaneSet) Get(name string) (*dataplane.Service, bool) {
+	e, ok := d.m.Get(name)
+	if !ok {
+		return nil, false
 	}
-	return &dataplane.State{Generation: s.revision, Services: svcs, Changed: changed}
+	return e.Dataplane, true
+}
+
+func (d dataplaneSet) Len() int { return d.m.Len() }
+
+func (d dataplaneSet) All() iter.Seq2[string, *dataplane.Service] {
+	return func(yield func(string, *dataplane.Service) bool) {
+		for name, e := range sorted(d.m) {
+			if !yield(name, e.Dataplane) {
+				return
+			}
+		}
+	}
+}
+
+// sorted yields m's entries in key order.
+func sorted[V any](m pmap.Map[string, V]) iter.Seq2[string, V] {
+	return func(yield func(string, V) bool) {
+		type kv struct {
+			k string
+			v V
+		}
+		all := make([]kv, 0, m.Len())
+		for k, v := range m.All() {
+			all = append(all, kv{k, v})
+		}
+		slices.SortFunc(all, func(a, b kv) int { return strings.Compare(a.k, b.k) })
+		for _, e := range all {
+			if !yield(e.k, e.v) {
+				return
+			}
+		}
+	}
 }
 
 // ConflictError says that a service claims a VIP:port/protocol that another
@@ -142,6 +257,7 @@ type Txn struct {
 	revision uint64
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
+	changed  []string          // Changed's cache; nil when stale
 }
 
 // Begin starts a transaction on top of s. s itself never changes.
@@ -159,8 +275,16 @@ func (t *Txn) Sub() *Txn {
 // Merge moves a Sub's changes into its parent.
 func (t *Txn) Merge() {
 	p := t.parent
-	maps.Copy(p.services, t.services)
-	maps.Copy(p.claims, t.claims)
+	if len(p.services) == 0 && len(p.claims) == 0 {
+		// The common case of a batch of one (a big SyncServices among
+		// them): hand the maps over rather than copy them.
+		p.services, p.claims = t.services, t.claims
+		t.services, t.claims = map[string]*Entry{}, map[Claim]string{}
+	} else {
+		maps.Copy(p.services, t.services)
+		maps.Copy(p.claims, t.claims)
+	}
+	p.changed = nil
 	p.revision = t.revision
 }
 
@@ -186,7 +310,7 @@ func (t *Txn) Names(owner string) []string {
 			return
 		}
 		seen[name] = true
-		if e, ok := t.Get(name); ok && e.Service.Owner == owner {
+		if e, ok := t.Get(name); ok && e.Owner() == owner {
 			names = append(names, name)
 		}
 	}
@@ -195,7 +319,7 @@ func (t *Txn) Names(owner string) []string {
 			visit(name)
 		}
 	}
-	for name := range t.base.services {
+	for name := range t.base.All() {
 		visit(name)
 	}
 	slices.Sort(names)
@@ -208,28 +332,44 @@ func (t *Txn) holder(c Claim) string {
 			return h
 		}
 	}
-	return t.base.claims[c]
+	h, _ := t.base.Holder(c)
+	return h
 }
 
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
-// replacing any service of the same name. It fails with a *ConflictError, and
-// stages nothing, if another service holds one of svc's claims.
+// replacing any service of the same name, and sets svc.Generation to it.
+// It fails with a *ConflictError, and stages nothing, if another service
+// holds one of svc's claims.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
-	for _, c := range claimsOf(dp) {
-		if h := t.holder(c); h != "" && h != svc.Name {
-			return nil, &ConflictError{Service: svc.Name, Claim: c, Holder: h}
-		}
-	}
-	e, err := NewEntry(svc, dp, t.revision+1)
+	spec, err := EncodeSpec(svc)
 	if err != nil {
 		return nil, err
 	}
-	t.revision++
-	t.release(svc.Name)
-	for _, c := range claimsOf(dp) {
-		t.claims[c] = svc.Name
+	e, err := t.PutSpec(spec, dp)
+	if err != nil {
+		return nil, err
 	}
-	t.services[svc.Name] = e
+	svc.Generation = e.Generation()
+	return e, nil
+}
+
+// PutSpec is Put for a service encoded by EncodeSpec, so that a caller may
+// drop the decoded message early: the Entry shares spec, which must not
+// change.
+func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
+	for _, c := range claimsOf(dp) {
+		if h := t.holder(c); h != "" && h != dp.Name {
+			return nil, &ConflictError{Service: dp.Name, Claim: c, Holder: h}
+		}
+	}
+	e := newEntry(spec, dp, t.revision+1)
+	t.revision++
+	t.release(dp.Name)
+	for _, c := range claimsOf(dp) {
+		t.claims[c] = dp.Name
+	}
+	t.services[dp.Name] = e
+	t.changed = nil
 	return e, nil
 }
 
@@ -240,6 +380,7 @@ func (t *Txn) Delete(name string) bool {
 	}
 	t.release(name)
 	t.services[name] = nil
+	t.changed = nil
 	t.revision++
 	return true
 }
@@ -255,68 +396,81 @@ func (t *Txn) release(name string) {
 }
 
 // Changed lists the names the transaction touched, sorted. It is meant for a
-// top-level Txn.
+// top-level Txn. The caller must not modify the slice.
 func (t *Txn) Changed() []string {
-	return slices.Sorted(maps.Keys(t.services))
+	if t.changed == nil && len(t.services) > 0 {
+		t.changed = slices.Sorted(maps.Keys(t.services))
+	}
+	return t.changed
 }
+
+// Dirty reports whether the transaction staged any change: Changed is not
+// empty. It costs O(1).
+func (t *Txn) Dirty() bool { return len(t.services) > 0 }
 
 // Commit returns the snapshot with the staged changes applied. It is meant
 // for a top-level Txn. The base snapshot is not modified, so Commit may be
-// called on a Txn that is then thrown away.
+// called on a Txn that is then thrown away. It costs O(changes × key
+// length): the new snapshot shares every unchanged service with the base.
 func (t *Txn) Commit() *Snapshot {
 	if len(t.services) == 0 {
 		return t.base
 	}
+	delta := t.Changed()
 	s := &Snapshot{
 		revision: t.revision,
-		services: maps.Clone(t.base.services),
-		claims:   maps.Clone(t.base.claims),
 		backends: t.base.backends,
 		parent:   t.base.revision,
-		delta:    t.Changed(),
+		delta:    delta,
 	}
+	svcs := t.base.services.Builder()
 	for name, e := range t.services {
-		if old, ok := s.services[name]; ok {
+		if old, had := svcs.Get(name); had {
 			s.backends -= len(old.Dataplane.Backends)
 		}
 		if e == nil {
-			delete(s.services, name)
-			continue
+			svcs.Delete(name)
+		} else {
+			svcs.Set(name, e)
+			s.backends += len(e.Dataplane.Backends)
 		}
-		s.services[name] = e
-		s.backends += len(e.Dataplane.Backends)
 	}
+	s.services = svcs.Map()
+	claims := t.base.claims.Builder()
 	for c, h := range t.claims {
 		if h == "" {
-			delete(s.claims, c)
+			claims.Delete(c)
 		} else {
-			s.claims[c] = h
+			claims.Set(c, h)
 		}
 	}
+	s.claims = claims.Map()
 	return s
 }
 
-// build makes a snapshot from entries, as read from a state file. It fails
-// if two entries claim the same VIP:port/protocol.
+// build makes a snapshot from entries, as read from a state file, in one
+// pass. It fails if two entries claim the same VIP:port/protocol.
 func build(revision uint64, entries []*Entry) (*Snapshot, error) {
-	s := Empty()
-	s.revision = revision
+	s := &Snapshot{revision: revision}
+	svcs := pmap.Map[string, *Entry]{}.Builder()
+	claims := pmap.Map[Claim, string]{}.Builder()
 	for _, e := range entries {
-		name := e.Service.Name
-		if _, dup := s.services[name]; dup {
+		name := e.Name()
+		if _, dup := svcs.Get(name); dup {
 			return nil, fmt.Errorf("service %s is stored twice", name)
 		}
-		if e.Service.Generation > revision {
-			return nil, fmt.Errorf("service %s has generation %d, above the store revision %d", name, e.Service.Generation, revision)
+		if e.Generation() > revision {
+			return nil, fmt.Errorf("service %s has generation %d, above the store revision %d", name, e.Generation(), revision)
 		}
 		for _, c := range claimsOf(e.Dataplane) {
-			if h, taken := s.claims[c]; taken {
+			if h, taken := claims.Get(c); taken {
 				return nil, &ConflictError{Service: name, Claim: c, Holder: h}
 			}
-			s.claims[c] = name
+			claims.Set(c, name)
 		}
-		s.services[name] = e
+		svcs.Set(name, e)
 		s.backends += len(e.Dataplane.Backends)
 	}
+	s.services, s.claims = svcs.Map(), claims.Map()
 	return s, nil
 }

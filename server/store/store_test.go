@@ -83,7 +83,7 @@ func snapshot(t testing.TB, svcs ...*vipdv1.Service) *store.Snapshot {
 func names(entries []*store.Entry) []string {
 	var res []string
 	for _, e := range entries {
-		res = append(res, e.Service.Name)
+		res = append(res, e.Service().Name)
 	}
 	return res
 }
@@ -95,8 +95,8 @@ func TestTxnVisibility(t *testing.T) {
 		t.Errorf("NextGeneration on an empty store = %d, want 1", got)
 	}
 	e := put(t, tx, svc("a", "10.96.0.1", 2, tcp(80)))
-	if e.Service.Generation != 1 || e.Dataplane.Generation != 1 {
-		t.Errorf("first Put got generations %d/%d, want 1/1", e.Service.Generation, e.Dataplane.Generation)
+	if e.Service().Generation != 1 || e.Dataplane.Generation != 1 {
+		t.Errorf("first Put got generations %d/%d, want 1/1", e.Service().Generation, e.Dataplane.Generation)
 	}
 	if got, ok := tx.Get("a"); !ok || got != e {
 		t.Errorf("Txn.Get(a) = %v, %v; want the staged entry", got, ok)
@@ -160,8 +160,8 @@ func TestGenerations(t *testing.T) {
 		t.Helper()
 		want := tx.NextGeneration()
 		e := put(t, tx, svc("a", "10.96.0.1", 1, tcp(80)))
-		if e.Service.Generation != want || e.Dataplane.Generation != want {
-			t.Errorf("Put got generations %d/%d, want NextGeneration %d", e.Service.Generation, e.Dataplane.Generation, want)
+		if e.Service().Generation != want || e.Dataplane.Generation != want {
+			t.Errorf("Put got generations %d/%d, want NextGeneration %d", e.Service().Generation, e.Dataplane.Generation, want)
 		}
 		gens = append(gens, want)
 	}
@@ -189,8 +189,8 @@ func TestGenerations(t *testing.T) {
 	if got := snap.Revision(); got != 9 {
 		t.Errorf("revision %d, want 9", got)
 	}
-	if e, _ := snap.Get("a"); e.Service.Generation != 9 {
-		t.Errorf("stored generation of a is %d, want 9", e.Service.Generation)
+	if e, _ := snap.Get("a"); e.Service().Generation != 9 {
+		t.Errorf("stored generation of a is %d, want 9", e.Service().Generation)
 	}
 }
 
@@ -200,8 +200,14 @@ func TestNewEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Service != s || e.Dataplane != dp || s.Generation != 42 || dp.Generation != 42 {
+	if !proto.Equal(e.Service(), s) || e.Dataplane != dp || s.Generation != 42 || dp.Generation != 42 || e.Generation() != 42 {
 		t.Errorf("NewEntry did not stamp and keep the given values: %v", e)
+	}
+	if e.Service() == e.Service() {
+		t.Error("Service returned the same message twice; each caller must own its copy")
+	}
+	if e.Name() != "a" || e.Owner() != s.Owner {
+		t.Errorf("Name %q Owner %q, want a and %q", e.Name(), e.Owner(), s.Owner)
 	}
 }
 
@@ -212,8 +218,8 @@ func TestCommitLeavesBaseUntouched(t *testing.T) {
 	)
 	a, _ := base.Get("a")
 	b, _ := base.Get("b")
-	bSpec := proto.Clone(b.Service)
-	stateBefore := base.DataplaneState(nil)
+	bSpec := proto.Clone(b.Service())
+	stateBefore := plainState(base.DataplaneState(nil))
 
 	tx := base.Begin()
 	tx.Delete("a")
@@ -237,13 +243,13 @@ func TestCommitLeavesBaseUntouched(t *testing.T) {
 	if e, _ := base.Get("a"); e != a {
 		t.Error("base entry a changed")
 	}
-	if e, _ := base.Get("b"); e != b || !proto.Equal(b.Service, bSpec) {
+	if e, _ := base.Get("b"); e != b || !proto.Equal(b.Service(), bSpec) {
 		t.Error("base entry b changed")
 	}
 	if base.Revision() != 2 || base.BackendCount() != 3 || base.Len() != 2 {
 		t.Errorf("base Revision %d BackendCount %d Len %d, want 2 3 2", base.Revision(), base.BackendCount(), base.Len())
 	}
-	if diff := cmp.Diff(stateBefore, base.DataplaneState(nil), addrCmp); diff != "" {
+	if diff := cmp.Diff(stateBefore, plainState(base.DataplaneState(nil)), addrCmp); diff != "" {
 		t.Errorf("base dataplane state changed (-before +after):\n%s", diff)
 	}
 	// The base's claims are its own: a still holds 10.96.0.1:80 there, and 443 is free.
@@ -754,7 +760,7 @@ func TestBackendCount(t *testing.T) {
 }
 
 func TestDataplaneState(t *testing.T) {
-	if diff := cmp.Diff(&dataplane.State{Services: map[string]*dataplane.Service{}}, store.Empty().DataplaneState(nil)); diff != "" {
+	if diff := cmp.Diff(&dataplane.State{Services: map[string]*dataplane.Service{}}, plainState(store.Empty().DataplaneState(nil))); diff != "" {
 		t.Errorf("empty state (-want +got):\n%s", diff)
 	}
 	tx := store.Empty().Begin()
@@ -770,23 +776,46 @@ func TestDataplaneState(t *testing.T) {
 		Services:   map[string]*dataplane.Service{"a": a.Dataplane, "b": b.Dataplane},
 		Changed:    []string{"a", "c"},
 	}
-	if diff := cmp.Diff(want, got, addrCmp); diff != "" {
+	if diff := cmp.Diff(want, plainState(got), addrCmp); diff != "" {
 		t.Errorf("DataplaneState (-want +got):\n%s", diff)
 	}
-	if got.Services["a"] != a.Dataplane || got.Services["b"] != b.Dataplane {
+	if got.Len() != 2 {
+		t.Errorf("DataplaneState Len %d, want 2", got.Len())
+	}
+	if _, ok := got.Get("c"); ok {
+		t.Error("DataplaneState has the deleted service c")
+	}
+	ga, _ := got.Get("a")
+	gb, _ := got.Get("b")
+	if ga != a.Dataplane || gb != b.Dataplane {
 		t.Error("DataplaneState does not hand out the stored dataplane services")
 	}
-	if got.Services["b"].Generation != 2 || c.Dataplane.Generation != 3 {
-		t.Errorf("dataplane generations %d and %d, want 2 and 3", got.Services["b"].Generation, c.Dataplane.Generation)
+	if gb.Generation != 2 || c.Dataplane.Generation != 3 {
+		t.Errorf("dataplane generations %d and %d, want 2 and 3", gb.Generation, c.Dataplane.Generation)
+	}
+	var order []string
+	for name := range got.All() {
+		order = append(order, name)
+	}
+	if !slices.Equal(order, []string{"a", "b"}) {
+		t.Errorf("DataplaneState All yields %v, want [a b] (name order)", order)
 	}
 	if st := snap.DataplaneState(nil); st.Changed != nil {
 		t.Errorf("DataplaneState(nil).Changed = %v, want nil (diff everything)", st.Changed)
 	}
-	// The map is the caller's: changing it leaves the snapshot alone.
-	delete(got.Services, "a")
-	if _, ok := snap.DataplaneState(nil).Services["a"]; !ok {
-		t.Error("deleting from a DataplaneState changed the snapshot")
+	// A later commit leaves an earlier state alone: a dataplane may keep it.
+	tx = snap.Begin()
+	tx.Delete("a")
+	put(t, tx, svc("d", "10.96.0.4", 1, tcp(80)))
+	tx.Commit()
+	if _, ok := got.Get("a"); !ok || got.Len() != 2 {
+		t.Error("committing on a snapshot changed the state handed out before")
 	}
+}
+
+// plainState returns s with its services as a map, for cmp.Diff.
+func plainState(s *dataplane.State) *dataplane.State {
+	return &dataplane.State{Generation: s.Generation, Services: s.Map(), Changed: s.Changed}
 }
 
 func TestSameSpec(t *testing.T) {
@@ -801,8 +830,8 @@ func TestSameSpec(t *testing.T) {
 	if same.Generation != 99 {
 		t.Errorf("SameSpec changed the argument's generation to %d", same.Generation)
 	}
-	if e.Service.Generation != 1 {
-		t.Errorf("SameSpec changed the entry's generation to %d", e.Service.Generation)
+	if e.Service().Generation != 1 {
+		t.Errorf("SameSpec changed the entry's generation to %d", e.Service().Generation)
 	}
 	other, _ := normalize(t, svc("a", "10.96.0.1", 3, tcp(80)))
 	if e.SameSpec(other) {

@@ -89,12 +89,22 @@ func checkName(v *Violations, name, field string) {
 // returns a normalized copy (defaults filled in, addresses canonical, backends
 // sorted by IP, generation zero) and its dataplane form. in is not modified.
 func Service(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
+	if in == nil {
+		return ServiceInPlace(nil, lim, field)
+	}
+	return ServiceInPlace(proto.Clone(in).(*vipdv1.Service), lim, field)
+}
+
+// ServiceInPlace is Service for a message the caller owns and gives up,
+// such as a request's: it normalizes in itself, without a copy, and returns
+// it. On violations in may be left partly normalized.
+func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
 	var v Violations
 	if in == nil {
 		v.add(field, "is required")
 		return nil, nil, v
 	}
-	out := proto.Clone(in).(*vipdv1.Service)
+	out := in
 	out.Generation = 0
 	dp := &dataplane.Service{}
 
@@ -113,24 +123,56 @@ func Service(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *da
 	if lim.MaxBackends > 0 && len(out.Backends) > lim.MaxBackends {
 		v.add(field+".backends", "has %d backends; at most %d are allowed (--max-backends)", len(out.Backends), lim.MaxBackends)
 	}
-	seen := map[netip.Addr]int{}
+	if len(out.Backends) > 0 {
+		dp.Backends = make([]dataplane.Backend, 0, len(out.Backends))
+	}
+	// Duplicates are found by a scan of the backends so far while they are
+	// few, which is much cheaper than a map for the usual handful.
+	var seen map[netip.Addr]int
+	var indexBuf [16]int
+	index := indexBuf[:0] // index[k]: where dp.Backends[k] is in out.Backends
 	for i, b := range out.Backends {
-		f := fmt.Sprintf("%s.backends[%d]", field, i)
-		db, ok := backend(&v, b, ctx, f)
+		// The field's name is built only for a violation: a big SyncServices
+		// validates millions of valid backends.
+		var probe Violations
+		db, ok := backend(&probe, b, ctx, "")
 		if !ok {
+			backend(&v, b, ctx, fmt.Sprintf("%s.backends[%d]", field, i))
 			continue
 		}
-		if j, dup := seen[db.IP]; dup {
-			v.add(f+".ip", "%s is also backends[%d]; each backend IP may appear once", db.IP, j)
+		j, dup := -1, false
+		if seen == nil {
+			for k := range dp.Backends {
+				if dp.Backends[k].IP == db.IP {
+					j, dup = index[k], true
+					break
+				}
+			}
+			if len(dp.Backends) == len(indexBuf) {
+				seen = make(map[netip.Addr]int, len(out.Backends))
+				for k := range dp.Backends {
+					seen[dp.Backends[k].IP] = index[k]
+				}
+			}
+		} else {
+			j, dup = seen[db.IP]
+		}
+		if dup {
+			v.add(fmt.Sprintf("%s.backends[%d].ip", field, i), "%s is also backends[%d]; each backend IP may appear once", db.IP, j)
 			continue
 		}
-		seen[db.IP] = i
+		if seen != nil {
+			seen[db.IP] = i
+		} else {
+			index = append(index, i)
+		}
 		dp.Backends = append(dp.Backends, db)
 	}
-	slices.SortFunc(out.Backends, func(a, b *vipdv1.Backend) int {
-		return compareIPStrings(a.Ip, b.Ip)
-	})
-	slices.SortFunc(dp.Backends, func(a, b dataplane.Backend) int { return a.IP.Compare(b.IP) })
+	if len(v) == 0 {
+		// Every backend is valid, so out.Backends[i] is dp.Backends[i]:
+		// sort both by the parsed address at once.
+		sortBackends(out.Backends, dp.Backends)
+	}
 
 	dp.Affinity = affinity(&v, out, field)
 	dp.TrafficPolicy = trafficPolicy(&v, out, field)
@@ -143,10 +185,34 @@ func Service(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *da
 	return out, dp, nil
 }
 
-func compareIPStrings(a, b string) int {
-	x, _ := netip.ParseAddr(a)
-	y, _ := netip.ParseAddr(b)
-	return x.Compare(y)
+// sortBackends sorts dp by IP, and api (its API form, index for index)
+// the same way.
+func sortBackends(api []*vipdv1.Backend, dp []dataplane.Backend) {
+	cmpIP := func(a, b dataplane.Backend) int { return a.IP.Compare(b.IP) }
+	if slices.IsSortedFunc(dp, cmpIP) {
+		return
+	}
+	type pair struct {
+		api *vipdv1.Backend
+		dp  dataplane.Backend
+	}
+	pairs := make([]pair, len(dp))
+	for i := range dp {
+		pairs[i] = pair{api[i], dp[i]}
+	}
+	slices.SortFunc(pairs, func(a, b pair) int { return cmpIP(a.dp, b.dp) })
+	for i, p := range pairs {
+		api[i], dp[i] = p.api, p.dp
+	}
+}
+
+// canonical returns a's text, reusing s when s is that text already.
+func canonical(a netip.Addr, s string) string {
+	var buf [64]byte
+	if b := a.AppendTo(buf[:0]); string(b) != s {
+		return string(b)
+	}
+	return s
 }
 
 // unicast parses s as a unicast address that may be used for a VIP or a
@@ -195,7 +261,7 @@ func vips(v *Violations, out *vipdv1.Service, lim Limits, field string) []netip.
 			v.add(f, "%s is outside the service CIDRs %v (--service-cidr)", a, lim.ServiceCIDRs)
 			continue
 		}
-		out.Vips[i] = a.String()
+		out.Vips[i] = canonical(a, s)
 		addrs = append(addrs, a)
 	}
 	return addrs
@@ -312,7 +378,7 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	before := len(*v)
 	ip, ok := unicast(v, b.Ip, field+".ip")
 	if ok {
-		b.Ip = ip.String()
+		b.Ip = canonical(ip, b.Ip)
 		// Without a valid VIP the family is unknown; the VIP violation says enough.
 		if (ctx.has4 || ctx.has6) && (ip.Is4() && !ctx.has4 || ip.Is6() && !ctx.has6) {
 			v.add(field+".ip", "%s is %s, but the service has no VIP of that family", ip, family(ip))
@@ -320,7 +386,11 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	}
 	var ports map[string]uint16
 	// Sorted, so that the same input always gives the same violations.
-	for _, name := range slices.Sorted(maps.Keys(b.Ports)) {
+	var names []string
+	if len(b.Ports) > 0 {
+		names = slices.Sorted(maps.Keys(b.Ports))
+	}
+	for _, name := range names {
 		port := b.Ports[name]
 		f := fmt.Sprintf("%s.ports[%q]", field, name)
 		if !slices.ContainsFunc(ctx.ports, func(p dataplane.Port) bool { return p.Name == name && name != "" }) {

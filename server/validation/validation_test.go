@@ -182,6 +182,10 @@ func TestServiceViolations(t *testing.T) {
 
 		// backends
 		{name: "no backends", edit: func(s *vipdv1.Service) { s.Backends = nil }},
+		{name: "duplicate backend IP", edit: func(s *vipdv1.Service) { s.Backends = manyBackends(5, 1, 3) }, want: []string{"service.backends[3].ip"}},
+		{name: "40 distinct backends", edit: func(s *vipdv1.Service) { s.Backends = manyBackends(40) }},
+		{name: "duplicate backend IPs among many", edit: func(s *vipdv1.Service) { s.Backends = manyBackends(40, 2, 17, 30, 39) },
+			want: []string{"service.backends[17].ip", "service.backends[30].ip", "service.backends[39].ip"}},
 		{name: "malformed backend IP", edit: func(s *vipdv1.Service) { s.Backends[0].Ip = "10.0.0.300" }, want: []string{"service.backends[0].ip"}},
 		{name: "missing backend IP", edit: func(s *vipdv1.Service) { s.Backends[0].Ip = "" }, want: []string{"service.backends[0].ip"}},
 		{name: "loopback backend", edit: func(s *vipdv1.Service) { s.Backends[0].Ip = "127.0.0.1" }, want: []string{"service.backends[0].ip"}},
@@ -799,4 +803,20 @@ func TestViolationsStableOrder(t *testing.T) {
 			t.Fatalf("violations differ between two calls (-first +now):\n%s", diff)
 		}
 	}
+}
+
+// manyBackends returns n backends 10.1.0.1, 10.1.0.2, ..., except that the
+// backend at each index in dupOf (after the first, which names the
+// original) repeats the address of backends[dupOf[0]].
+func manyBackends(n int, dupOf ...int) []*vipdv1.Backend {
+	var bs []*vipdv1.Backend
+	for i := range n {
+		bs = append(bs, &vipdv1.Backend{Ip: fmt.Sprintf("10.1.0.%d", i+1)})
+	}
+	if len(dupOf) > 0 {
+		for _, i := range dupOf[1:] {
+			bs[i].Ip = bs[dupOf[0]].Ip
+		}
+	}
+	return bs
 }
