@@ -462,8 +462,8 @@ func TestDataplaneRestartKeepsIDsAndPrunes(t *testing.T) {
 	for k, id := range dp.prog.revNatIDs {
 		gotRevNat[k.String()] = id
 	}
-	for k, id := range dp.prog.backendIDs {
-		gotBackends[k.String()] = id
+	for k, ref := range dp.prog.backendIDs.all() {
+		gotBackends[k.String()] = ref.id
 	}
 	if d := cmp.Diff(wantRevNat, gotRevNat); d != "" {
 		t.Errorf("restored reverse-NAT IDs (-before +restored):\n%s", d)
@@ -636,7 +636,7 @@ func TestDataplaneLayoutMismatch(t *testing.T) {
 	if newID, _ := newInfo.ID(); newID == oldID {
 		t.Errorf("New kept the service map (ID %d) of another layout version", oldID)
 	}
-	if len(dp.prog.revNatIDs) != 0 || len(dp.prog.backendIDs) != 0 {
+	if len(dp.prog.revNatIDs) != 0 || dp.prog.backendIDs.len() != 0 {
 		t.Errorf("New restored IDs from maps of another layout version: reverse NAT %v, backends %v",
 			dp.prog.revNatIDs, dp.prog.backendIDs)
 	}
@@ -1241,6 +1241,18 @@ func TestFrontendsOf(t *testing.T) {
 		return fes[0]
 	}
 	bk := func(ip string, port uint16) beKey { return beKey{addr: netip.MustParseAddr(ip), port: port} }
+	// membersOf maps a frontend's members to their flags, and checks that
+	// they are sorted, as apply's merge walks need.
+	membersOf := func(fe *frontend) map[beKey]uint32 {
+		if !slices.IsSortedFunc(fe.members, compareMembers) {
+			t.Errorf("members %v are not sorted", fe.members)
+		}
+		out := map[beKey]uint32{}
+		for _, m := range fe.members {
+			out[m.key.unpack()] = m.flags
+		}
+		return out
+	}
 	const ready, term, dead = dataplane.BackendReady, dataplane.BackendTerminating, dataplane.BackendNotServing
 
 	t.Run("SCTP port rewrite is unsupported", func(t *testing.T) {
@@ -1263,7 +1275,7 @@ func TestFrontendsOf(t *testing.T) {
 	})
 	t.Run("SCTP without port rewrite", func(t *testing.T) {
 		fe := one(t, svcOf(dataplane.SCTP, 80, 80, be("10.0.0.1", ready, 1)), maglev.DefaultTableSize)
-		if fe.key.proto != ipprotoSCTP || fe.key.port != 80 || len(fe.slots) != 1 || fe.slots[0].backend != bk("10.0.0.1", 80) {
+		if fe.key.proto != ipprotoSCTP || fe.key.port != 80 || len(fe.slots) != 1 || fe.slotBackend(0) != bk("10.0.0.1", 80) {
 			t.Errorf("frontend %+v", fe)
 		}
 	})
@@ -1272,12 +1284,20 @@ func TestFrontendsOf(t *testing.T) {
 		if fe.flags&svcFlagWeighted == 0 {
 			t.Errorf("flags %#x: not weighted", fe.flags)
 		}
-		want := []slot{
-			{backend: bk("10.0.0.1", 8080), weight: 1, cum: 1},
-			{backend: bk("10.0.0.2", 8080), weight: 3, cum: 4},
-			{backend: bk("10.0.0.3", 8080), weight: 2, cum: 6},
+		type slotView struct {
+			Backend     string
+			Weight, Cum uint32
 		}
-		if d := cmp.Diff(want, fe.slots, cmp.AllowUnexported(slot{}, beKey{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); d != "" {
+		want := []slotView{
+			{Backend: "10.0.0.1:8080", Weight: 1, Cum: 1},
+			{Backend: "10.0.0.2:8080", Weight: 3, Cum: 4},
+			{Backend: "10.0.0.3:8080", Weight: 2, Cum: 6},
+		}
+		var got []slotView
+		for i, s := range fe.slots {
+			got = append(got, slotView{Backend: fe.slotBackend(i).String(), Weight: uint32(s.weight), Cum: s.cum})
+		}
+		if d := cmp.Diff(want, got); d != "" {
 			t.Errorf("slots (-want +got):\n%s", d)
 		}
 		if fe.weight != 6 {
@@ -1301,20 +1321,20 @@ func TestFrontendsOf(t *testing.T) {
 	})
 	t.Run("ready backends only while any is ready", func(t *testing.T) {
 		fe := one(t, svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", term, 1), be("10.0.0.2", ready, 1), be("10.0.0.3", dead, 1)), maglev.DefaultTableSize)
-		if len(fe.slots) != 1 || fe.slots[0].backend != bk("10.0.0.2", 8080) {
+		if len(fe.slots) != 1 || fe.slotBackend(0) != bk("10.0.0.2", 8080) {
 			t.Errorf("slots %+v, want the ready backend alone", fe.slots)
 		}
 		want := map[beKey]uint32{bk("10.0.0.1", 8080): 0, bk("10.0.0.2", 8080): memberFlagEligible, bk("10.0.0.3", 8080): 0}
-		if d := cmp.Diff(want, fe.members); d != "" {
+		if d := cmp.Diff(want, membersOf(fe)); d != "" {
 			t.Errorf("members (-want +got):\n%s", d)
 		}
 	})
 	t.Run("terminating only", func(t *testing.T) {
 		fe := one(t, svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", term, 1), be("10.0.0.2", term, 1), be("10.0.0.3", dead, 1)), maglev.DefaultTableSize)
-		if len(fe.slots) != 2 || fe.slots[0].backend != bk("10.0.0.1", 8080) || fe.slots[1].backend != bk("10.0.0.2", 8080) {
+		if len(fe.slots) != 2 || fe.slotBackend(0) != bk("10.0.0.1", 8080) || fe.slotBackend(1) != bk("10.0.0.2", 8080) {
 			t.Errorf("slots %+v, want both terminating backends", fe.slots)
 		}
-		if fe.members[bk("10.0.0.1", 8080)] != memberFlagEligible || fe.members[bk("10.0.0.3", 8080)] != 0 {
+		if membersOf(fe)[bk("10.0.0.1", 8080)] != memberFlagEligible || membersOf(fe)[bk("10.0.0.3", 8080)] != 0 {
 			t.Errorf("members %v", fe.members)
 		}
 	})
@@ -1330,10 +1350,10 @@ func TestFrontendsOf(t *testing.T) {
 		svc := svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", ready, 1), local)
 		svc.TrafficPolicy = dataplane.TrafficPolicyLocal
 		fe := one(t, svc, maglev.DefaultTableSize)
-		if len(fe.slots) != 1 || fe.slots[0].backend != bk("10.0.0.2", 8080) {
+		if len(fe.slots) != 1 || fe.slotBackend(0) != bk("10.0.0.2", 8080) {
 			t.Errorf("slots %+v, want the node-local backend alone", fe.slots)
 		}
-		if fe.members[bk("10.0.0.1", 8080)] != 0 || fe.members[bk("10.0.0.2", 8080)] != memberFlagEligible {
+		if membersOf(fe)[bk("10.0.0.1", 8080)] != 0 || membersOf(fe)[bk("10.0.0.2", 8080)] != memberFlagEligible {
 			t.Errorf("members %v", fe.members)
 		}
 	})
@@ -1394,8 +1414,8 @@ func TestFrontendsOf(t *testing.T) {
 		got := map[string]string{}
 		for _, fe := range fes {
 			var bes []string
-			for _, s := range fe.slots {
-				bes = append(bes, s.backend.String())
+			for i := range fe.slots {
+				bes = append(bes, fe.slotBackend(i).String())
 			}
 			got[fe.key.String()] = strings.Join(bes, ",")
 		}

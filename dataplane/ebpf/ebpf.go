@@ -217,7 +217,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 		return nil, err
 	}
 	if n := len(d.prog.revNatIDs); n > 0 {
-		log.Info("reusing pinned maps", "frontends", n, "backends", len(d.prog.backendIDs), "bpffs", cfg.BPFFS)
+		log.Info("reusing pinned maps", "frontends", n, "backends", d.prog.backendIDs.len(), "bpffs", cfg.BPFFS)
 	}
 	d.tc = newTCAttacher(log, cfg.NetNS, cfg.PodInterfaces, d.linkDir(), cfg.TCAttach, objs.VipdFromPod, objs.VipdToPod)
 	d.wg.Add(1)
@@ -252,12 +252,12 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	full := d.needFull || s.Changed == nil
 	names := s.Changed
 	if full {
-		names = make([]string, 0, len(s.Services)+len(d.prog.byService))
-		for n := range s.Services {
+		names = make([]string, 0, s.Len()+len(d.prog.byService))
+		for n := range s.All() {
 			names = append(names, n)
 		}
 		for n := range d.prog.byService {
-			if _, ok := s.Services[n]; !ok {
+			if _, ok := s.Get(n); !ok {
 				names = append(names, n)
 			}
 		}
@@ -266,8 +266,8 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	desired := map[feKey]*frontend{}
 	var changes []change
 	for _, name := range names {
-		svc := s.Services[name]
-		if svc == nil {
+		svc, ok := s.Get(name)
+		if !ok {
 			continue
 		}
 		if err := d.Capabilities().Check(svc); err != nil {

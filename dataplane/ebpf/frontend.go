@@ -1,7 +1,11 @@
 package ebpf
 
 import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
 	"fmt"
+	"iter"
 	"math"
 	"net/netip"
 	"slices"
@@ -30,6 +34,102 @@ type beKey struct {
 
 func (k beKey) String() string { return netip.AddrPortFrom(k.addr, k.port).String() }
 
+// bePacked is a beKey as the backend table keys it: the address as the
+// maps hold it (IPv4 mapped into IPv6), and no pointer, so that the
+// collector need not scan a table of a million backends.
+type bePacked struct {
+	addr [16]byte
+	port uint16
+}
+
+func (k beKey) packed() bePacked { return bePacked{addr: k.addr.As16(), port: k.port} }
+
+func packWords(w addrWords, port uint16) bePacked {
+	var k bePacked
+	for i := range w {
+		binary.NativeEndian.PutUint32(k.addr[4*i:], w[i])
+	}
+	k.port = port
+	return k
+}
+
+func (k bePacked) unpack() beKey { return beKey{addr: netip.AddrFrom16(k.addr).Unmap(), port: k.port} }
+
+func (k bePacked) String() string { return k.unpack().String() }
+
+// backendRef is a backend's entry in the backend table.
+type backendRef struct {
+	id   uint32
+	refs int32 // frontends that have it as a member
+}
+
+// backendTable maps backends to their backendRef. IPv4 backends, the
+// common case, are keyed by a uint64 (address and port): half the memory
+// of the 16-byte form, and a cheaper hash, for a table of a million.
+type backendTable struct {
+	v4 map[uint64]backendRef
+	v6 map[bePacked]backendRef
+}
+
+func newBackendTable() backendTable {
+	return backendTable{v4: map[uint64]backendRef{}, v6: map[bePacked]backendRef{}}
+}
+
+// v4Key returns the uint64 key of an IPv4 (mapped) backend.
+func v4Key(k bePacked) (uint64, bool) {
+	if binary.NativeEndian.Uint64(k.addr[:8]) != 0 || k.addr[8] != 0 || k.addr[9] != 0 ||
+		k.addr[10] != 0xff || k.addr[11] != 0xff {
+		return 0, false
+	}
+	return uint64(binary.BigEndian.Uint32(k.addr[12:]))<<16 | uint64(k.port), true
+}
+
+func (t *backendTable) get(k bePacked) (backendRef, bool) {
+	if k4, ok := v4Key(k); ok {
+		r, ok := t.v4[k4]
+		return r, ok
+	}
+	r, ok := t.v6[k]
+	return r, ok
+}
+
+func (t *backendTable) put(k bePacked, r backendRef) {
+	if k4, ok := v4Key(k); ok {
+		t.v4[k4] = r
+	} else {
+		t.v6[k] = r
+	}
+}
+
+func (t *backendTable) del(k bePacked) {
+	if k4, ok := v4Key(k); ok {
+		delete(t.v4, k4)
+	} else {
+		delete(t.v6, k)
+	}
+}
+
+func (t *backendTable) len() int { return len(t.v4) + len(t.v6) }
+
+// all yields every backend; the loop body may delete the one it is given.
+func (t *backendTable) all() iter.Seq2[bePacked, backendRef] {
+	return func(yield func(bePacked, backendRef) bool) {
+		for k4, r := range t.v4 {
+			k := bePacked{port: uint16(k4)}
+			k.addr[10], k.addr[11] = 0xff, 0xff
+			binary.BigEndian.PutUint32(k.addr[12:], uint32(k4>>16))
+			if !yield(k, r) {
+				return
+			}
+		}
+		for k, r := range t.v6 {
+			if !yield(k, r) {
+				return
+			}
+		}
+	}
+}
+
 // frontend is the desired map content of one frontend, before IDs.
 type frontend struct {
 	key     feKey
@@ -42,14 +142,45 @@ type frontend struct {
 	// each with its cumulative weight (exclusive end).
 	slots []slot
 	// members are every backend of the VIP's family the service lists,
-	// mapped to their member flags.
-	members map[beKey]uint32
+	// sorted by key, each with its member flags. A slice, not a map: a
+	// frontend has few members, and 100,000 small maps cost more to build
+	// and hold than the merge walks that compare sorted slices.
+	members []member
 }
 
+// member is a backend of a frontend and its member flags.
+type member struct {
+	key   bePacked
+	flags uint32
+}
+
+func (k bePacked) compare(o bePacked) int {
+	if c := bytes.Compare(k.addr[:], o.addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.port, o.port)
+}
+
+func compareMembers(a, b member) int { return a.key.compare(b.key) }
+
+// memberIndex returns the index of k in f.members, or -1.
+func (f *frontend) memberIndex(k bePacked) int {
+	i, ok := slices.BinarySearchFunc(f.members, k, func(m member, k bePacked) int { return m.key.compare(k) })
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// slotBackend returns the backend of slot i (0-based).
+func (f *frontend) slotBackend(i int) beKey { return f.members[f.slots[i].member].key.unpack() }
+
+// slot is a backend that may take new connections: the index of its
+// member (every slot is one), its weight and its cumulative weight.
 type slot struct {
-	backend beKey
-	weight  uint16
-	cum     uint32
+	member uint32
+	weight uint16
+	cum    uint32
 }
 
 // equal reports whether f and g program the same map entries.
@@ -58,15 +189,7 @@ func (f *frontend) equal(g *frontend) bool {
 		f.maglevM != g.maglevM || len(f.members) != len(g.members) {
 		return false
 	}
-	if !slices.Equal(f.slots, g.slots) {
-		return false
-	}
-	for k, v := range f.members {
-		if w, ok := g.members[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members)
 }
 
 func protoNumber(p dataplane.Protocol) uint8 {
@@ -98,22 +221,47 @@ func protoName(p uint8) string {
 // port differs: rewriting an SCTP port means recomputing the CRC32c of the
 // whole packet, which this dataplane does not do.
 func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) {
-	var out []*frontend
+	var n4, n6 int
+	for i := range svc.Backends {
+		if svc.Backends[i].IP.Is6() {
+			n6++
+		} else {
+			n4++
+		}
+	}
+	// One allocation each for the frontends, their members and their slots.
+	nfe := len(svc.VIPs) * len(svc.Ports)
+	out := make([]*frontend, 0, nfe)
+	fes := make([]frontend, nfe)
+	var nm int
+	for _, vip := range svc.VIPs {
+		if vip.Is6() {
+			nm += len(svc.Ports) * n6
+		} else {
+			nm += len(svc.Ports) * n4
+		}
+	}
+	members := make([]member, 0, nm)
+	var slots []slot
 	for _, vip := range svc.VIPs {
 		is6 := vip.Is6()
 		eligible := svc.EligibleBackends(is6)
+		if slots == nil && len(eligible) > 0 {
+			slots = make([]slot, 0, len(svc.Ports)*len(svc.VIPs)*len(eligible))
+		}
 		for _, p := range svc.Ports {
-			fe := &frontend{
+			fe := &fes[len(out)]
+			*fe = frontend{
 				key:     feKey{addr: vip, port: p.Port, proto: protoNumber(p.Protocol)},
 				service: svc.Name,
-				members: map[beKey]uint32{},
 			}
+			start := len(members)
 			for i := range svc.Backends {
 				b := &svc.Backends[i]
 				if b.IP.Is6() != is6 {
 					continue
 				}
-				k := beKey{addr: b.IP, port: b.TargetPort(p)}
+				k := bePacked{addr: b.IP.As16(), port: b.TargetPort(p)}
 				if p.Protocol == dataplane.SCTP && k.port != p.Port {
 					return nil, &dataplane.UnsupportedError{
 						Service: svc.Name,
@@ -121,18 +269,32 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 						Hint:    "an SCTP port must equal its target port on the ebpf dataplane (a port rewrite needs the CRC32c of the whole packet recomputed); use the iptables dataplane",
 					}
 				}
-				fe.members[k] = 0
+				members = append(members, member{key: k})
 			}
+			fe.members = members[start:len(members):len(members)]
+			if !slices.IsSortedFunc(fe.members, compareMembers) {
+				slices.SortFunc(fe.members, compareMembers)
+			}
+			// Backends are unique by IP; should two still share a key, they
+			// are one member.
+			fe.members = slices.CompactFunc(fe.members, func(a, b member) bool { return a.key == b.key })
+			start = len(slots)
 			uniform := true
 			for _, b := range eligible {
-				k := beKey{addr: b.IP, port: b.TargetPort(p)}
-				fe.members[k] = memberFlagEligible
+				i := fe.memberIndex(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)})
+				if i < 0 {
+					continue // eligible backends are among the service's
+				}
+				fe.members[i].flags = memberFlagEligible
 				w := max(b.Weight, 1)
 				fe.weight += uint32(w)
-				fe.slots = append(fe.slots, slot{backend: k, weight: w, cum: fe.weight})
-				if w != fe.slots[0].weight {
+				slots = append(slots, slot{member: uint32(i), weight: w, cum: fe.weight})
+				if w != slots[start].weight {
 					uniform = false
 				}
+			}
+			if len(slots) > start {
+				fe.slots = slots[start:len(slots):len(slots)]
 			}
 			if !uniform {
 				fe.flags |= svcFlagWeighted

@@ -3,9 +3,7 @@ package ebpf
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
-	"sort"
 
 	"github.com/cilium/ebpf"
 	"github.com/hashicorp/go-hclog"
@@ -34,16 +32,20 @@ type programmer struct {
 	draining map[feKey]uint32
 	noDrain  bool
 
-	revNatIDs   map[feKey]uint32
-	nextRevNat  uint32
-	backendIDs  map[beKey]uint32
-	backendKeys map[uint32]beKey
-	backendRefs map[uint32]int
+	revNatIDs  map[feKey]uint32
+	nextRevNat uint32
+	// backendIDs maps every backend in the maps to its ID and to the
+	// number of frontends that have it as a member.
+	backendIDs  backendTable
 	nextBackend uint32
 
+	// w is the write buffer of apply, kept across applies so that its
+	// batch-sized slices are allocated once.
+	w writes
+
 	// clean is true while the maps hold nothing but what applies wrote:
-	// vipd found them empty, and no apply failed since. A full apply of
-	// clean maps needs no prune.
+	// vipd found them empty, or an audited full apply made them so, and no
+	// apply failed since. A full apply of clean maps needs no audit.
 	clean bool
 
 	// Entry counts, for capacity checks before any write.
@@ -56,10 +58,12 @@ type programmer struct {
 
 // programmed is a frontend as written into the maps.
 type programmed struct {
-	fe        *frontend
-	revNat    uint32
+	fe     *frontend
+	revNat uint32
+	// memberIDs are the backend IDs of fe.members, index for index, and
+	// slotIDs those of fe.slots (one allocation holds both).
+	memberIDs []uint32
 	slotIDs   []uint32
-	memberIDs map[uint32]uint32
 }
 
 func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, maglevMin uint32) *programmer {
@@ -72,9 +76,7 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 		draining:    map[feKey]uint32{},
 		byService:   map[string][]feKey{},
 		revNatIDs:   map[feKey]uint32{},
-		backendIDs:  map[beKey]uint32{},
-		backendKeys: map[uint32]beKey{},
-		backendRefs: map[uint32]int{},
+		backendIDs:  newBackendTable(),
 		nextRevNat:  1,
 		nextBackend: 1,
 	}
@@ -93,9 +95,7 @@ func (p *programmer) restore() error {
 		return fmt.Errorf("read reverse-NAT map: %w", err)
 	}
 	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
-		k := beKey{addr: fromWords(be.Addr.W), port: fromBE16(be.Port)}
-		p.backendIDs[k] = id
-		p.backendKeys[id] = k
+		p.backendIDs.put(packWords(be.Addr.W, fromBE16(be.Port)), backendRef{id: id})
 		p.nextBackend = max(p.nextBackend, id+1)
 	})
 	if err != nil {
@@ -117,7 +117,7 @@ func (p *programmer) restore() error {
 	if p.maps.VipdIds.Lookup(uint32(1), &next) == nil {
 		p.nextRevNat = max(p.nextRevNat, next)
 	}
-	p.clean = len(p.revNatIDs) == 0 && len(p.backendIDs) == 0 &&
+	p.clean = len(p.revNatIDs) == 0 && p.backendIDs.len() == 0 &&
 		isEmpty(p.maps.VipdServices) && isEmpty(p.maps.VipdMembers) && isEmpty(p.maps.VipdMaglev)
 	return nil
 }
@@ -133,33 +133,59 @@ type change struct {
 // restart or an error).
 //
 // Order (make-before-break; no packet ever sees a half-written frontend):
-//  1. backends, reverse-NAT entries and members;
-//  2. Maglev tables (a new inner map, swapped in whole);
-//  3. slots 1..n of each frontend;
-//  4. the master entry (slot 0, with the count) last of the frontend's
+//  0. frontends that leave, master first (it becomes a draining master);
+//  1. backends new to the maps (every backend, on a full apply);
+//     then frontend by frontend, in chunks of about a batch of entries:
+//  2. reverse-NAT entries and members;
+//  3. Maglev tables (a new inner map, swapped in whole);
+//  4. slots 1..n;
+//  5. the master entry (slot 0, with the count) last of the frontend's
 //     entries: before it, packets use the old slots 1..old count, which all
 //     still name live backends;
-//  5. then stale slots beyond the new count, removed frontends (master
-//     first), members and reverse-NAT entries no longer used, and backends
-//     no frontend references any more.
-func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) error {
+//  6. then stale slots beyond the new count, members and Maglev tables no
+//     longer used;
+//     and once every chunk is done, backends no frontend references any more.
+func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) (err error) {
 	var (
-		newBackends []beKey
-		trim        writes
+		newBackends []bePacked
 		gone        []change
 	)
-	w := newWrites(changes)
-	// Allocate IDs; compute the new programmed state of each frontend.
-	next := make(map[feKey]*programmed, len(changes))
-	refDelta := map[uint32]int{}
+	// Allocate IDs; compute the new programmed state of each frontend,
+	// index for index with changes. The programmed values and their ID
+	// lists come from two allocations for all changes: a full apply
+	// replaces every frontend, and with it these.
+	next := make([]*programmed, len(changes))
+	nfe, nids := 0, 0
 	for _, c := range changes {
-		old := p.frontends[c.key]
-		if c.fe == nil {
-			if old != nil {
-				gone = append(gone, c)
-				for id := range old.memberIDs {
-					refDelta[id]--
+		if c.fe != nil {
+			nfe++
+			nids += len(c.fe.members) + len(c.fe.slots)
+		}
+	}
+	prs := make([]programmed, nfe)
+	ids := make([]uint32, nids)
+	offs := make([]int32, len(changes)) // of each programmed's IDs in ids
+	if len(p.frontends) == 0 {
+		// The first apply: size the table once instead of growing it
+		// step by step. (Not so the backend table: members only bound
+		// its size from above.)
+		p.frontends = make(map[feKey]*programmed, nfe)
+	}
+	// New members count as references right away; should the apply fail,
+	// they are taken back (the IDs stay taken).
+	defer func() {
+		if err != nil {
+			for _, pr := range next {
+				if pr != nil {
+					p.unref(pr, nil)
 				}
+			}
+		}
+	}()
+	for i, c := range changes {
+		if c.fe == nil {
+			if p.frontends[c.key] != nil {
+				gone = append(gone, c)
 			}
 			continue
 		}
@@ -169,28 +195,30 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 			p.nextRevNat++
 			p.revNatIDs[c.key] = revNat
 		}
-		pr := &programmed{fe: c.fe, revNat: revNat, memberIDs: make(map[uint32]uint32, len(c.fe.members))}
-		for k, flags := range c.fe.members {
-			id, ok := p.backendIDs[k]
+		pr := &prs[0]
+		prs = prs[1:]
+		offs[i] = int32(nids - len(ids))
+		m, n := len(c.fe.members), len(c.fe.members)+len(c.fe.slots)
+		*pr = programmed{fe: c.fe, revNat: revNat, memberIDs: ids[:m:m], slotIDs: ids[m:n:n]}
+		ids = ids[n:]
+		for j := range c.fe.members {
+			k := c.fe.members[j].key
+			ref, ok := p.backendIDs.get(k)
 			if !ok {
-				id = p.nextBackend
+				ref.id = p.nextBackend
 				p.nextBackend++
-				p.backendIDs[k] = id
-				p.backendKeys[id] = k
-				newBackends = append(newBackends, k)
+				if !prune {
+					newBackends = append(newBackends, k)
+				}
 			}
-			pr.memberIDs[id] = flags
-			refDelta[id]++
+			ref.refs++
+			p.backendIDs.put(k, ref)
+			pr.memberIDs[j] = ref.id
 		}
-		for _, s := range c.fe.slots {
-			pr.slotIDs = append(pr.slotIDs, p.backendIDs[s.backend])
+		for j, sl := range c.fe.slots {
+			pr.slotIDs[j] = pr.memberIDs[sl.member]
 		}
-		if old != nil {
-			for id := range old.memberIDs {
-				refDelta[id]--
-			}
-		}
-		next[c.key] = pr
+		next[i] = pr
 	}
 
 	// Record the ID counters before any entry uses a new ID.
@@ -220,48 +248,49 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		for i := range old.slotIDs {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
-		for id := range old.memberIDs {
+		for _, id := range old.memberIDs {
 			leaving.deleteMember(old.revNat, id)
 		}
 		if old.fe.flags&svcFlagMaglev != 0 {
 			leaving.deleteMaglev(old.revNat)
 		}
 	}
+	var au *audit
 	if prune && !p.clean {
-		if err := p.queueAbsent(&leaving, desiredAll); err != nil {
+		if au, err = p.auditMaps(changes, next, offs, nids, gone); err != nil {
 			return p.fail(fmt.Errorf("read maps: %w", err))
 		}
+		leaving.append(&au.absent)
 	}
 	if err := leaving.flush(p.maps); err != nil {
 		return p.fail(err)
 	}
 
-	// 1. Backends, reverse NAT, members.
+	// 1. Backends, before any frontend that uses them.
+	w := &p.w
+	put := func(id uint32, k bePacked) error {
+		w.backend(id, k)
+		if len(w.backendKeys) < batchSize {
+			return nil
+		}
+		return w.flush(p.maps)
+	}
 	if prune {
-		// Rewrite every backend: idempotent, and it repairs whatever an
-		// earlier failed apply left half-written.
-		for k, id := range p.backendIDs {
-			w.backend(id, k)
+		// Rewrite every backend in use but those found correct: it
+		// repairs whatever an earlier failed apply left half-written.
+		for k, ref := range p.backendIDs.all() {
+			if ref.refs <= 0 || au != nil && au.backendOK.has(int(ref.id)) {
+				continue
+			}
+			if err := put(ref.id, k); err != nil {
+				return p.fail(err)
+			}
 		}
 	} else {
 		for _, k := range newBackends {
-			w.backend(p.backendIDs[k], k)
-		}
-	}
-	for _, c := range changes {
-		pr := next[c.key]
-		if pr == nil {
-			continue
-		}
-		old := p.frontends[c.key]
-		if old == nil || prune {
-			w.revNat(pr.revNat, c.key)
-		}
-		for id, flags := range pr.memberIDs {
-			if old == nil || prune {
-				w.member(pr.revNat, id, flags)
-			} else if f, had := old.memberIDs[id]; !had || f != flags {
-				w.member(pr.revNat, id, flags)
+			ref, _ := p.backendIDs.get(k)
+			if err := put(ref.id, k); err != nil {
+				return p.fail(err)
 			}
 		}
 	}
@@ -269,78 +298,38 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		return p.fail(err)
 	}
 
-	// 2. Maglev tables.
-	for _, c := range changes {
-		pr := next[c.key]
-		if pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
-			continue
+	// 2.–6. Frontend by frontend, in chunks of about a batch of entries
+	// each, so that the write buffers stay small however many frontends
+	// change: the order holds within each frontend, and no frontend of a
+	// chunk depends on another's entries.
+	for lo := 0; lo < len(changes); {
+		hi, n := lo, 0
+		for hi < len(changes) && n < batchSize {
+			if pr := next[hi]; pr != nil {
+				n += 1 + len(pr.slotIDs) + len(pr.memberIDs)
+			}
+			hi++
 		}
-		old := p.frontends[c.key]
-		if old != nil && !prune && old.fe.maglevM == pr.fe.maglevM && slices.Equal(old.fe.slots, pr.fe.slots) &&
-			old.fe.flags&svcFlagMaglev != 0 {
-			continue
+		if err := p.applyChunk(changes[lo:hi], next[lo:hi], prune, au, lo, offs[lo:hi]); err != nil {
+			return p.fail(err)
 		}
-		if err := p.writeMaglev(pr); err != nil {
-			return p.fail(fmt.Errorf("frontend %s: %w", c.key, err))
-		}
+		lo = hi
 	}
 
-	// 3. Slots, then 4. masters.
-	var masters writes
-	for _, c := range changes {
-		pr := next[c.key]
-		if pr == nil {
-			continue
-		}
-		old := p.frontends[c.key]
-		for i, id := range pr.slotIDs {
-			if old == nil || prune || i >= len(old.slotIDs) || old.slotIDs[i] != id || old.fe.slots[i].cum != pr.fe.slots[i].cum {
-				w.slot(c.key, uint32(i+1), id, pr.fe.slots[i].cum)
-			}
-		}
-		if old == nil || prune || !old.fe.equal(pr.fe) || old.revNat != pr.revNat {
-			masters.master(c.key, pr)
-		}
-		if old != nil {
-			for i := len(pr.slotIDs); i < len(old.slotIDs); i++ {
-				trim.deleteSlot(c.key, uint32(i+1))
-			}
-			for id := range old.memberIDs {
-				if _, keep := pr.memberIDs[id]; !keep {
-					trim.deleteMember(old.revNat, id)
-				}
-			}
-		}
-	}
-	if err := w.flush(p.maps); err != nil {
-		return p.fail(err)
-	}
-	if err := masters.flush(p.maps); err != nil {
-		return p.fail(err)
-	}
-
-	// 5. Break: stale slots and members, Maglev tables no longer used,
-	// and (below) unreferenced backends.
-	for _, c := range changes {
-		if pr, old := next[c.key], p.frontends[c.key]; pr != nil && old != nil &&
-			old.fe.flags&svcFlagMaglev != 0 && pr.fe.flags&svcFlagMaglev == 0 {
-			trim.deleteMaglev(old.revNat)
-		}
-	}
-	if err := trim.flush(p.maps); err != nil {
-		return p.fail(err)
-	}
-
-	// Commit the in-memory view.
+	// Commit the in-memory view. The new members' references were
+	// counted above, before any old one's goes: a backend moving between
+	// frontends never looks unreferenced.
+	var deadBackends writes
 	var udpGone []func()
 	for _, c := range gone {
 		old := p.frontends[c.key]
 		if c.key.proto == ipprotoUDP && p.onMembersRemoved != nil && len(old.fe.members) > 0 {
 			// Node-local sockets connected through the frontend have
 			// nowhere to go: destroy them so the application notices.
-			key, revNat, members := c.key, old.revNat, slices.Collect(maps.Keys(old.fe.members))
+			key, revNat, members := c.key, old.revNat, memberKeys(old.fe.members)
 			udpGone = append(udpGone, func() { p.onMembersRemoved(key, revNat, members) })
 		}
+		p.unref(old, &deadBackends)
 		p.svcEntries -= 1 + len(old.slotIDs)
 		p.memberEntries -= len(old.memberIDs)
 		p.unindex(old.fe.service, c.key)
@@ -351,26 +340,32 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 			p.draining[c.key] = old.revNat // its ID stays taken while it drains
 		}
 	}
-	for key, pr := range next {
-		if old := p.frontends[key]; old != nil {
+	for i, pr := range next {
+		if pr == nil {
+			continue
+		}
+		key := changes[i].key
+		old := p.frontends[key]
+		if old != nil {
 			p.svcEntries -= 1 + len(old.slotIDs)
 			p.memberEntries -= len(old.memberIDs)
 			if key.proto == ipprotoUDP && p.onMembersRemoved != nil {
 				var removed []beKey
-				for k := range old.fe.members {
-					if _, ok := pr.fe.members[k]; !ok {
-						removed = append(removed, k)
+				walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
+					if j < 0 {
+						removed = append(removed, old.fe.members[i].key.unpack())
 					}
-				}
+				})
 				if len(removed) > 0 {
 					udpGone = append(udpGone, func() { p.onMembersRemoved(key, old.revNat, removed) })
 				}
 			}
+			p.unref(old, &deadBackends)
 		}
 		p.svcEntries += 1 + len(pr.slotIDs)
 		p.memberEntries += len(pr.memberIDs)
 		delete(p.draining, key) // back before it drained: a live master again
-		if old := p.frontends[key]; old == nil || old.fe.service != pr.fe.service {
+		if old == nil || old.fe.service != pr.fe.service {
 			if old != nil {
 				p.unindex(old.fe.service, key)
 			}
@@ -378,28 +373,21 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		}
 		p.frontends[key] = pr
 	}
-	var deadBackends writes
-	for id, d := range refDelta {
-		p.backendRefs[id] += d
-		if p.backendRefs[id] <= 0 {
-			delete(p.backendRefs, id)
-			if k, ok := p.backendKeys[id]; ok {
-				delete(p.backendIDs, k)
-				delete(p.backendKeys, id)
-			}
-			deadBackends.deleteBackend(id)
-		}
-	}
 	if err := deadBackends.flush(p.maps); err != nil {
 		p.log.Warn("delete unreferenced backends", "error", err)
 	}
-	if prune && !p.mapsEmpty() {
+	if au != nil {
 		// The new state is in force already: a failed prune leaves stale
 		// entries no packet can reach (their masters are gone), for the
 		// next full apply to remove.
-		if err := p.prune(desiredAll); err != nil {
-			p.clean = false
+		p.forget()
+		if n := au.stale.len() + au.absent.len(); n > 0 {
+			p.log.Info("pruned entries no service accounts for", "entries", n)
+		}
+		if err := au.stale.flush(p.maps); err != nil {
 			p.log.Warn("prune stale entries; the next full apply retries", "error", err)
+		} else {
+			p.clean = true // the maps hold exactly what this apply wrote
 		}
 	}
 	for _, f := range udpGone {
@@ -408,8 +396,175 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	return nil
 }
 
-// fail marks the programmer's in-memory IDs as possibly ahead of the maps:
-// the caller rebuilds fully on the next apply.
+// applyChunk runs steps 2–6 of apply for the changes from index base on
+// (next holds their programmed state, index for index, nil for a removal,
+// which step 0 did; offs the offsets of their IDs). The backends are in
+// place already. Entries au found correct are not written again.
+func (p *programmer) applyChunk(changes []change, next []*programmed, prune bool, au *audit, base int, offs []int32) error {
+	w := &p.w
+	var revNatOK, masterOK, entryOK bitset // all empty without an audit
+	if au != nil {
+		revNatOK, masterOK, entryOK = au.revNatOK, au.masterOK, au.entryOK
+	}
+	// 2. Reverse NAT and members.
+	for i, c := range changes {
+		pr := next[i]
+		if pr == nil {
+			continue
+		}
+		old := p.frontends[c.key]
+		if old == nil || prune {
+			if !revNatOK.has(base + i) {
+				w.revNat(pr.revNat, c.key)
+			}
+			for j, id := range pr.memberIDs {
+				if !entryOK.has(int(offs[i]) + j) {
+					w.member(pr.revNat, id, pr.fe.members[j].flags)
+				}
+			}
+			continue
+		}
+		walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
+			if j >= 0 && (i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags) {
+				w.member(pr.revNat, pr.memberIDs[j], pr.fe.members[j].flags)
+			}
+		})
+	}
+	if err := w.flush(p.maps); err != nil {
+		return err
+	}
+
+	// 3. Maglev tables.
+	for i, c := range changes {
+		pr := next[i]
+		if pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
+			continue
+		}
+		old := p.frontends[c.key]
+		if old != nil && !prune && old.fe.maglevM == pr.fe.maglevM && old.fe.flags&svcFlagMaglev != 0 &&
+			slices.Equal(old.slotIDs, pr.slotIDs) &&
+			slices.EqualFunc(old.fe.slots, pr.fe.slots, func(a, b slot) bool { return a.weight == b.weight }) {
+			continue
+		}
+		if err := p.writeMaglev(pr); err != nil {
+			return fmt.Errorf("frontend %s: %w", c.key, err)
+		}
+	}
+
+	// 4. Slots, then 5. masters.
+	for i, c := range changes {
+		pr := next[i]
+		if pr == nil {
+			continue
+		}
+		old := p.frontends[c.key]
+		m := int(offs[i]) + len(pr.memberIDs)
+		for j, id := range pr.slotIDs {
+			if old == nil || prune || j >= len(old.slotIDs) || old.slotIDs[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
+				if !entryOK.has(m + j) {
+					w.slot(c.key, uint32(j+1), id, pr.fe.slots[j].cum)
+				}
+			}
+		}
+	}
+	if err := w.flush(p.maps); err != nil {
+		return err
+	}
+	for i, c := range changes {
+		pr := next[i]
+		if pr == nil {
+			continue
+		}
+		if old := p.frontends[c.key]; old == nil || prune || !old.fe.equal(pr.fe) || old.revNat != pr.revNat {
+			if !masterOK.has(base + i) {
+				w.master(c.key, pr)
+			}
+		}
+	}
+	if err := w.flush(p.maps); err != nil {
+		return err
+	}
+
+	// 6. Break: stale slots and members, and Maglev tables no longer
+	// used (unreferenced backends go once every chunk is done).
+	for i, c := range changes {
+		pr, old := next[i], p.frontends[c.key]
+		if pr == nil || old == nil {
+			continue
+		}
+		for j := len(pr.slotIDs); j < len(old.slotIDs); j++ {
+			w.deleteSlot(c.key, uint32(j+1))
+		}
+		walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
+			if j < 0 {
+				w.deleteMember(old.revNat, old.memberIDs[i])
+			}
+		})
+		if old.fe.flags&svcFlagMaglev != 0 && pr.fe.flags&svcFlagMaglev == 0 {
+			w.deleteMaglev(old.revNat)
+		}
+	}
+	return w.flush(p.maps)
+}
+
+// unref drops the references of pr's members. Backends left without one
+// leave the table, and dead queues their deletion; with dead nil (taking
+// back the references of a failed apply) they stay in the table, for a
+// later full apply to rewrite or prune.
+func (p *programmer) unref(pr *programmed, dead *writes) {
+	for j, id := range pr.memberIDs {
+		k := pr.fe.members[j].key
+		ref, ok := p.backendIDs.get(k)
+		if !ok || ref.id != id {
+			continue
+		}
+		ref.refs--
+		if ref.refs > 0 || dead == nil {
+			p.backendIDs.put(k, backendRef{id: id, refs: max(ref.refs, 0)})
+			continue
+		}
+		p.backendIDs.del(k)
+		dead.deleteBackend(id)
+	}
+}
+
+// walkMembers walks two sorted member lists together, calling fn with the
+// index in a and in b of every key either holds; -1 where one lacks it.
+func walkMembers(a, b []member, fn func(i, j int)) {
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		c := 0
+		switch {
+		case i == len(a):
+			c = 1
+		case j == len(b):
+			c = -1
+		default:
+			c = a[i].key.compare(b[j].key)
+		}
+		switch {
+		case c < 0:
+			fn(i, -1)
+			i++
+		case c > 0:
+			fn(-1, j)
+			j++
+		default:
+			fn(i, j)
+			i++
+			j++
+		}
+	}
+}
+
+func memberKeys(ms []member) []beKey {
+	out := make([]beKey, len(ms))
+	for i, m := range ms {
+		out[i] = m.key.unpack()
+	}
+	return out
+}
+
 // drained removes the draining masters (and reverse-NAT entries) of deleted
 // frontends that no live flow uses any more: live holds the reverse-NAT IDs
 // of the live flows. It returns how many it removed.
@@ -458,6 +613,8 @@ func (p *programmer) unindex(service string, key feKey) {
 	}
 }
 
+// fail marks the programmer's in-memory IDs as possibly ahead of the maps:
+// the caller rebuilds fully on the next apply.
 func (p *programmer) fail(err error) error {
 	p.clean = false
 	if errors.Is(err, errMapFull) {
@@ -471,7 +628,7 @@ func (p *programmer) fail(err error) error {
 func (p *programmer) writeMaglev(pr *programmed) error {
 	backends := make([]maglev.Backend, len(pr.fe.slots))
 	for i, s := range pr.fe.slots {
-		backends[i] = maglev.Backend{ID: pr.slotIDs[i], Key: s.backend.String(), Weight: s.weight}
+		backends[i] = maglev.Backend{ID: pr.slotIDs[i], Key: pr.fe.members[s.member].key.String(), Weight: s.weight}
 	}
 	table, err := maglev.Table(backends, pr.fe.maglevM)
 	if err != nil {
@@ -502,9 +659,9 @@ func (p *programmer) writeMaglev(pr *programmed) error {
 func (p *programmer) checkCapacity(changes []change) error {
 	// Departing frontends go first (apply step 0); a changing frontend
 	// holds the union of its old and new members, and its longer slot list,
-	// until its stale entries are trimmed (step 5): count that peak.
+	// until its stale entries are trimmed (step 6): count that peak.
 	svc, members, frontends := p.svcEntries+len(p.draining), p.memberEntries, len(p.frontends)+len(p.draining)
-	newBackends := make(map[beKey]bool, len(changes))
+	newBackends := 0 // counted once per frontend: an upper bound
 	for _, c := range changes {
 		old := p.frontends[c.key]
 		if old != nil {
@@ -524,17 +681,38 @@ func (p *programmer) checkCapacity(changes []change) error {
 		members += len(c.fe.members)
 		if old != nil {
 			svc += max(len(old.slotIDs)-len(c.fe.slots), 0)
-			for id := range old.memberIDs {
-				if _, keep := c.fe.members[p.backendKeys[id]]; !keep {
+			walkMembers(old.fe.members, c.fe.members, func(_, j int) {
+				if j < 0 {
 					members++
+				}
+			})
+		}
+		for i := range c.fe.members {
+			if _, ok := p.backendIDs.get(c.fe.members[i].key); !ok {
+				newBackends++
+			}
+		}
+	}
+	// backendIDs also holds restored backends no service uses any more:
+	// they leave the map only after the writes.
+	backends := p.backendIDs.len() + newBackends
+	if backends > int(p.maps.VipdBackends.MaxEntries()) {
+		// The bound may count a backend of several frontends more than
+		// once: count exactly.
+		seen := map[bePacked]bool{}
+		for _, c := range changes {
+			if c.fe == nil {
+				continue
+			}
+			for i := range c.fe.members {
+				if k := c.fe.members[i].key; !seen[k] {
+					if _, ok := p.backendIDs.get(k); !ok {
+						seen[k] = true
+					}
 				}
 			}
 		}
-		for k := range c.fe.members {
-			if _, ok := p.backendIDs[k]; !ok {
-				newBackends[k] = true
-			}
-		}
+		backends = p.backendIDs.len() + len(seen)
 	}
 	check := func(what string, n int, m *ebpf.Map, flag string) error {
 		if max := int(m.MaxEntries()); n > max {
@@ -545,141 +723,216 @@ func (p *programmer) checkCapacity(changes []change) error {
 	return errors.Join(
 		check("service", svc, p.maps.VipdServices, "--bpf-lb-map-max"),
 		check("member", members, p.maps.VipdMembers, "--bpf-lb-map-max"),
-		// backendIDs also holds restored backends no service uses any more:
-		// they leave the map only after the writes.
-		check("backend", len(p.backendIDs)+len(newBackends), p.maps.VipdBackends, "--bpf-backend-map-max"),
+		check("backend", backends, p.maps.VipdBackends, "--bpf-backend-map-max"),
 		check("reverse-NAT", frontends, p.maps.VipdRevnat, "--bpf-lb-map-max"),
 	)
 }
 
-// queueAbsent queues the deletion of every map entry of a frontend that is
-// not desired at all (left by a previous run), master entries first.
-func (p *programmer) queueAbsent(w *writes, desired map[feKey]*frontend) error {
-	absent := map[uint32]bool{}
-	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
-		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
-		if desired[k] == nil && p.draining[k] != id {
-			absent[id] = true
-			w.deleteRevNat(id)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	var slots []bpfSvcKey
-	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
-		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
-		if desired[k] != nil {
-			return
-		}
-		if _, drains := p.draining[k]; drains && sk.Slot == 0 {
-			return
-		}
-		if sk.Slot == 0 {
-			w.svcDeletes = append(w.svcDeletes, sk)
-		} else {
-			slots = append(slots, sk)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	w.svcDeletes = append(w.svcDeletes, slots...)
-	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, _ uint32) {
-		if absent[mk.RevNatId] {
-			w.memberDeletes = append(w.memberDeletes, mk)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	return forEach(p.maps.VipdMaglev, func(id uint32, _ uint32) {
-		if absent[id] {
-			w.maglevDeletes = append(w.maglevDeletes, id)
-		}
-	})
+// audit is what one read of the maps found, before a full apply writes
+// them when they may hold more than the applies wrote (after a restart or
+// a failure): the entries to delete, and those that already hold what the
+// apply would write, which it skips.
+type audit struct {
+	// absent are the entries of frontends that are neither desired nor
+	// draining, deleted before the writes (their room may be needed).
+	absent writes
+	// stale are the entries that desired frontends no longer use and
+	// unreferenced backends, deleted after the writes.
+	stale writes
+	// Entries found correct: reverse NAT and master by change index;
+	// members and slots by their index in the apply's ID slab; backends
+	// by ID (nil when IDs run too high for a bitset).
+	revNatOK, masterOK, entryOK, backendOK bitset
 }
 
-// mapsEmpty reports whether the maps hold only what this apply wrote:
-// true when they were empty when vipd started and no apply failed since.
-func (p *programmer) mapsEmpty() bool { return p.clean }
+// bitset is a set of small non-negative integers.
+type bitset []uint64
 
-// prune deletes map entries that no desired frontend accounts for: what a
-// previous run left behind for services that no longer exist.
-func (p *programmer) prune(desired map[feKey]*frontend) error {
-	var del writes
-	err := forEach(p.maps.VipdServices, func(sk bpfSvcKey, _ bpfSvcVal) {
-		k := feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}
-		if _, drains := p.draining[k]; drains && sk.Slot == 0 {
+func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
+
+func (b bitset) set(i int) { b[i/64] |= 1 << (i % 64) }
+
+func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
+
+// maxBackendBitset bounds the backend IDs audit tracks in a bitset (8 MiB).
+const maxBackendBitset = 64 << 20
+
+// auditMaps reads every service map once and compares it with the state
+// apply is about to write: changes, with their programmed state next (index
+// for index, offs their offsets in the ID slab of nids IDs), and gone, the
+// frontends leaving. It replaces a prune after the writes: a full apply
+// ends with the desired frontends and the draining ones alone.
+func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
+	au := &audit{
+		revNatOK: newBitset(len(changes)),
+		masterOK: newBitset(len(changes)),
+		entryOK:  newBitset(nids),
+	}
+	if p.nextBackend <= maxBackendBitset {
+		au.backendOK = newBitset(int(p.nextBackend))
+	}
+	// Desired frontends by key, as the maps spell it (no address to
+	// convert for each of a million service entries), and by reverse-NAT ID.
+	at := make(map[bpfSvcKey]int, len(changes))
+	byRevNat := make(map[uint32]int, len(changes))
+	for i, pr := range next {
+		if pr != nil {
+			at[svcKeyOf(changes[i].key, 0)] = i
+			byRevNat[pr.revNat] = i
+		}
+	}
+	// A frontend that is not desired keeps its master and reverse-NAT
+	// entry while it drains: those that drain already and, unless they go
+	// outright, those that leave now.
+	drains := make(map[bpfSvcKey]uint32, len(p.draining)+len(gone))
+	for k, id := range p.draining {
+		if _, ok := at[svcKeyOf(k, 0)]; !ok {
+			drains[svcKeyOf(k, 0)] = id
+		}
+	}
+	if !p.noDrain {
+		for _, c := range gone {
+			drains[svcKeyOf(c.key, 0)] = p.frontends[c.key].revNat
+		}
+	}
+
+	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
+		var k bpfSvcKey
+		k.Addr, k.Port, k.Proto = rn.Addr, rn.Port, rn.Proto
+		if i, ok := byRevNat[id]; ok {
+			if j, ok := at[k]; ok && j == i {
+				au.revNatOK.set(i)
+			}
+			return // else rewritten
+		}
+		if d, ok := drains[k]; ok && d == id {
 			return
 		}
-		pr := p.frontends[k]
-		if pr == nil || desired[k] == nil || int(sk.Slot) > len(pr.slotIDs) {
-			del.svcDeletes = append(del.svcDeletes, sk)
-		}
+		au.absent.deleteRevNat(id)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// Masters before slots: sort deletes so that slot 0 goes first.
-	sort.SliceStable(del.svcDeletes, func(i, j int) bool { return del.svcDeletes[i].Slot < del.svcDeletes[j].Slot })
 
-	byRevNat := make(map[uint32]*programmed, len(p.frontends))
-	for _, pr := range p.frontends {
-		byRevNat[pr.revNat] = pr
-	}
-	drainingIDs := make(map[uint32]bool, len(p.draining))
-	for _, id := range p.draining {
-		drainingIDs[id] = true
-	}
-	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, _ uint32) {
-		if pr := byRevNat[mk.RevNatId]; pr == nil {
-			del.memberDeletes = append(del.memberDeletes, mk)
-		} else if _, ok := pr.memberIDs[mk.BackendId]; !ok {
-			del.memberDeletes = append(del.memberDeletes, mk)
+	var absentSlots []bpfSvcKey
+	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
+		k := sk
+		k.Slot = 0
+		i, ok := at[k]
+		switch {
+		case !ok && sk.Slot == 0:
+			if _, drains := drains[k]; !drains {
+				au.absent.svcDeletes = append(au.absent.svcDeletes, sk) // masters first
+			}
+		case !ok:
+			absentSlots = append(absentSlots, sk)
+		case sk.Slot == 0:
+			if sv == masterVal(next[i]) {
+				au.masterOK.set(i)
+			}
+		case int(sk.Slot) <= len(next[i].slotIDs):
+			j := int(sk.Slot) - 1
+			if sv == (bpfSvcVal{BackendId: next[i].slotIDs[j], Weight: next[i].fe.slots[j].cum}) {
+				au.entryOK.set(int(offs[i]) + len(next[i].memberIDs) + j)
+			}
+		default:
+			au.stale.svcDeletes = append(au.stale.svcDeletes, sk)
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = forEach(p.maps.VipdRevnat, func(id uint32, _ bpfRevNat) {
-		if byRevNat[id] == nil && !drainingIDs[id] {
-			del.revNatDeletes = append(del.revNatDeletes, id)
+	au.absent.svcDeletes = append(au.absent.svcDeletes, absentSlots...)
+
+	// Member j of a frontend, by backend ID: most frontends have few
+	// members; the others get an index as they are met.
+	index := map[int]map[uint32]int{}
+	memberOf := func(i int, id uint32) int {
+		ids := next[i].memberIDs
+		if len(ids) <= 16 {
+			return slices.Index(ids, id)
+		}
+		m, ok := index[i]
+		if !ok {
+			m = make(map[uint32]int, len(ids))
+			for j, id := range ids {
+				m[id] = j
+			}
+			index[i] = m
+		}
+		if j, ok := m[id]; ok {
+			return j
+		}
+		return -1
+	}
+	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, flags uint32) {
+		i, ok := byRevNat[mk.RevNatId]
+		if !ok {
+			au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
+			return
+		}
+		j := memberOf(i, mk.BackendId)
+		switch {
+		case j < 0:
+			au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
+		case next[i].fe.members[j].flags == flags:
+			au.entryOK.set(int(offs[i]) + j)
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
+
 	err = forEach(p.maps.VipdMaglev, func(id uint32, _ uint32) {
-		if pr := byRevNat[id]; pr == nil || pr.fe.flags&svcFlagMaglev == 0 {
-			del.maglevDeletes = append(del.maglevDeletes, id)
+		// Maglev tables are rebuilt whole in any case.
+		if i, ok := byRevNat[id]; !ok {
+			au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
+		} else if next[i].fe.flags&svcFlagMaglev == 0 {
+			au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	err = forEach(p.maps.VipdBackends, func(id uint32, _ bpfBackend) {
-		if p.backendRefs[id] == 0 {
-			del.backendDeletes = append(del.backendDeletes, id)
+
+	var used []uint32 // IDs of the backends referenced after the apply, sorted
+	for _, ref := range p.backendIDs.all() {
+		if ref.refs > 0 {
+			used = append(used, ref.id)
+		}
+	}
+	slices.Sort(used)
+	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
+		if _, ok := slices.BinarySearch(used, id); !ok {
+			au.stale.backendDeletes = append(au.stale.backendDeletes, id)
+			return
+		}
+		if ref, _ := p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id == id && au.backendOK != nil {
+			au.backendOK.set(int(id))
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for k, id := range p.backendIDs {
-		if p.backendRefs[id] == 0 {
-			delete(p.backendIDs, k)
-			delete(p.backendKeys, id)
+	return au, nil
+}
+
+// forget drops the in-memory IDs that no frontend, live or draining, holds
+// any more, after an audited full apply: backends restored from the maps
+// that no service uses, and reverse-NAT IDs of frontends that are gone.
+func (p *programmer) forget() {
+	for k, ref := range p.backendIDs.all() {
+		if ref.refs <= 0 {
+			p.backendIDs.del(k)
 		}
 	}
 	for k, id := range p.revNatIDs {
-		if byRevNat[id] == nil && !drainingIDs[id] {
-			delete(p.revNatIDs, k)
+		if pr := p.frontends[k]; pr != nil && pr.revNat == id {
+			continue
 		}
+		if d, ok := p.draining[k]; ok && d == id {
+			continue
+		}
+		delete(p.revNatIDs, k)
 	}
-	n := len(del.svcDeletes) + len(del.memberDeletes) + len(del.revNatDeletes) + len(del.maglevDeletes) + len(del.backendDeletes)
-	if n > 0 {
-		p.log.Info("pruned entries no service accounts for", "entries", n)
-	}
-	return del.flush(p.maps)
 }

@@ -1,8 +1,11 @@
 package ebpf
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -40,23 +43,6 @@ type writes struct {
 	backendDeletes []uint32
 }
 
-// newWrites returns writes with room for the entries of changes.
-func newWrites(changes []change) writes {
-	slots, members := 0, 0
-	for _, c := range changes {
-		if c.fe != nil {
-			slots += 1 + len(c.fe.slots)
-			members += len(c.fe.members)
-		}
-	}
-	return writes{
-		svcKeys:    make([]bpfSvcKey, 0, slots),
-		svcVals:    make([]bpfSvcVal, 0, slots),
-		memberKeys: make([]bpfMemberKey, 0, members),
-		memberVals: make([]uint32, 0, members),
-	}
-}
-
 func svcKeyOf(k feKey, slot uint32) bpfSvcKey {
 	var sk bpfSvcKey
 	sk.Addr.W = toWords(k.addr)
@@ -66,9 +52,11 @@ func svcKeyOf(k feKey, slot uint32) bpfSvcKey {
 	return sk
 }
 
-func (w *writes) backend(id uint32, k beKey) {
+func (w *writes) backend(id uint32, k bePacked) {
 	var b bpfBackend
-	b.Addr.W = toWords(k.addr)
+	for i := range b.Addr.W {
+		b.Addr.W[i] = binary.NativeEndian.Uint32(k.addr[4*i:])
+	}
 	b.Port = be16(k.port)
 	w.backendKeys = append(w.backendKeys, id)
 	w.backendVals = append(w.backendVals, b)
@@ -95,14 +83,19 @@ func (w *writes) slot(k feKey, slot, backend, cum uint32) {
 
 func (w *writes) master(k feKey, pr *programmed) {
 	w.svcKeys = append(w.svcKeys, svcKeyOf(k, 0))
-	w.svcVals = append(w.svcVals, bpfSvcVal{
+	w.svcVals = append(w.svcVals, masterVal(pr))
+}
+
+// masterVal is the master entry of a programmed frontend.
+func masterVal(pr *programmed) bpfSvcVal {
+	return bpfSvcVal{
 		Count:           uint32(len(pr.slotIDs)),
 		RevNatId:        pr.revNat,
 		Flags:           pr.fe.flags,
 		AffinityTimeout: pr.fe.timeout,
 		Weight:          pr.fe.weight,
 		MaglevSize:      pr.fe.maglevM,
-	})
+	}
 }
 
 func (w *writes) deleteSlot(k feKey, slot uint32) {
@@ -165,8 +158,38 @@ const batchSize = 16384
 
 // batchPut writes keys[i] = vals[i] with BPF batch updates where the kernel
 // has them (about 3x cheaper per entry than single updates), one by one
-// elsewhere.
+// elsewhere. A large write is split among a few goroutines: the kernel's
+// hash maps lock per bucket, so updates of one map scale across CPUs. All
+// of it is written when batchPut returns; on error, any part may be.
 func batchPut[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	par := min(runtime.GOMAXPROCS(0), maxWriters, len(keys)/minPart)
+	if par <= 1 {
+		return batchPutSerial(m, keys, vals)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, par)
+	per := (len(keys) + par - 1) / par
+	for i := range par {
+		lo, hi := i*per, min((i+1)*per, len(keys))
+		wg.Go(func() { errs[i] = batchPutSerial(m, keys[lo:hi], vals[lo:hi]) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const (
+	// maxWriters bounds the goroutines of one batchPut.
+	maxWriters = 4
+	// minPart is the fewest entries worth a goroutine of their own.
+	minPart = 2048
+)
+
+func batchPutSerial[K, V any](m *ebpf.Map, keys []K, vals []V) error {
 	for len(keys) > 0 {
 		n := min(len(keys), batchSize)
 		if _, err := m.BatchUpdate(keys[:n], vals[:n], nil); err != nil {
@@ -228,4 +251,27 @@ func forEach[K, V any](m *ebpf.Map, fn func(K, V)) error {
 			return err
 		}
 	}
+}
+
+// append queues everything o queued, after what w queued.
+func (w *writes) append(o *writes) {
+	w.backendKeys = append(w.backendKeys, o.backendKeys...)
+	w.backendVals = append(w.backendVals, o.backendVals...)
+	w.revNatKeys = append(w.revNatKeys, o.revNatKeys...)
+	w.revNatVals = append(w.revNatVals, o.revNatVals...)
+	w.memberKeys = append(w.memberKeys, o.memberKeys...)
+	w.memberVals = append(w.memberVals, o.memberVals...)
+	w.svcKeys = append(w.svcKeys, o.svcKeys...)
+	w.svcVals = append(w.svcVals, o.svcVals...)
+	w.svcDeletes = append(w.svcDeletes, o.svcDeletes...)
+	w.memberDeletes = append(w.memberDeletes, o.memberDeletes...)
+	w.revNatDeletes = append(w.revNatDeletes, o.revNatDeletes...)
+	w.maglevDeletes = append(w.maglevDeletes, o.maglevDeletes...)
+	w.backendDeletes = append(w.backendDeletes, o.backendDeletes...)
+}
+
+// len is the number of entries queued.
+func (w *writes) len() int {
+	return len(w.backendKeys) + len(w.revNatKeys) + len(w.memberKeys) + len(w.svcKeys) +
+		len(w.svcDeletes) + len(w.memberDeletes) + len(w.revNatDeletes) + len(w.maglevDeletes) + len(w.backendDeletes)
 }

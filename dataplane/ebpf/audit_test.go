@@ -1,0 +1,113 @@
+package ebpf
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// TestRestartAuditRepairs: the first full apply after a restart reads the
+// maps once, leaves what is right, rewrites what is wrong and deletes what
+// no service accounts for, as a crash in the middle of an apply could
+// leave them.
+func TestRestartAuditRepairs(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1", "be2", "be3"}, dpSmallMaps)
+	a := e.service("test/a", dpVIPA, dataplane.TCP, dpReady("be1"), dpReady("be2"), dpReady("be3"))
+	b := e.service("test/b", dpVIPB, dataplane.TCP, dpReady("be2"))
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, a, b))
+	want := dpSnapshot(t, &dp.objs.bpfMaps)
+
+	m := &dp.objs.bpfMaps
+	put := func(what string, mp interface{ Put(k, v any) error }, k, v any) {
+		t.Helper()
+		if err := mp.Put(k, v); err != nil {
+			t.Fatalf("corrupt %s: %v", what, err)
+		}
+	}
+	master := svcKeyOf(feKey{addr: dpVIPA, port: 80, proto: ipprotoTCP}, 0)
+	var mv bpfSvcVal
+	if err := m.VipdServices.Lookup(&master, &mv); err != nil {
+		t.Fatalf("read A's master: %v", err)
+	}
+	// A slot with a wrong cumulative weight, and one past the count.
+	slot1 := master
+	slot1.Slot = 1
+	var sv bpfSvcVal
+	if err := m.VipdServices.Lookup(&slot1, &sv); err != nil {
+		t.Fatalf("read A's slot 1: %v", err)
+	}
+	wrong := sv
+	wrong.Weight += 7
+	put("slot", m.VipdServices, &slot1, &wrong)
+	past := master
+	past.Slot = 9
+	put("slot", m.VipdServices, &past, &sv)
+	// A member with wrong flags, and one of a backend A does not have.
+	mk := bpfMemberKey{RevNatId: mv.RevNatId, BackendId: sv.BackendId}
+	put("member", m.VipdMembers, &mk, uint32(0))
+	put("member", m.VipdMembers, &bpfMemberKey{RevNatId: mv.RevNatId, BackendId: 999}, uint32(memberFlagEligible))
+	// A backend no service uses, and a frontend no service has.
+	var be bpfBackend
+	be.Addr.W = toWords(netip.MustParseAddr("10.99.0.1"))
+	be.Port = be16(8080)
+	put("backend", m.VipdBackends, uint32(999), &be)
+	absent := feKey{addr: netip.MustParseAddr("198.19.0.99"), port: 80, proto: ipprotoTCP}
+	var rn bpfRevNat
+	rn.Addr.W = toWords(absent.addr)
+	rn.Port = be16(absent.port)
+	rn.Proto = absent.proto
+	put("reverse NAT", m.VipdRevnat, uint32(777), &rn)
+	put("master", m.VipdServices, svcKeyOf(absent, 0), &bpfSvcVal{Count: 1, RevNatId: 777})
+	put("slot", m.VipdServices, svcKeyOf(absent, 1), &bpfSvcVal{BackendId: 999, Weight: 1})
+	put("member", m.VipdMembers, &bpfMemberKey{RevNatId: 777, BackendId: 999}, uint32(memberFlagEligible))
+
+	e.close()
+	dp = e.open(nil)
+	e.apply(dpState(2, nil, a, b))
+	dpWantSnap(t, "the maps after the audited full apply", dpSnapshot(t, &dp.objs.bpfMaps), want)
+	if !dp.prog.clean {
+		t.Error("the maps are not marked clean after an audited full apply")
+	}
+	if _, ok := dp.prog.revNatIDs[absent]; ok {
+		t.Errorf("the absent frontend %s keeps its reverse-NAT ID", absent)
+	}
+	e.expectBackends(dpVIPA, "be1", "be2", "be3")
+	e.expectBackends(dpVIPB, "be2")
+}
+
+func TestBackendTable(t *testing.T) {
+	tab := newBackendTable()
+	keys := []beKey{
+		{addr: netip.MustParseAddr("10.0.0.1"), port: 8080},
+		{addr: netip.MustParseAddr("10.0.0.1"), port: 8081},
+		{addr: netip.MustParseAddr("255.255.255.255"), port: 65535},
+		{addr: netip.MustParseAddr("fd00::1"), port: 8080},
+		{addr: netip.MustParseAddr("::1"), port: 1},
+	}
+	for i, k := range keys {
+		tab.put(k.packed(), backendRef{id: uint32(i + 1), refs: int32(i)})
+	}
+	if tab.len() != len(keys) || len(tab.v4) != 3 {
+		t.Fatalf("len %d (IPv4 %d), want %d (3)", tab.len(), len(tab.v4), len(keys))
+	}
+	seen := map[beKey]uint32{}
+	for k, r := range tab.all() {
+		seen[k.unpack()] = r.id
+	}
+	for i, k := range keys {
+		if r, ok := tab.get(k.packed()); !ok || r.id != uint32(i+1) || r.refs != int32(i) {
+			t.Errorf("get %s: %+v, %v", k, r, ok)
+		}
+		if seen[k] != uint32(i+1) {
+			t.Errorf("all yields %s as ID %d, want %d", k, seen[k], i+1)
+		}
+	}
+	for _, k := range keys {
+		tab.del(k.packed())
+	}
+	if tab.len() != 0 {
+		t.Errorf("len %d after deleting every key", tab.len())
+	}
+}
