@@ -203,7 +203,7 @@ func Bulk(ns *netlab.NS, dst netip.AddrPort, ports PortRange, d time.Duration) (
 		start := time.Now()
 		stop := start.Add(d)
 		for time.Now().Before(stop) {
-			n, err := unix.Write(fd, buf)
+			n, err := retry(func() (int, error) { return unix.Write(fd, buf) })
 			if err != nil {
 				return fmt.Errorf("bulk write to %s: %w", dst, err)
 			}
@@ -277,23 +277,67 @@ func dial(typ int, dst netip.AddrPort, ports PortRange, abort bool) (int, error)
 			return -1, fmt.Errorf("socket options: %w", err)
 		}
 	}
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}); err != nil {
+	if err := connect(fd, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("connect %s: %w", dst, err)
 	}
 	return fd, nil
 }
 
+// connect connects the blocking socket fd to sa. The Go runtime's
+// preemption signals interrupt blocking system calls: an interrupted
+// connect() goes on in the background, so connect waits for it to finish
+// and takes its outcome from SO_ERROR.
+func connect(fd int, sa unix.Sockaddr) error {
+	err := unix.Connect(fd, sa)
+	if err != unix.EINTR {
+		return err
+	}
+	deadline := time.Now().Add(ioTimeout)
+	for {
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return unix.ETIMEDOUT
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(fds, int(wait.Milliseconds())+1)
+		if err == unix.EINTR || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if soerr != 0 {
+			return unix.Errno(soerr)
+		}
+		return nil
+	}
+}
+
+// retry repeats a read or write that a signal interrupted.
+func retry(f func() (int, error)) (int, error) {
+	for {
+		n, err := f()
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
+}
+
 // exchange sends one request line on fd and reads the reply line,
 // returning its first word: the backend name.
 func exchange(fd int) (string, error) {
-	if _, err := unix.Write(fd, requestLine); err != nil {
+	if _, err := retry(func() (int, error) { return unix.Write(fd, requestLine) }); err != nil {
 		return "", fmt.Errorf("send request: %w", err)
 	}
 	var buf [256]byte
 	n := 0
 	for {
-		m, err := unix.Read(fd, buf[n:])
+		m, err := retry(func() (int, error) { return unix.Read(fd, buf[n:]) })
 		if err != nil {
 			return "", fmt.Errorf("read reply: %w", err)
 		}

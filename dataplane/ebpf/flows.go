@@ -42,6 +42,11 @@ const (
 	// counter and the collector's timeouts: at once when the ring runs
 	// empty, and at least this often while it does not.
 	flowPollInterval = 100 * time.Millisecond
+	// flowReadInterval is how often the reader looks into the ring when
+	// the BPF programs did not wake it: they wake it only once 64 events
+	// have piled up (FLOW_WAKEUP_BYTES in bpf/vipd.c), so at low rates
+	// this bounds an event's delay.
+	flowReadInterval = 2 * time.Millisecond
 	// flowGCQueue is how many collector rounds may wait for the reader;
 	// the flows of rounds that find the queue full are reported lost.
 	flowGCQueue = 16
@@ -166,7 +171,15 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 		n   int
 	)
 	nextPoll := time.Now().Add(flowPollInterval)
-	rd.SetDeadline(nextPoll)
+	// readDeadline is the sooner of the next look into the ring and the
+	// next poll.
+	readDeadline := func() time.Time {
+		if t := time.Now().Add(flowReadInterval); t.Before(nextPoll) {
+			return t
+		}
+		return nextPoll
+	}
+	rd.SetDeadline(readDeadline())
 	for {
 		err := rd.ReadInto(&rec)
 		switch {
@@ -181,6 +194,11 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 				continue
 			}
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The ring was read up to its end; poll only when due.
+			if time.Now().Before(nextPoll) {
+				rd.SetDeadline(readDeadline())
+				continue
+			}
 		case errors.Is(err, os.ErrClosed), errors.Is(err, ringbuf.ErrClosed):
 			if err := ctx.Err(); err != nil {
 				return err
@@ -193,7 +211,7 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 			return err
 		}
 		nextPoll = time.Now().Add(flowPollInterval)
-		rd.SetDeadline(nextPoll)
+		rd.SetDeadline(readDeadline())
 	}
 }
 

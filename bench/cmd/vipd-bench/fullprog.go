@@ -77,13 +77,16 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one SyncServices RPC (until it returns: applied and saved), "+
 			"then a restart of vipd on the same state dir (SIGTERM, start, until GetStatus says ready: the restored state applied over what the kernel kept). "+
 			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock). "+
-			"Median (min–max) of %d runs.", b.cfg.fullRuns),
+			"Median (min–max) of %d runs (%d for iptables at 100,000: each takes minutes).", b.cfg.fullRuns, b.cfg.fullRunsSlow),
 		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory"},
 	}
 	var firstErr error
 	for _, n := range b.cfg.fullSizes {
 		for _, dp := range []string{"ebpf", "iptables"} {
 			runs := b.cfg.fullRuns
+			if dp == "iptables" && n >= 100_000 {
+				runs = b.cfg.fullRunsSlow
+			}
 			var rs []fullRun
 			var err error
 			for r := range runs {

@@ -499,6 +499,9 @@ static __always_inline void ct_account(const struct config *cfg, struct __sk_buf
 	e->expires = now + ct_lifetime(cfg, p, e);
 }
 
+/* FLOW_WAKEUP_BYTES is how much event data wakes the ring's reader. */
+#define FLOW_WAKEUP_BYTES (64 * sizeof(struct flow_event))
+
 /*
  * send_flow_event sends an event of the flow whose forward entry (fk, fwd) and
  * reply entry rev (NULL when unknown) are given. An event that does not fit
@@ -537,7 +540,14 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 	ev->pad[1] = 0;
 	ev->pad[2] = 0;
 	ev->backend_id = fwd->backend_id;
-	bpf_ringbuf_submit(ev, 0);
+	/*
+	 * Wake the reader only once a batch has piled up: a wakeup per event
+	 * costs the reader a system call and a context switch per event, on
+	 * the CPUs the packets need. The reader polls the ring every
+	 * FLOW_READ_INTERVAL anyway (dataplane/ebpf/flows.go).
+	 */
+	bpf_ringbuf_submit(ev, bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA) >= FLOW_WAKEUP_BYTES ?
+				       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 /*
