@@ -28,7 +28,9 @@ import (
 // the first connection's conntrack entry and stall for a SYN retry.
 type PortRange struct{ Lo, Hi uint16 }
 
-// Port ranges for the kinds of run; together they fill 10000–60999.
+// Port ranges for the kinds of run; together they fill 10000–60999, which
+// the client namespace's net.ipv4.ip_local_port_range must cover: the
+// kernel ignores a socket's range outside the namespace's.
 var (
 	DirectPorts = PortRange{10000, 29999}
 	VIPPorts    = PortRange{30000, 54999}

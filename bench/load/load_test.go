@@ -20,6 +20,9 @@ func TestLoadDirect(t *testing.T) {
 	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "be1", "be2"}}}})
 	node := lab.Node(1)
 	client := node.Pod("client")
+	if err := client.SetSysctl("net.ipv4.ip_local_port_range", "10000 60999"); err != nil {
+		t.Fatal(err)
+	}
 	var backends []Backend
 	var dsts []netip.AddrPort
 	for _, name := range []string{"be1", "be2"} {

@@ -59,10 +59,15 @@ func dataLab(ctx context.Context) (*netlab.Lab, func(), error) {
 		lab.Close()
 	}
 	// Reuse client ports in TIME_WAIT for new connections: a run makes
-	// more connections than a port range has ports.
-	if err := lab.Pod("client").SetSysctl("net.ipv4.tcp_tw_reuse", "1"); err != nil {
-		closeAll()
-		return nil, nil, err
+	// more connections than a port range has ports. The namespace's range
+	// must cover the ranges the runs pick from (load.DirectPorts, ...): the
+	// kernel ignores a socket's range that lies outside it.
+	client := lab.Pod("client")
+	for _, s := range [][2]string{{"net.ipv4.tcp_tw_reuse", "1"}, {"net.ipv4.ip_local_port_range", "10000 60999"}} {
+		if err := client.SetSysctl(s[0], s[1]); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
 	}
 	return lab, closeAll, nil
 }

@@ -77,15 +77,16 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one SyncServices RPC (until it returns: applied and saved), "+
 			"then a restart of vipd on the same state dir (SIGTERM, start, until GetStatus says ready: the restored state applied over what the kernel kept). "+
 			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock). "+
-			"Median (min–max) of %d runs (%d for iptables at 100,000: each takes minutes).", b.cfg.fullRuns, b.cfg.fullRunsSlow),
+			"Median (min–max) of %d runs.", b.cfg.fullRuns),
 		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory"},
 	}
 	var firstErr error
 	for _, n := range b.cfg.fullSizes {
 		for _, dp := range []string{"ebpf", "iptables"} {
 			runs := b.cfg.fullRuns
-			if dp == "iptables" && n >= 100_000 {
-				runs = b.cfg.fullRunsSlow
+			if dp == "iptables" && n > b.cfg.fullIptablesMax {
+				t.note("iptables not measured at %s × 10: its restart there does not become ready (iptables-legacy-restore fails at COMMIT with about 1.35 million rules, and vipd retries forever while the old rules keep forwarding); SyncServices itself took about a minute.", count(n))
+				continue
 			}
 			var rs []fullRun
 			var err error

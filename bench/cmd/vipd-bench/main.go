@@ -43,7 +43,7 @@ type config struct {
 	progSamples, progSamplesSlow int
 	kubeProxyMax                 int
 	fullSizes                    []int
-	fullRuns, fullRunsSlow       int
+	fullRuns, fullIptablesMax    int
 	fullTimeout                  time.Duration
 	dataSizes                    []int
 	dataRuns, workers            int
@@ -58,7 +58,7 @@ type config struct {
 
 var fullConfig = config{
 	progSizes: []int{0, 1_000, 10_000, 100_000}, progSamples: 200, progSamplesSlow: 30, kubeProxyMax: 10_000,
-	fullSizes: []int{10_000, 100_000}, fullRuns: 5, fullRunsSlow: 1, fullTimeout: 20 * time.Minute,
+	fullSizes: []int{10_000, 100_000}, fullRuns: 5, fullIptablesMax: 10_000, fullTimeout: 20 * time.Minute,
 	dataSizes: []int{1, 1_000, 10_000}, dataRuns: 5, workers: 16,
 	tcpDuration: 3 * time.Second, udpDuration: 2 * time.Second, bulkDuration: 2 * time.Second,
 	flowWorkers: []int{1, 2, 4, 8, 16}, flowDuration: 3 * time.Second,
@@ -67,7 +67,7 @@ var fullConfig = config{
 
 var quickConfig = config{
 	progSizes: []int{0, 1_000}, progSamples: 20, progSamplesSlow: 20, kubeProxyMax: 1_000,
-	fullSizes: []int{1_000}, fullRuns: 1, fullRunsSlow: 1, fullTimeout: 5 * time.Minute,
+	fullSizes: []int{1_000}, fullRuns: 1, fullIptablesMax: 1_000, fullTimeout: 5 * time.Minute,
 	dataSizes: []int{1, 1_000}, dataRuns: 1, workers: 16,
 	tcpDuration: time.Second, udpDuration: 500 * time.Millisecond, bulkDuration: 500 * time.Millisecond,
 	flowWorkers: []int{4}, flowDuration: time.Second,

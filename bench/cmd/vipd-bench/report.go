@@ -121,6 +121,9 @@ func ratio(a, b float64) string {
 	if b == 0 || a == 0 {
 		return "–"
 	}
+	if a/b < 0.1 {
+		return fmt.Sprintf("%.2g×", a/b)
+	}
 	return fmt.Sprintf("%.2f×", a/b)
 }
 
