@@ -2,6 +2,7 @@ package load
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/nsdo"
@@ -113,15 +116,20 @@ func serve(spec string) error {
 	if err := json.Unmarshal([]byte(spec), &backends); err != nil {
 		return fmt.Errorf("backend servers: %w", err)
 	}
+	// Every thread of this process blocks in a system call of its own:
+	// with a P for each, a call returning needs no hand-off between
+	// threads.
+	runtime.GOMAXPROCS(len(backends)*echoThreads + runtime.NumCPU())
 	for _, b := range backends {
 		var (
-			tl, sl *net.TCPListener
-			uc     *net.UDPConn
+			echo int
+			sl   *net.TCPListener
+			uc   *net.UDPConn
 		)
 		// Sockets stay in the namespace they were made in.
 		err := nsdo.Do(b.NetNS, func() error {
 			var err error
-			if tl, err = net.ListenTCP("tcp", net.TCPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.EchoPort))); err != nil {
+			if echo, err = listenBlocking(netip.AddrPortFrom(b.Addr, b.EchoPort)); err != nil {
 				return err
 			}
 			if uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.EchoPort))); err != nil {
@@ -133,7 +141,9 @@ func serve(spec string) error {
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", b.Name, err)
 		}
-		go acceptLoop(tl, func(c net.Conn) { echoTCP(b.Name, c) })
+		for range echoThreads {
+			go echoTCP(b.Name, echo)
+		}
 		go acceptLoop(sl, func(c net.Conn) { io.Copy(io.Discard, c) })
 		go echoUDP(b.Name, uc)
 	}
@@ -160,16 +170,74 @@ func acceptLoop(l *net.TCPListener, handle func(net.Conn)) {
 	}
 }
 
-func echoTCP(name string, c net.Conn) {
-	reply := []byte(name + " " + c.RemoteAddr().String() + "\n")
-	r := bufio.NewReaderSize(c, 512)
+// echoThreads is how many threads serve each backend's TCP echo port,
+// each one connection at a time: at least as many as there are load
+// workers, so that no connection waits for another to close.
+const echoThreads = 16
+
+// listenBlocking returns a listening TCP socket on addr in blocking mode:
+// echoTCP serves it with plain blocking system calls, which cost less per
+// connection than the Go runtime's poller (one epoll registration and
+// goroutine per connection) and so leave more of the CPU to what is
+// measured.
+func listenBlocking(addr netip.AddrPort) (int, error) {
+	if !addr.Addr().Is4() {
+		return -1, fmt.Errorf("listen %s: IPv4 only", addr)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err == nil {
+		err = unix.Bind(fd, &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()})
+	}
+	if err == nil {
+		err = unix.Listen(fd, 4096)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return fd, nil
+}
+
+// echoTCP accepts connections on the blocking listening socket lfd, one
+// at a time, and answers each line a connection sends with "<name>
+// <peer>\n" until the peer closes it.
+func echoTCP(name string, lfd int) {
+	runtime.LockOSThread()
+	var buf [512]byte
 	for {
-		if _, err := r.ReadSlice('\n'); err != nil {
-			return
+		fd, sa, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			if err != unix.EINTR && err != unix.ECONNABORTED {
+				time.Sleep(time.Millisecond)
+			}
+			continue
 		}
-		if _, err := c.Write(reply); err != nil {
-			return
+		// No I/O timeouts: the load generators always close their
+		// connections (the kernel does, if they die), and each system
+		// call saved counts at these rates.
+		var peer string
+		if in4, ok := sa.(*unix.SockaddrInet4); ok {
+			peer = netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)).String()
 		}
+		reply := []byte(name + " " + peer + "\n")
+		for {
+			n, err := retry(func() (int, error) { return unix.Read(fd, buf[:]) })
+			if err != nil || n == 0 {
+				break
+			}
+			// One reply per newline; requests are one short line each.
+			lines := bytes.Count(buf[:n], []byte{'\n'})
+			if lines > 0 {
+				if _, err := retry(func() (int, error) { return unix.Write(fd, bytes.Repeat(reply, lines)) }); err != nil {
+					break
+				}
+			}
+		}
+		unix.Close(fd)
 	}
 }
 
