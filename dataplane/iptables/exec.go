@@ -68,6 +68,11 @@ func (r runner) save(ctx context.Context, f Family) ([]byte, error) {
 	return r.run(ctx, nil, r.mode.tool(f, "save"))
 }
 
+// saveTable returns iptables-save output of one table of family f.
+func (r runner) saveTable(ctx context.Context, f Family, table string) ([]byte, error) {
+	return r.run(ctx, nil, r.mode.tool(f, "save"), "-t", table)
+}
+
 // restore feeds payload to iptables-restore --noflush for family f.
 func (r runner) restore(ctx context.Context, f Family, payload []byte) error {
 	_, err := r.run(ctx, payload, r.mode.tool(f, "restore"), "--noflush", "--wait")

@@ -99,9 +99,13 @@ func (d *Dataplane) enableFlowAccounting() {
 // resolveMode checks that the requested mode's tools work and, for auto,
 // picks one: the mode whose tables already hold vipd chains (so a restart
 // continues where it left off), else nft, the Debian default, else legacy.
+// Both the check and the search read only the filter table, where vipd
+// always keeps its reject chain: the nat table can hold millions of rules,
+// and iptables-nft-save 1.8.9 crashes on some of those (it did on 100,000
+// services × 10 backends), which must not make auto pick the wrong mode.
 func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode) (Mode, error) {
 	works := func(m Mode) ([]byte, error) {
-		return runner{netns: netns, mode: m}.save(ctx, IPv4)
+		return runner{netns: netns, mode: m}.saveTable(ctx, IPv4, string(Filter))
 	}
 	if want != ModeAuto {
 		if _, err := works(want); err != nil {

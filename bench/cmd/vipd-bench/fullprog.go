@@ -85,7 +85,7 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		for _, dp := range []string{"ebpf", "iptables"} {
 			runs := b.cfg.fullRuns
 			if dp == "iptables" && n > b.cfg.fullIptablesMax {
-				t.note("iptables not measured at %s × 10: its restart there does not become ready (iptables-legacy-restore fails at COMMIT with about 1.35 million rules, and vipd retries forever while the old rules keep forwarding); SyncServices itself took about a minute.", count(n))
+				t.note("iptables not measured at %s × 10: SyncServices takes about a minute, but a restart does not become ready: its full sync diffs against iptables-nft-save, and iptables-nft-save 1.8.9 crashes (SIGSEGV, after about 2 minutes) on that ruleset of about 1.35 million rules; the old rules keep forwarding while vipd retries.", count(n))
 				continue
 			}
 			var rs []fullRun
