@@ -7,7 +7,7 @@ BIN      := $(CURDIR)/bin
 GOTEST   ?= $(GO) test
 TESTARGS ?= -count=1 -race -timeout 20m
 
-.PHONY: all build test generate lint demo clean deps bench bench-quick
+.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz
 
 all: build
 
@@ -22,6 +22,25 @@ deps:
 
 test: deps build
 	$(GOTEST) $(TESTARGS) ./...
+
+# fuzz runs every fuzz target for FUZZTIME each (package:target pairs; go
+# test fuzzes one target of one package at a time). A crasher is written
+# under the package's testdata/fuzz and fails the run.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := \
+	./server/validation:FuzzUpsertService \
+	./server/validation:FuzzSyncServices \
+	./server/validation:FuzzUpdateBackends \
+	./server/validation:FuzzFlowFilter \
+	./server/validation:FuzzExplain \
+	./server:FuzzAPI \
+	./internal/manifest:FuzzLoad
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "== fuzz $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*}; \
+	done
 
 generate:
 	cd proto && $(TOOL) buf generate

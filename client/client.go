@@ -36,8 +36,11 @@ type Client struct {
 //
 //	unix:///run/vipd/vipd.sock   a Unix socket
 //	/run/vipd/vipd.sock          an absolute path, also a Unix socket
-//	host:port                    TCP (plaintext)
+//	tcp://host:port              TCP (vipd --listen): use WithTLS
+//	host:port                    TCP too
 //
+// A TCP connection is plaintext unless WithTLS is given; vipd accepts
+// plaintext TCP only on a loopback address it was told to (--insecure-listen).
 // Other gRPC target URIs with "://" (dns:///host:port) are passed through.
 // New does not connect: the connection is made by the first call and remade
 // after a failure, so New succeeds while vipd is down. The caller must Close
@@ -103,12 +106,18 @@ func dialTarget(target string) (string, error) {
 		return "", fmt.Errorf("empty target")
 	case strings.HasPrefix(target, "/"):
 		return "unix://" + target, nil
+	case strings.HasPrefix(target, "tcp://"):
+		hostport := strings.TrimPrefix(target, "tcp://")
+		if _, _, err := net.SplitHostPort(hostport); err != nil {
+			return "", fmt.Errorf("target %q: want tcp://host:port: %w", target, err)
+		}
+		return "dns:///" + hostport, nil
 	case strings.HasPrefix(target, "unix:"), strings.HasPrefix(target, "unix-abstract:"),
 		strings.Contains(target, "://"):
 		return target, nil
 	}
 	if _, _, err := net.SplitHostPort(target); err != nil {
-		return "", fmt.Errorf("target %q is neither an absolute socket path, unix:///path, nor host:port", target)
+		return "", fmt.Errorf("target %q is neither an absolute socket path, unix:///path, tcp://host:port, nor host:port", target)
 	}
 	return "dns:///" + target, nil
 }

@@ -2,6 +2,7 @@
 // planes and for vipctl.
 //
 // It owns the connection to one vipd: the target forms (Unix socket or TCP),
+// transport security (WithTLS, TLSConfigFromFiles: mutual TLS for vipd --listen),
 // the default per-call deadline, and the retry policy that rides over a
 // daemon restart. Its methods are thin: they send one request and return the
 // server's answer, and they return gRPC status errors unchanged, so

@@ -54,3 +54,24 @@ func Example() {
 	// stored default/web at generation 1
 	// default/web [10.96.0.10] with 2 backends
 }
+
+// A control plane on another machine reaches vipd's TCP listener (vipd
+// --listen) with mutual TLS: the CA that signed vipd's certificate, and a
+// client certificate whose identity (URI SAN, else CN) vipd's --authz-file
+// allows to change the owners it syncs.
+func ExampleWithTLS() {
+	tlsConfig, err := client.TLSConfigFromFiles("/etc/vipd/ca.pem", "/etc/vipd/controller.pem", "/etc/vipd/controller-key.pem")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.New("tcp://node1.example.net:9650", client.WithTLS(tlsConfig))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.SyncServices(context.Background(), "kubernetes", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(resp.GetDeleted())
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/authz"
 	"github.com/vipd/vipd/server/flows"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
@@ -25,6 +27,20 @@ import (
 // API implements the vipd.v1 gRPC services: it validates each request, turns
 // it into a mutation for the reconciler, and maps the outcome to a status.
 // It never touches the kernel itself.
+//
+// Authorization: a call whose context carries an authz.Principal (a remote
+// client; see Server) may change only the services of owners the principal
+// allows. The check runs inside the mutation, on the same transaction as
+// the change, so no other call can change a service's owner between the
+// check and the change. An UpsertService needs both the new owner and,
+// when the service exists with another owner, the existing one; a
+// DeleteService or UpdateBackends the existing service's owner; a
+// SyncServices its owner. Denied calls get PermissionDenied and are logged
+// at warn level with the identity, method and owner. Reads are not checked.
+//
+// While the reconciler holds the dataplane (vipd --recover), UpsertService,
+// DeleteService and UpdateBackends get FailedPrecondition, and the first
+// SyncServices that succeeds ends the hold with a full sync.
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
@@ -113,13 +129,41 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 	return nil
 }
 
+// fail turns a mutation's error into a status: toStatus, after the errors
+// only the API knows about, a denied owner (which it logs) and a held
+// dataplane.
+func (a *API) fail(ctx context.Context, err error) error {
+	var (
+		denied *authz.DeniedError
+		held   *reconcile.HeldError
+	)
+	switch {
+	case errors.As(err, &denied):
+		method, _ := grpc.Method(ctx)
+		a.log.Warn("permission denied", "identity", denied.Identity, "method", method, "owner", denied.Owner)
+		return status.Error(codes.PermissionDenied, denied.Error())
+	case errors.As(err, &held):
+		return status.Errorf(codes.FailedPrecondition, "vipd is not ready: %s; until a SyncServices has been applied it accepts no other change", held.Reason)
+	}
+	return toStatus(err)
+}
+
 // UpsertService implements vipdv1.LoadBalancerServiceServer.
 func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceRequest) (*vipdv1.UpsertServiceResponse, error) {
 	svc, dp, err := a.validService(req.GetService(), "service")
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	p := authz.FromContext(ctx)
 	v, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		if err := p.CheckOwner(svc.Owner); err != nil {
+			return nil, err
+		}
+		if old, ok := tx.Get(svc.Name); ok && old.Owner() != svc.Owner {
+			if err := p.CheckOwner(old.Owner()); err != nil {
+				return nil, err
+			}
+		}
 		if err := checkGeneration(tx, svc.Name, req.ExpectedGeneration); err != nil {
 			return nil, err
 		}
@@ -127,7 +171,7 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		return stored, err
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.fail(ctx, err)
 	}
 	return &vipdv1.UpsertServiceResponse{Service: v.(*vipdv1.Service)}, nil
 }
@@ -137,7 +181,13 @@ func (a *API) DeleteService(ctx context.Context, req *vipdv1.DeleteServiceReques
 	if v := validation.Name(req.Name, "name"); len(v) > 0 {
 		return nil, toStatus(v)
 	}
+	p := authz.FromContext(ctx)
 	_, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		if old, ok := tx.Get(req.Name); ok {
+			if err := p.CheckOwner(old.Owner()); err != nil {
+				return nil, err
+			}
+		}
 		if err := checkGeneration(tx, req.Name, req.ExpectedGeneration); err != nil {
 			return nil, err
 		}
@@ -147,7 +197,7 @@ func (a *API) DeleteService(ctx context.Context, req *vipdv1.DeleteServiceReques
 		return nil, nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.fail(ctx, err)
 	}
 	return &vipdv1.DeleteServiceResponse{}, nil
 }
@@ -234,7 +284,13 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		}
 	}
 
-	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	p := authz.FromContext(ctx)
+	// Release: under vipd --recover, the first SyncServices ends the hold
+	// with a full sync.
+	res, err := a.rec.Release(ctx, func(tx *store.Txn) (any, error) {
+		if err := p.CheckOwner(req.Owner); err != nil {
+			return nil, err
+		}
 		resp := &vipdv1.SyncServicesResponse{}
 		for _, name := range tx.Names(req.Owner) {
 			if _, listed := index[name]; !listed {
@@ -274,7 +330,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		return resp, nil
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.fail(ctx, err)
 	}
 	return res.(*vipdv1.SyncServicesResponse), nil
 }
@@ -297,10 +353,14 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	if len(v) > 0 {
 		return nil, toStatus(v)
 	}
+	p := authz.FromContext(ctx)
 	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
 		old, ok := tx.Get(req.Name)
 		if !ok {
 			return nil, notFound(req.Name)
+		}
+		if err := p.CheckOwner(old.Owner()); err != nil {
+			return nil, err
 		}
 		if err := checkGeneration(tx, req.Name, req.ExpectedGeneration); err != nil {
 			return nil, err
@@ -310,6 +370,16 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 			return nil, err
 		}
 		svc, dp, err := a.validService(merged, "service")
+		var v validation.Violations
+		if errors.As(err, &v) {
+			// The request has no field "service": the merged backend set
+			// comes from upsert, so a violation of it names upsert.
+			for i := range v {
+				if v[i].Field == "service.backends" {
+					v[i].Field = "upsert"
+				}
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -317,7 +387,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 		return stored, err
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, a.fail(ctx, err)
 	}
 	return &vipdv1.UpdateBackendsResponse{Service: res.(*vipdv1.Service)}, nil
 }
@@ -377,6 +447,14 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 	}
 	if st.LastError != nil {
 		resp.LastError = st.LastError.Error()
+	}
+	if st.HeldReason != "" {
+		// GetStatus has no field of its own for why vipd is not ready.
+		msg := "not ready: " + st.HeldReason
+		if resp.LastError != "" {
+			msg += "; last apply: " + resp.LastError
+		}
+		resp.LastError = msg
 	}
 	for _, lb := range a.caps.LoadBalancing {
 		resp.SupportedLoadBalancing = append(resp.SupportedLoadBalancing, loadBalancingToProto[lb])

@@ -26,6 +26,7 @@ func toStatus(err error) error {
 	var (
 		violations validation.Violations
 		conflict   *store.ConflictError
+		limit      *store.LimitError
 		applyErr   *reconcile.ApplyError
 		saveErr    *reconcile.SaveError
 	)
@@ -34,6 +35,8 @@ func toStatus(err error) error {
 		return invalid(violations)
 	case errors.As(err, &conflict):
 		return status.Error(codes.AlreadyExists, conflict.Error())
+	case errors.As(err, &limit):
+		return overLimit(limit)
 	case errors.As(err, &applyErr):
 		switch {
 		case errors.Is(err, dataplane.ErrUnsupported):
@@ -66,6 +69,22 @@ func invalid(v validation.Violations) error {
 	st, err := status.New(codes.InvalidArgument, msg).WithDetails(br)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, msg)
+	}
+	return st.Err()
+}
+
+// overLimit is a ResourceExhausted status for a change that would take the
+// store past one of its totals, carrying a google.rpc.QuotaFailure whose
+// subject names what is counted ("services" or "backends"). It is not
+// InvalidArgument: the same request succeeds once other services make room.
+func overLimit(e *store.LimitError) error {
+	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+		Subject:     e.Resource,
+		Description: fmt.Sprintf("at most %d %s in all (%s); the change would make %d", e.Limit, e.Resource, e.Flag, e.Count),
+	}}}
+	st, err := status.New(codes.ResourceExhausted, e.Error()).WithDetails(qf)
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, e.Error())
 	}
 	return st.Err()
 }

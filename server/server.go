@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -9,15 +10,20 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/hashicorp/go-hclog"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/authz"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 )
@@ -26,12 +32,31 @@ import (
 // SyncServices of 100,000 services with 10 backends each.
 const DefaultMaxRecvMsgSize = 64 << 20
 
+// Default concurrency limits; see WithMaxConcurrentStreams,
+// WithMaxInflightRequests and WithMaxFlowWatchers.
+const (
+	DefaultMaxConcurrentStreams = 128
+	DefaultMaxInflightRequests  = 1024
+	DefaultMaxFlowWatchers      = 256
+)
+
 // maxUnixPathLen is the room in sockaddr_un.sun_path, less the trailing NUL.
 const maxUnixPathLen = 107
+
+// handshakeTimeout bounds a new connection's TLS handshake, so that clients
+// that connect and say nothing do not hold resources for long.
+const handshakeTimeout = 10 * time.Second
 
 // Server is the daemon's gRPC shell. It serves the API on its listeners
 // together with grpc.health.v1 and reflection. Health reports NOT_SERVING
 // until MarkReady is called.
+//
+// Clients of the Unix socket (and of WithListener listeners) are trusted:
+// the socket's file mode and group decide who may connect. Clients of a
+// WithTCP listener are remote: with TLS they must present a certificate the
+// listener's tls.Config verifies, and each of their calls carries an
+// authz.Principal for their certificate's identity, which the API asks
+// before it changes an owner's services.
 type Server struct {
 	log       hclog.Logger
 	grpc      *grpc.Server
@@ -40,6 +65,14 @@ type Server struct {
 	maxRecv   int
 	unary     []grpc.UnaryServerInterceptor
 	stream    []grpc.StreamServerInterceptor
+
+	policy          *authz.Policy
+	maxStreams      uint32
+	inflight        *limiter
+	watchers        *limiter
+	maxInflight     int
+	maxFlowWatchers int
+	tls             credentials.TransportCredentials
 }
 
 // Option configures a Server.
@@ -60,7 +93,99 @@ func WithUnixSocket(path string, mode os.FileMode) Option {
 	}
 }
 
+// WithUnixSocketGroup is WithUnixSocket that also gives the socket to group
+// gid (chown), so that the group's members may connect when mode allows the
+// group. The group is set before the mode, so the socket is never open to
+// the wrong group.
+func WithUnixSocketGroup(path string, mode os.FileMode, gid int) Option {
+	return func(s *Server) error {
+		l, err := listenUnixGroup(path, mode, gid)
+		if err != nil {
+			return err
+		}
+		s.listeners = append(s.listeners, l)
+		return nil
+	}
+}
+
+// WithTCP listens on addr (host:port, IPv4 or IPv6) in the current network
+// namespace. With tlsConfig, every connection must complete a TLS handshake
+// with it; make it require and verify client certificates
+// (tls.RequireAndVerifyClientCert) for mutual TLS, and each call then
+// carries the client certificate's identity (authz.Identity). A nil
+// tlsConfig serves plaintext: callers must keep that to loopback
+// addresses. Its clients are anonymous: they carry a Principal with an
+// empty identity.
+func WithTCP(addr string, tlsConfig *tls.Config) Option {
+	return func(s *Server) error {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		mode := modeInsecure
+		if tlsConfig != nil {
+			mode = modeTLS
+			s.tls = credentials.NewTLS(tlsConfig)
+		}
+		s.listeners = append(s.listeners, &remoteListener{Listener: l, mode: mode})
+		return nil
+	}
+}
+
+// WithAuthorization makes policy decide which owners' services each TCP
+// client may change. Without it, every TCP client that got through the
+// handshake may change every owner's services.
+func WithAuthorization(policy *authz.Policy) Option {
+	return func(s *Server) error {
+		s.policy = policy
+		return nil
+	}
+}
+
+// WithMaxConcurrentStreams bounds the calls (streams) one client connection
+// may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a client
+// waits for one of its calls to end before it starts another. The default
+// is DefaultMaxConcurrentStreams.
+func WithMaxConcurrentStreams(n uint32) Option {
+	return func(s *Server) error {
+		if n < 1 {
+			return errors.New("max concurrent streams must be at least 1")
+		}
+		s.maxStreams = n
+		return nil
+	}
+}
+
+// WithMaxInflightRequests bounds the unary calls in progress at once, over
+// all clients. A call beyond it fails at once with ResourceExhausted; it is
+// never queued. Health checks and GetStatus are not counted and never
+// refused, so that monitoring sees an overloaded vipd. The default is
+// DefaultMaxInflightRequests.
+func WithMaxInflightRequests(n int) Option {
+	return func(s *Server) error {
+		if n < 1 {
+			return errors.New("max in-flight requests must be at least 1")
+		}
+		s.maxInflight = n
+		return nil
+	}
+}
+
+// WithMaxFlowWatchers bounds the WatchFlows streams open at once, over all
+// clients; one more fails at once with ResourceExhausted. The default is
+// DefaultMaxFlowWatchers.
+func WithMaxFlowWatchers(n int) Option {
+	return func(s *Server) error {
+		if n < 1 {
+			return errors.New("max flow watchers must be at least 1")
+		}
+		s.maxFlowWatchers = n
+		return nil
+	}
+}
+
 // WithListener serves on an existing listener, such as a bufconn in tests.
+// Its clients are trusted, as the Unix socket's are.
 func WithListener(l net.Listener) Option {
 	return func(s *Server) error {
 		s.listeners = append(s.listeners, l)
@@ -90,7 +215,13 @@ func WithInterceptors(unary []grpc.UnaryServerInterceptor, stream []grpc.StreamS
 
 // New builds a server for api. On error every listener it opened is closed.
 func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
-	s := &Server{log: log, maxRecv: DefaultMaxRecvMsgSize}
+	s := &Server{
+		log:             log,
+		maxRecv:         DefaultMaxRecvMsgSize,
+		maxStreams:      DefaultMaxConcurrentStreams,
+		maxInflight:     DefaultMaxInflightRequests,
+		maxFlowWatchers: DefaultMaxFlowWatchers,
+	}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			s.closeListeners()
@@ -109,15 +240,28 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(callLevel),
 	}
+	s.inflight = newLimiter(grpcLog, "in-flight requests (--max-inflight-requests)", s.maxInflight)
+	s.watchers = newLimiter(grpcLog, "flow watchers (--max-flow-watchers)", s.maxFlowWatchers)
+	// Order matters: the limits come right after the caller's interceptors
+	// (metrics), so that refused calls are counted but cost nothing more
+	// and are not logged one by one; the principal is attached before the
+	// handlers and the logging that names it.
 	unary := append(slices.Clip(s.unary),
+		s.limitInflight,
+		s.authenticateUnary,
 		logging.UnaryServerInterceptor(hclogAdapter(grpcLog), logOpts...),
 		recovery.UnaryServerInterceptor(recoveryOpt),
 	)
 	stream := append(slices.Clip(s.stream),
+		s.limitWatchers,
+		s.authenticateStream,
 		logging.StreamServerInterceptor(hclogAdapter(grpcLog), logOpts...),
 		recovery.StreamServerInterceptor(recoveryOpt),
 	)
 	s.grpc = grpc.NewServer(
+		grpc.Creds(&listenerCreds{tls: s.tls, failures: newLimiter(grpcLog, "", 0)}),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.MaxConcurrentStreams(s.maxStreams),
 		grpc.MaxRecvMsgSize(s.maxRecv),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
@@ -181,6 +325,12 @@ func (s *Server) closeListeners() {
 }
 
 func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
+	return listenUnixGroup(path, mode, -1)
+}
+
+// listenUnixGroup listens on a Unix socket at path, owned by group gid
+// (-1 leaves it) and with mode.
+func listenUnixGroup(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if len(path) > maxUnixPathLen {
 		return nil, fmt.Errorf("socket path %s is %d bytes; at most %d fit", path, len(path), maxUnixPathLen)
 	}
@@ -202,6 +352,12 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
+	}
+	if gid >= 0 {
+		if err := os.Lchown(path, -1, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("give socket %s to group %d: %w", path, gid, err)
+		}
 	}
 	if err := os.Chmod(path, mode); err != nil {
 		l.Close()
@@ -237,3 +393,205 @@ func hclogAdapter(log hclog.Logger) logging.Logger {
 		}
 	})
 }
+
+// connMode is how a remote listener's connections are secured.
+type connMode int
+
+const (
+	modeTLS connMode = iota
+	modeInsecure
+)
+
+// remoteListener marks the connections of a WithTCP listener, so that
+// listenerCreds treats them as remote. One grpc.Server serves every
+// listener, and gRPC's transport credentials are per server, not per
+// listener.
+type remoteListener struct {
+	net.Listener
+	mode connMode
+}
+
+func (l *remoteListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &remoteConn{Conn: c, mode: l.mode}, nil
+}
+
+type remoteConn struct {
+	net.Conn
+	mode connMode
+}
+
+// localAuthInfo is the AuthInfo of a trusted local connection (the Unix
+// socket, or a WithListener listener).
+type localAuthInfo struct{ credentials.CommonAuthInfo }
+
+func (localAuthInfo) AuthType() string { return "local" }
+
+// insecureAuthInfo is the AuthInfo of a plaintext TCP connection
+// (--insecure-listen on loopback): its client has no identity.
+type insecureAuthInfo struct{ credentials.CommonAuthInfo }
+
+func (insecureAuthInfo) AuthType() string { return "insecure" }
+
+// listenerCreds secures each connection as its listener says: TLS for a
+// WithTCP listener with a tls.Config, nothing for a plaintext TCP listener
+// and for local listeners, each with an AuthInfo that tells them apart.
+//
+// Failed TLS handshakes (no certificate, an unknown CA, an expired
+// certificate) are logged at warn level, at most one line per
+// limiterLogEvery with the count since the last one, so that a client
+// whose certificate is wrong shows up in the log without flooding it.
+type listenerCreds struct {
+	tls      credentials.TransportCredentials // nil without a TLS listener
+	failures *limiter                         // only its log throttle is used
+}
+
+func (c *listenerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	rc, ok := raw.(*remoteConn)
+	if !ok {
+		return raw, localAuthInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+	}
+	if rc.mode == modeTLS {
+		conn, info, err := c.tls.ServerHandshake(rc.Conn)
+		if err != nil && c.failures != nil {
+			c.failures.logRefusal("TLS handshake failed; connection refused", "peer", rc.RemoteAddr().String(), "error", err)
+		}
+		return conn, info, err
+	}
+	return rc.Conn, insecureAuthInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+}
+
+func (c *listenerCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("vipd's server credentials cannot dial")
+}
+
+func (c *listenerCreds) Info() credentials.ProtocolInfo {
+	if c.tls != nil {
+		return c.tls.Info()
+	}
+	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
+}
+
+func (c *listenerCreds) Clone() credentials.TransportCredentials {
+	out := &listenerCreds{failures: c.failures}
+	if c.tls != nil {
+		out.tls = c.tls.Clone()
+	}
+	return out
+}
+
+func (c *listenerCreds) OverrideServerName(string) error { return nil }
+
+// principal returns the authz.Principal of a call's client: nil for a
+// trusted local client, the certificate's identity for a TLS client, and an
+// empty identity for a plaintext TCP client.
+func (s *Server) principal(ctx context.Context) *authz.Principal {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	switch info := p.AuthInfo.(type) {
+	case credentials.TLSInfo:
+		id := ""
+		if chains := info.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
+			id = authz.Identity(chains[0][0])
+		}
+		return authz.NewPrincipal(id, s.policy)
+	case insecureAuthInfo:
+		return authz.NewPrincipal("", s.policy)
+	}
+	return nil
+}
+
+func (s *Server) authenticateUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if p := s.principal(ctx); p != nil {
+		ctx = authz.NewContext(ctx, p)
+	}
+	return handler(ctx, req)
+}
+
+func (s *Server) authenticateStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if p := s.principal(ss.Context()); p != nil {
+		ss = &contextStream{ServerStream: ss, ctx: authz.NewContext(ss.Context(), p)}
+	}
+	return handler(srv, ss)
+}
+
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c *contextStream) Context() context.Context { return c.ctx }
+
+// Methods the in-flight limit never refuses: they are cheap, and they are
+// how an operator sees that vipd is overloaded.
+var unlimitedMethods = map[string]bool{
+	healthpb.Health_Check_FullMethodName: true,
+	"/vipd.v1.StatusService/GetStatus":   true,
+}
+
+func (s *Server) limitInflight(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if unlimitedMethods[info.FullMethod] {
+		return handler(ctx, req)
+	}
+	if !s.inflight.acquire() {
+		return nil, status.Errorf(codes.ResourceExhausted, "vipd has %d requests in progress, its limit (--max-inflight-requests); retry later", s.inflight.max)
+	}
+	defer s.inflight.release()
+	return handler(ctx, req)
+}
+
+func (s *Server) limitWatchers(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod != vipdv1.FlowService_WatchFlows_FullMethodName {
+		return handler(srv, ss)
+	}
+	if !s.watchers.acquire() {
+		return status.Errorf(codes.ResourceExhausted, "vipd has %d WatchFlows streams open, its limit (--max-flow-watchers); end one or retry later", s.watchers.max)
+	}
+	defer s.watchers.release()
+	return handler(srv, ss)
+}
+
+// limiter counts what is in progress against a maximum, refusing at once
+// beyond it. Refusals are logged at most every limiterLogEvery, with their
+// count, so that an overload does not also flood the log.
+type limiter struct {
+	log     hclog.Logger
+	what    string
+	max     int64
+	n       atomic.Int64
+	refused atomic.Int64
+	lastLog atomic.Int64 // unix nanoseconds
+}
+
+const limiterLogEvery = 10 * time.Second
+
+func newLimiter(log hclog.Logger, what string, max int) *limiter {
+	return &limiter{log: log, what: what, max: int64(max)}
+}
+
+func (l *limiter) acquire() bool {
+	if l.n.Add(1) <= l.max {
+		return true
+	}
+	l.n.Add(-1)
+	l.logRefusal("limit reached; refusing calls with ResourceExhausted", "limit", l.what, "max", l.max)
+	return false
+}
+
+// logRefusal counts a refusal and logs msg with args, and the count of
+// refusals since the last line, unless a line was logged less than
+// limiterLogEvery ago.
+func (l *limiter) logRefusal(msg string, args ...any) {
+	l.refused.Add(1)
+	now, last := time.Now().UnixNano(), l.lastLog.Load()
+	if now-last >= int64(limiterLogEvery) && l.lastLog.CompareAndSwap(last, now) {
+		l.log.Warn(msg, append(args, "refused", l.refused.Swap(0))...)
+	}
+}
+
+func (l *limiter) release() { l.n.Add(-1) }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +24,15 @@ const DefaultSocket = "/run/vipd/vipd.sock"
 // the default of --socket.
 const SocketEnv = "VIPD_SOCKET"
 
+// Environment variables that give --server, --cacert, --cert and --key
+// their defaults.
+const (
+	ServerEnv = "VIPD_SERVER"
+	CACertEnv = "VIPD_CACERT"
+	CertEnv   = "VIPD_CERT"
+	KeyEnv    = "VIPD_KEY"
+)
+
 // Streams are the standard streams of a run.
 type Streams struct {
 	In       io.Reader
@@ -37,6 +48,11 @@ type App struct {
 	server  string
 	output  string
 	timeout time.Duration
+
+	// Mutual TLS for --server: the CA that signed vipd's certificate, and
+	// the client's certificate and key; or plaintext to loopback.
+	caCert, cert, key string
+	insecure          bool
 
 	// ran is set when cobra has accepted the command line and runs a
 	// command; errors before that are usage errors.
@@ -62,6 +78,12 @@ vipd's answers in the API's form, which "vipctl apply -f" reads back.
 
 Environment:
   ` + SocketEnv + `  the default of --socket
+  ` + ServerEnv + `  the default of --server
+  ` + CACertEnv + `, ` + CertEnv + `, ` + KeyEnv + `  the defaults of --cacert, --cert, --key
+
+vipd's Unix socket needs no credentials: its file mode and group decide who
+may connect. Over TCP (vipd --listen), vipd requires mutual TLS: give
+--server with --cacert, --cert and --key.
 
 ` + exitCodesHelp,
 		SilenceErrors: true,
@@ -78,7 +100,11 @@ Environment:
 	root.SetErr(s.Err)
 	f := root.PersistentFlags()
 	f.StringVar(&a.socket, "socket", socket, "vipd's Unix socket (env "+SocketEnv+")")
-	f.StringVar(&a.server, "server", "", "vipd's TCP address, host:port, instead of --socket")
+	f.StringVar(&a.server, "server", os.Getenv(ServerEnv), "vipd's TCP address, [tcp://]host:port, instead of --socket; needs --cacert, --cert and --key (env "+ServerEnv+")")
+	f.StringVar(&a.caCert, "cacert", os.Getenv(CACertEnv), "--server: CA bundle (PEM) that vipd's certificate must chain to (env "+CACertEnv+")")
+	f.StringVar(&a.cert, "cert", os.Getenv(CertEnv), "--server: this client's certificate (PEM), which vipd verifies (env "+CertEnv+")")
+	f.StringVar(&a.key, "key", os.Getenv(KeyEnv), "--server: this client's private key (PEM) (env "+KeyEnv+")")
+	f.BoolVar(&a.insecure, "insecure", false, "--server without TLS: only for a loopback address that vipd serves with --insecure-listen")
 	f.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
 	f.DurationVar(&a.timeout, "timeout", client.DefaultTimeout, "deadline of each call to vipd, retries included; 0 for none")
 	root.MarkFlagsMutuallyExclusive("socket", "server")
@@ -149,8 +175,24 @@ func (a *App) printer() printer {
 
 // dial connects to vipd as the global flags say. The caller closes the client.
 func (a *App) dial() (*client.Client, error) {
-	target := a.server
-	if target == "" {
+	opts := []client.Option{client.WithTimeout(a.timeout)}
+	// An explicit --socket wins over a --server that comes from the
+	// environment (the flags themselves exclude each other).
+	useServer := a.server != "" && !a.root.PersistentFlags().Changed("socket")
+	var target string
+	if useServer {
+		target = a.server
+		tlsOpts, err := a.transport()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, tlsOpts...)
+	} else {
+		for _, flag := range []string{"cacert", "cert", "key", "insecure"} {
+			if a.root.PersistentFlags().Changed(flag) {
+				return nil, usageErrorf("--%s applies to --server only; the Unix socket needs no credentials", flag)
+			}
+		}
 		target = a.socket
 		// A relative path is made absolute here, where the working
 		// directory is the user's; client.New takes absolute paths only.
@@ -162,11 +204,54 @@ func (a *App) dial() (*client.Client, error) {
 			target = abs
 		}
 	}
-	c, err := client.New(target, client.WithTimeout(a.timeout))
+	c, err := client.New(target, opts...)
 	if err != nil {
 		return nil, &usageError{err: err}
 	}
 	return c, nil
+}
+
+// transport returns the client options that secure the --server connection:
+// mutual TLS from --cacert, --cert and --key, or, with --insecure, nothing,
+// for a loopback address only.
+func (a *App) transport() ([]client.Option, error) {
+	if a.insecure {
+		if a.caCert != "" || a.cert != "" || a.key != "" {
+			return nil, usageErrorf("--insecure turns TLS off: drop it, or drop --cacert, --cert and --key")
+		}
+		if host, ok := serverHost(a.server); ok && !loopbackHost(host) {
+			return nil, usageErrorf("--insecure is only for a loopback address (127.0.0.1, [::1], localhost), not %s: use --cacert, --cert and --key", host)
+		}
+		return nil, nil
+	}
+	var missing []string
+	for _, f := range []struct{ flag, value string }{{"--cacert", a.caCert}, {"--cert", a.cert}, {"--key", a.key}} {
+		if f.value == "" {
+			missing = append(missing, f.flag)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, usageErrorf("--server needs mutual TLS: set %s (or --insecure for a plaintext loopback address)", strings.Join(missing, ", "))
+	}
+	cfg, err := client.TLSConfigFromFiles(a.caCert, a.cert, a.key)
+	if err != nil {
+		return nil, usageErrorf("%w", err)
+	}
+	return []client.Option{client.WithTLS(cfg)}, nil
+}
+
+// serverHost is the host of a --server value, [tcp://]host:port.
+func serverHost(server string) (string, bool) {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(server, "tcp://"))
+	return host, err == nil
+}
+
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // withClient runs f with a client for vipd, and closes it.

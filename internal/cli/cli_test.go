@@ -471,7 +471,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"service", "list", "--bogus"}, "Error: unknown flag: --bogus\nRun 'vipctl service list --help' for usage.\n"},
 		{[]string{"-o", "xml", "status"}, "Error: unknown output format \"xml\" (want table, json, yaml)\nRun 'vipctl status --help' for usage.\n"},
 		{[]string{"--timeout", "soon", "status"}, "Error: invalid argument \"soon\" for \"--timeout\" flag: time: invalid duration \"soon\"\nRun 'vipctl status --help' for usage.\n"},
-		{[]string{"--server", "localhost", "status"}, "Error: vipd client: target \"localhost\" is neither an absolute socket path, unix:///path, nor host:port\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "localhost", "--insecure", "status"}, "Error: vipd client: target \"localhost\" is neither an absolute socket path, unix:///path, tcp://host:port, nor host:port\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "127.0.0.1:1", "status"}, "Error: --server needs mutual TLS: set --cacert, --cert, --key (or --insecure for a plaintext loopback address)\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "tcp://[::1]:1", "--cacert", "ca.pem", "status"}, "Error: --server needs mutual TLS: set --cert, --key (or --insecure for a plaintext loopback address)\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "tcp://198.19.0.1:9650", "--insecure", "status"}, "Error: --insecure is only for a loopback address (127.0.0.1, [::1], localhost), not 198.19.0.1: use --cacert, --cert and --key\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "127.0.0.1:1", "--insecure", "--cert", "c.pem", "status"}, "Error: --insecure turns TLS off: drop it, or drop --cacert, --cert and --key\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--socket", "/tmp/x.sock", "--key", "k.pem", "status"}, "Error: --key applies to --server only; the Unix socket needs no credentials\nRun 'vipctl status --help' for usage.\n"},
+		{[]string{"--server", "127.0.0.1:1", "--cacert", "/nonexistent/ca.pem", "--cert", "c.pem", "--key", "k.pem", "status"}, "Error: read CA bundle: open /nonexistent/ca.pem: no such file or directory\nRun 'vipctl status --help' for usage.\n"},
 		{[]string{"--server", "127.0.0.1:1", "--socket", "/tmp/x.sock", "status"}, "Error: if any flags in the group [socket server] are set none of the others can be; [server socket] were all set\nRun 'vipctl status --help' for usage.\n"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

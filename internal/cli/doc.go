@@ -10,6 +10,7 @@
 //	4  InvalidArgument: vipd rejected the input, or an input file is invalid
 //	5  conflict: AlreadyExists, Aborted (expected generation mismatch), FailedPrecondition
 //	6  vipd unavailable: Unavailable or DeadlineExceeded
+//	7  denied: PermissionDenied or Unauthenticated
 //
 // It owns presentation and argument handling only: it talks to vipd through
 // package client and reads files through package manifest. It must not

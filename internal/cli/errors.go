@@ -22,6 +22,7 @@ const (
 	ExitInvalid     = 4
 	ExitConflict    = 5
 	ExitUnavailable = 6
+	ExitDenied      = 7
 )
 
 // exitCodesHelp documents the exit codes in "vipctl --help".
@@ -32,7 +33,8 @@ const exitCodesHelp = `Exit codes:
   3  NotFound: no such service
   4  InvalidArgument: vipd rejected the input, or an input file is invalid
   5  conflict: AlreadyExists, Aborted (expected generation mismatch), FailedPrecondition
-  6  vipd unavailable: Unavailable or DeadlineExceeded`
+  6  vipd unavailable: Unavailable or DeadlineExceeded
+  7  denied: PermissionDenied (this client may not change that owner's services) or Unauthenticated`
 
 // usageError is a mistake in the command line: flags, arguments, or their
 // combination. It exits with ExitUsage.
@@ -83,6 +85,8 @@ func ExitCode(err error) int {
 			return ExitConflict
 		case codes.Unavailable, codes.DeadlineExceeded:
 			return ExitUnavailable
+		case codes.PermissionDenied, codes.Unauthenticated:
+			return ExitDenied
 		}
 		return ExitError
 	}

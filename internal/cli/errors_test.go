@@ -36,6 +36,8 @@ func TestExitCode(t *testing.T) {
 		{"retries exhausted", fmt.Errorf("max retries exhausted: %w", status.Error(codes.Unavailable, "down")), ExitUnavailable},
 		{"deadline exceeded", status.Error(codes.DeadlineExceeded, "too slow"), ExitUnavailable},
 		{"context deadline", fmt.Errorf("wait: %w", context.DeadlineExceeded), ExitUnavailable},
+		{"permission denied", status.Error(codes.PermissionDenied, `identity "x" may not change services of owner "y"`), ExitDenied},
+		{"unauthenticated", status.Error(codes.Unauthenticated, "no certificate"), ExitDenied},
 		{"internal", status.Error(codes.Internal, "save failed"), ExitError},
 		{"resource exhausted", status.Error(codes.ResourceExhausted, "map full"), ExitError},
 		{"unimplemented", status.Error(codes.Unimplemented, "old vipd"), ExitError},

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -33,6 +34,15 @@ type Config struct {
 	// Socket is the Unix socket path; SocketMode its file mode.
 	Socket     string
 	SocketMode os.FileMode
+	// SocketGroup, a group name or numeric GID, owns the socket when set.
+	SocketGroup string
+	// Remote configures a TCP listener with mutual TLS and authorization.
+	Remote Remote
+	// Limits bounds concurrent calls.
+	Limits Limits
+	// Recover starts over an unreadable state file instead of refusing:
+	// see Run.
+	Recover bool
 	// StateDir holds the persisted desired state.
 	StateDir string
 	// Dataplane is auto, ebpf, iptables or fake.
@@ -41,6 +51,12 @@ type Config struct {
 	NetNS string
 	// MaxBackends bounds the backends of one service.
 	MaxBackends int
+	// MaxPorts bounds the ports of one service (0: validation.DefaultMaxPorts).
+	MaxPorts int
+	// MaxServices bounds the services of all owners together (0: no limit).
+	MaxServices int
+	// MaxTotalBackends bounds the backends of all services together (0: no limit).
+	MaxTotalBackends int
 	// ServiceCIDRs, when set, are the only ranges VIPs may come from.
 	ServiceCIDRs []netip.Prefix
 	// MaxRecvMsgSize bounds a request's size in bytes.
@@ -141,9 +157,28 @@ func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
 // dataplane programmed. It returns an error if vipd cannot start, including
 // when the state file is corrupt: vipd never starts empty over a state it
 // cannot read.
+//
+// With cfg.Recover it starts anyway: it moves the unreadable state file and
+// journal aside (to <name>.corrupt-<time>, logged), starts with an empty
+// desired state, and holds the dataplane (reconcile.WithHold): the kernel
+// keeps every rule it has, and only a SyncServices is accepted, until the
+// first one has been applied as a full sync. Until then health is
+// NOT_SERVING and GetStatus says why. A marker file in the state directory
+// keeps a restart during the hold from applying the empty state: without
+// --recover it refuses, with it it holds again.
 func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	if cfg.Pprof && cfg.MetricsAddr == "" {
 		return errors.New("pprof is served on the metrics listener: set a metrics address (such as 127.0.0.1:9640) to use it")
+	}
+	remoteOpts, err := cfg.Remote.serverOptions(log)
+	if err != nil {
+		return err
+	}
+	gid := -1
+	if cfg.SocketGroup != "" {
+		if gid, err = LookupGroup(cfg.SocketGroup); err != nil {
+			return err
+		}
 	}
 	cfg.Memory.apply(log)
 	dir, err := store.OpenDir(cfg.StateDir)
@@ -151,14 +186,38 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		return err
 	}
 	defer dir.Close()
-	snap, err := dir.Load()
-	if errors.Is(err, store.ErrCorrupt) {
-		return fmt.Errorf("refusing to start: %w. vipd does not start with an empty state over a state file it cannot read, "+
-			"because that would remove every service from the kernel. Restore the file from a backup, or move it away "+
-			"to start empty and let the control plane re-sync", err)
-	}
+	pending, err := markerExists(cfg.StateDir)
 	if err != nil {
 		return err
+	}
+	snap, err := dir.Load()
+	var holdReason string
+	switch {
+	case errors.Is(err, store.ErrCorrupt) && !cfg.Recover:
+		return fmt.Errorf("refusing to start: %w. vipd does not start with an empty state over a state file it cannot read, "+
+			"because that would remove every service from the kernel. Restore the file from a backup, or start with --recover: "+
+			"vipd then moves it aside, keeps the kernel's rules, and applies nothing until the control plane's first SyncServices", err)
+	case errors.Is(err, store.ErrCorrupt):
+		log.Warn("--recover: the state is unreadable; moving it aside", "error", err)
+		moved, merr := moveAside(log, cfg.StateDir, time.Now())
+		if merr != nil {
+			return fmt.Errorf("--recover: %w", merr)
+		}
+		if snap, err = dir.Load(); err != nil {
+			return fmt.Errorf("--recover: load the state after moving %v aside: %w", moved, err)
+		}
+		holdReason = fmt.Sprintf("started with --recover over an unreadable state (moved to %s); "+
+			"the kernel keeps its rules until the first SyncServices", strings.Join(moved, ", "))
+	case err != nil:
+		return err
+	case pending && !cfg.Recover:
+		return fmt.Errorf("refusing to start: %s says an earlier vipd --recover has not had its first SyncServices yet, "+
+			"so the state in %s is not the control plane's, and applying it would remove services from the kernel. "+
+			"Start with --recover again", filepath.Join(cfg.StateDir, recoverMarker), cfg.StateDir)
+	case pending:
+		holdReason = "an earlier --recover start has not had its first SyncServices yet; the kernel keeps its rules until one arrives"
+	case cfg.Recover:
+		log.Info("--recover: the state is readable; starting normally")
 	}
 	log.Info("state restored", "path", dir.Path(), "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
 
@@ -174,9 +233,14 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
 
 	m := metrics.New()
-	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap,
-		reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m))
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, ServiceCIDRs: cfg.ServiceCIDRs}
+	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m)}
+	if holdReason != "" {
+		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
+		recOpts = append(recOpts, reconcile.WithHold(holdReason))
+	}
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: cfg.MaxPorts, MaxServices: cfg.MaxServices,
+		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
+	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap.WithLimits(limits), recOpts...)
 	var apiOpts []server.APIOption
 	stopHub := func() {}
 	if src, ok := dp.(dataplane.FlowSource); ok {
@@ -200,10 +264,14 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
 	}
 	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
-	srv, err := server.New(log, api,
-		server.WithUnixSocket(cfg.Socket, cfg.SocketMode),
+	srvOpts := []server.Option{
+		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
-		server.WithInterceptors(m.GRPCInterceptors()))
+		server.WithInterceptors(m.GRPCInterceptors()),
+	}
+	srvOpts = append(srvOpts, remoteOpts...)
+	srvOpts = append(srvOpts, cfg.Limits.serverOptions()...)
+	srv, err := server.New(log, api, srvOpts...)
 	if err != nil {
 		return err
 	}
@@ -246,6 +314,13 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	var runErr error
 	select {
 	case <-rec.Ready():
+		if holdReason != "" {
+			// The first SyncServices is applied and saved: the state on
+			// disk is the control plane's again.
+			if err := removeMarker(cfg.StateDir); err != nil {
+				log.Error("the first SyncServices is applied, but the recover marker stays; the next start needs --recover", "error", err)
+			}
+		}
 		srv.MarkReady()
 		log.Info("ready")
 		select {

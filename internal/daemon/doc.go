@@ -1,5 +1,8 @@
 // Package daemon wires vipd together: it restores the desired state, opens
 // the dataplane, starts the reconciler and the gRPC server, and shuts them
-// down in order. It holds no logic of its own beyond that order; cmd/vipd
-// only turns flags into a Config.
+// down in order. Beyond that order it owns only the checks that must pass
+// before anything opens (a TCP listener needs mutual TLS unless it is a
+// plaintext loopback one; the authz file and certificates must load) and
+// --recover's handling of an unreadable state directory (recover.go).
+// cmd/vipd only turns flags into a Config.
 package daemon

@@ -204,7 +204,7 @@ func (s *Server) start(cfg config) error {
 	if cfg.persister != nil {
 		persister = cfg.persister(s.state)
 	}
-	rec := reconcile.New(log, s.dp, persister, snap)
+	rec := reconcile.New(log, s.dp, persister, snap.WithLimits(cfg.limits))
 	s.ready = rec.Ready()
 	var apiOpts []server.APIOption
 	if !cfg.noFlows {

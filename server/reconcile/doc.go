@@ -10,4 +10,9 @@
 // It imports no metrics library either: it reports each sync, the
 // programming time of each change, and the applied state's size to an
 // optional Observer (WithObserver), which internal/metrics implements.
+//
+// WithHold starts it holding: nothing reaches the dataplane, and only
+// changes submitted with Release are accepted, until one of them has been
+// applied as a full sync. vipd --recover uses it so that an empty desired
+// state never wipes the kernel before the control plane has re-synced.
 package reconcile

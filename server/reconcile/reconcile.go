@@ -40,9 +40,18 @@ func (e *SaveError) Unwrap() error { return e.Err }
 // ErrStopped is returned for changes submitted after Run has returned.
 var ErrStopped = errors.New("reconciler stopped")
 
+// HeldError is returned for a change submitted with Do while the reconciler
+// holds the dataplane (see WithHold). The change was not made.
+type HeldError struct{ Reason string }
+
+func (e *HeldError) Error() string {
+	return "the dataplane is held until a full sync (" + e.Reason + "); only a change submitted with Release is accepted"
+}
+
 // Status describes the last dataplane sync.
 type Status struct {
-	// Ready is true once the initial state has been applied.
+	// Ready is true once the initial state has been applied (under
+	// WithHold: the first Release change).
 	Ready bool
 	// AppliedGeneration is the revision of the snapshot the dataplane has.
 	AppliedGeneration uint64
@@ -51,6 +60,9 @@ type Status struct {
 	LastSyncDuration time.Duration
 	// LastError is the error of the last apply, or nil if it succeeded.
 	LastError error
+	// HeldReason is set while the reconciler holds the dataplane (see
+	// WithHold): why it applies nothing yet.
+	HeldReason string
 	// Services and Backends count the applied snapshot.
 	Services, Backends int
 }
@@ -103,6 +115,9 @@ type Reconciler struct {
 	queue   chan *request
 	ready   chan struct{}
 	stopped chan struct{}
+	// held is set by WithHold and cleared, by Run's goroutine only, when a
+	// Release change has been applied.
+	held bool
 
 	mu     sync.Mutex
 	status Status
@@ -115,6 +130,8 @@ type request struct {
 	// submitted is when Do received the change, the start of its
 	// network-programming time.
 	submitted time.Time
+	// release marks a change submitted with Release.
+	release bool
 }
 
 type result struct {
@@ -139,6 +156,20 @@ func WithObserver(o Observer) Option {
 		if o != nil {
 			r.observer = o
 		}
+	}
+}
+
+// WithHold makes the reconciler hold the dataplane: Run applies nothing (no
+// initial apply, no periodic resync) and refuses every change submitted
+// with Do (a *HeldError), until a change submitted with Release has been
+// applied as a full sync. Ready stays open until then, and Status reports
+// reason. It is for a start over a desired state that is known to be
+// incomplete (vipd --recover), where applying it would remove from the
+// kernel what the control plane still wants.
+func WithHold(reason string) Option {
+	return func(r *Reconciler) {
+		r.held = true
+		r.status.HeldReason = reason
 	}
 }
 
@@ -167,7 +198,8 @@ func New(log hclog.Logger, dp dataplane.Dataplane, p Persister, initial *store.S
 // dataplane has applied once Ready is closed.
 func (r *Reconciler) Snapshot() *store.Snapshot { return r.current.Load() }
 
-// Ready is closed once the initial state has been applied.
+// Ready is closed once the initial state has been applied; under WithHold,
+// once the first Release change has been applied and saved.
 func (r *Reconciler) Ready() <-chan struct{} { return r.ready }
 
 // Status returns the last sync's status.
@@ -181,7 +213,20 @@ func (r *Reconciler) Status() Status {
 // If ctx ends before m has run, m never runs; once m has run, Do waits for
 // the outcome, which callers then see in full.
 func (r *Reconciler) Do(ctx context.Context, m Mutation) (any, error) {
-	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now()}
+	return r.do(ctx, m, false)
+}
+
+// Release is Do for a change that may end a hold (see WithHold), such as a
+// full sync from the control plane. While the reconciler holds, m runs
+// like any change, and then the whole resulting state is applied as a full
+// sync and saved; once that succeeds the hold ends and Ready closes. If it
+// fails, the hold stays. Without a hold, Release is Do.
+func (r *Reconciler) Release(ctx context.Context, m Mutation) (any, error) {
+	return r.do(ctx, m, true)
+}
+
+func (r *Reconciler) do(ctx context.Context, m Mutation, release bool) (any, error) {
+	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now(), release: release}
 	select {
 	case r.queue <- q:
 	case <-ctx.Done():
@@ -199,13 +244,18 @@ func (r *Reconciler) Do(ctx context.Context, m Mutation) (any, error) {
 
 // Run applies the initial state, retrying with backoff until it succeeds,
 // then processes changes until ctx ends. It returns ctx's error. Run must be
-// called once.
+// called once. With WithHold it applies no initial state: the first
+// successful Release change is the first apply.
 func (r *Reconciler) Run(ctx context.Context) error {
 	defer close(r.stopped)
-	if err := r.applyInitial(ctx); err != nil {
-		return err
+	if r.held {
+		r.log.Warn("holding the dataplane: nothing is applied until a full sync", "reason", r.status.HeldReason)
+	} else {
+		if err := r.applyInitial(ctx); err != nil {
+			return err
+		}
+		close(r.ready)
 	}
-	close(r.ready)
 
 	var tick <-chan time.Time
 	if r.resync > 0 {
@@ -255,6 +305,11 @@ func (r *Reconciler) applyInitial(ctx context.Context) error {
 }
 
 func (r *Reconciler) resyncAll(ctx context.Context) {
+	if r.held {
+		// The desired state is not the whole truth yet: a resync would
+		// remove what the kernel still has for the control plane.
+		return
+	}
 	snap := r.current.Load()
 	if _, err := r.apply(ctx, snap, nil); err != nil {
 		r.log.Error("periodic resync", "error", err)
@@ -297,9 +352,14 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 // saves the result once, and answers every request. If the dataplane refuses
 // the merged change, each request is retried on its own so that one bad
 // change cannot fail its neighbours.
+//
+// While the reconciler holds, a request submitted with Do is refused; the
+// first Release request that stages without error ends the hold for the
+// requests after it in the batch, and makes the batch's apply a full one.
 func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	base := r.current.Load()
 	tx := base.Begin()
+	held, releasing := r.held, false
 	var staged []*request
 	var values []any
 	var changes []bool // per staged request: did it change anything
@@ -308,11 +368,18 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 			q.done <- result{err: err}
 			continue
 		}
+		if held && !q.release {
+			q.done <- result{err: &HeldError{Reason: r.Status().HeldReason}}
+			continue
+		}
 		sub := tx.Sub()
 		v, err := q.mutate(sub)
 		if err != nil {
 			q.done <- result{err: err}
 			continue
+		}
+		if held {
+			held, releasing = false, true
 		}
 		changes = append(changes, sub.Dirty())
 		sub.Merge()
@@ -323,14 +390,22 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		return
 	}
 	changed := tx.Changed()
-	if len(changed) == 0 {
+	if len(changed) == 0 && !releasing {
 		for i, q := range staged {
 			q.done <- result{value: values[i]}
 		}
 		return
 	}
 	next := tx.Commit()
-	applied, err := r.commit(ctx, base, next, changed)
+	var (
+		applied time.Time
+		err     error
+	)
+	if releasing {
+		applied, err = r.commitRelease(ctx, next)
+	} else {
+		applied, err = r.commit(ctx, base, next, changed)
+	}
 	if err == nil {
 		for i, q := range staged {
 			if changes[i] {
@@ -351,6 +426,35 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	for _, q := range staged {
 		q.done <- result{err: err}
 	}
+}
+
+// commitRelease applies next in full, saves it and publishes it, and ends
+// the hold. On an apply error nothing changed and the hold stays. If the
+// save fails after the apply, the dataplane keeps next, unlike in commit:
+// rolling it back to the held state would remove what the control plane
+// wants, and the previous kernel state is not known. The hold stays, so
+// nothing but another Release touches the kernel until a save succeeds.
+func (r *Reconciler) commitRelease(ctx context.Context, next *store.Snapshot) (time.Time, error) {
+	applied, err := r.apply(ctx, next, nil)
+	if err != nil {
+		r.log.Error("dataplane apply of the releasing sync failed; still holding", "generation", next.Revision(), "error", err)
+		return time.Time{}, &ApplyError{Err: err}
+	}
+	if err := r.persist.Save(next); err != nil {
+		r.log.Error("saving state failed after the releasing sync; the dataplane keeps it, still holding", "generation", next.Revision(), "error", err)
+		r.mu.Lock()
+		r.status.Ready = false
+		r.mu.Unlock()
+		return time.Time{}, &SaveError{Err: fmt.Errorf("generation %d: %w", next.Revision(), err)}
+	}
+	r.current.Store(next)
+	r.held = false
+	r.mu.Lock()
+	r.status.HeldReason = ""
+	r.mu.Unlock()
+	r.log.Info("hold released: the full state is applied", "services", next.Len(), "backends", next.BackendCount(), "generation", next.Revision())
+	close(r.ready)
+	return applied, nil
 }
 
 // commit applies next, saves it and publishes it, and returns when the

@@ -6,5 +6,6 @@
 // staged in a Txn on top of a Snapshot and become a new Snapshot on Commit;
 // nothing is visible to readers until the caller publishes that Snapshot.
 // The store never talks to a dataplane: the reconciler decides when a
-// Snapshot is applied and saved.
+// Snapshot is applied and saved. It enforces the totals that only it can
+// see (Snapshot.WithLimits): a Put past them fails and stages nothing.
 package store

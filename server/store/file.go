@@ -45,6 +45,12 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// StateFiles are the names of the files in a state directory that together
+// hold the desired state: the state file and the journal of changes since.
+// Anything that sets a state aside must move all of them: a journal means
+// nothing without the state file below it.
+func StateFiles() []string { return []string{stateFileName, journalFileName} }
+
 // ErrCorrupt is wrapped by every error about a state file that exists but
 // cannot be trusted. vipd refuses to start on it rather than start empty.
 var ErrCorrupt = errors.New("state file is corrupt")
@@ -149,6 +155,9 @@ func decode(data []byte) (*Snapshot, error) {
 	return build(revision, entries)
 }
 
+// noLimits are the validation limits of a stored service: none.
+var noLimits = validation.Limits{MaxPorts: -1}
+
 func decodeEntry(rec []byte) (*Entry, error) {
 	stored := &vipdv1.Service{}
 	if err := proto.Unmarshal(rec, stored); err != nil {
@@ -157,7 +166,7 @@ func decodeEntry(rec []byte) (*Entry, error) {
 	gen := stored.Generation
 	// Limits are not applied: flags may have changed since the state was
 	// written, and refusing to start over that would break running traffic.
-	svc, dp, v := validation.ServiceInPlace(stored, validation.Limits{}, "service")
+	svc, dp, v := validation.ServiceInPlace(stored, noLimits, "service")
 	if len(v) > 0 {
 		return nil, fmt.Errorf("service %q does not validate: %w", stored.Name, v)
 	}

@@ -497,6 +497,28 @@ func TestLoadIgnoresLimits(t *testing.T) {
 	if s.BackendCount() != validation.DefaultMaxBackends+1 {
 		t.Errorf("loaded %d backends", s.BackendCount())
 	}
+	// Nor the port limit, which --max-ports may have raised.
+	manyPorts := svc("ports", "192.0.2.2", 1)
+	for i := range validation.DefaultMaxPorts + 1 {
+		manyPorts.Ports = append(manyPorts.Ports, tcp(uint32(1000+i)))
+	}
+	out, dp, v := validation.Service(manyPorts, validation.Limits{MaxPorts: -1}, "service")
+	if len(v) > 0 {
+		t.Fatal(v)
+	}
+	tx := store.Empty().Begin()
+	if _, err := tx.Put(out, dp); err != nil {
+		t.Fatal(err)
+	}
+	d := openDir(t)
+	save(t, d, tx.Commit())
+	s, err = d.Load()
+	if err != nil {
+		t.Fatalf("Load of a service with %d ports: %v", len(manyPorts.Ports), err)
+	}
+	if e, ok := s.Get("ports"); !ok || len(e.Dataplane.Ports) != validation.DefaultMaxPorts+1 {
+		t.Errorf("loaded %v", e)
+	}
 }
 
 // FuzzLoad checks that Load never panics, and that whatever it accepts is

@@ -12,6 +12,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/pmap"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -149,6 +150,7 @@ type Snapshot struct {
 	services pmap.Map[string, *Entry] // by name
 	claims   pmap.Map[Claim, string]  // the holder's name
 	backends int
+	limits   validation.Limits // only the totals
 	// parent is the revision of the snapshot this one was committed on,
 	// and delta the names that differ from it (nil: unknown). The state
 	// directory journals just those.
@@ -158,6 +160,23 @@ type Snapshot struct {
 
 // Empty returns the snapshot of a store with no services.
 func Empty() *Snapshot { return &Snapshot{} }
+
+// WithLimits returns s with the totals of l (MaxServices and
+// MaxTotalBackends; 0 is no limit) enforced on every transaction begun on
+// it and on the snapshots those commit: a Put that would take the store
+// past l.MaxServices services or l.MaxTotalBackends backends fails with a
+// *LimitError. The other fields of l are the validator's and are ignored.
+// A snapshot already past a limit (the limit was lowered since) stays as
+// it is, and may still shrink, or change without growing. s itself does
+// not change.
+func (s *Snapshot) WithLimits(l validation.Limits) *Snapshot {
+	c := *s
+	c.limits = validation.Limits{MaxServices: l.MaxServices, MaxTotalBackends: l.MaxTotalBackends}
+	return &c
+}
+
+// Limits returns the totals s enforces (see WithLimits).
+func (s *Snapshot) Limits() validation.Limits { return s.limits }
 
 // Revision is the highest generation ever assigned in this store. It only grows.
 func (s *Snapshot) Revision() uint64 { return s.revision }
@@ -249,6 +268,24 @@ func (e *ConflictError) Error() string {
 	return fmt.Sprintf("service %s: %s is already used by service %s", e.Service, e.Claim, e.Holder)
 }
 
+// LimitError says that a change would take the store past one of its
+// totals (see Snapshot.WithLimits).
+type LimitError struct {
+	// Service is the service whose Put would have crossed the limit.
+	Service string
+	// Resource is what is counted: "services" or "backends".
+	Resource string
+	// Limit is the limit, and Count the total the Put would have made.
+	Limit, Count int
+	// Flag is vipd's flag that sets the limit, such as "--max-services".
+	Flag string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("service %s: storing it would make %d %s in all, above the limit of %d (%s); nothing was changed",
+		e.Service, e.Count, e.Resource, e.Limit, e.Flag)
+}
+
 // Txn stages changes on top of a Snapshot, or on top of a parent Txn (see
 // Sub). A Txn is used by one goroutine.
 type Txn struct {
@@ -258,18 +295,23 @@ type Txn struct {
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
 	changed  []string          // Changed's cache; nil when stale
+	// count and backends are the totals of services and backends as the
+	// transaction sees them, for the limits.
+	count, backends int
 }
 
 // Begin starts a transaction on top of s. s itself never changes.
 func (s *Snapshot) Begin() *Txn {
-	return &Txn{base: s, revision: s.revision, services: map[string]*Entry{}, claims: map[Claim]string{}}
+	return &Txn{base: s, revision: s.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
+		count: s.Len(), backends: s.backends}
 }
 
 // Sub starts a nested transaction that sees t's staged changes. Its own
 // changes reach t only through Merge, so a failed step can be dropped without
 // undoing anything. t must not change while the Sub is open.
 func (t *Txn) Sub() *Txn {
-	return &Txn{base: t.base, parent: t, revision: t.revision, services: map[string]*Entry{}, claims: map[Claim]string{}}
+	return &Txn{base: t.base, parent: t, revision: t.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
+		count: t.count, backends: t.backends}
 }
 
 // Merge moves a Sub's changes into its parent.
@@ -286,6 +328,7 @@ func (t *Txn) Merge() {
 	}
 	p.changed = nil
 	p.revision = t.revision
+	p.count, p.backends = t.count, t.backends
 }
 
 // NextGeneration returns the generation the next Put will assign.
@@ -338,8 +381,11 @@ func (t *Txn) holder(c Claim) string {
 
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
-// It fails with a *ConflictError, and stages nothing, if another service
-// holds one of svc's claims.
+// It fails, and stages nothing, with a *ConflictError if another service
+// holds one of svc's claims, and with a *LimitError if the store would
+// then hold more services or backends than its limits allow. The totals
+// are checked at each Put, so a change that frees room (SyncServices
+// dropping services) must Delete before it Puts.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 	spec, err := EncodeSpec(svc)
 	if err != nil {
@@ -362,6 +408,13 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 			return nil, &ConflictError{Service: dp.Name, Claim: c, Holder: h}
 		}
 	}
+	count, backends := t.count+1, t.backends+len(dp.Backends)
+	if old, ok := t.Get(dp.Name); ok {
+		count, backends = t.count, backends-len(old.Dataplane.Backends)
+	}
+	if err := t.checkLimits(dp.Name, count, backends); err != nil {
+		return nil, err
+	}
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
@@ -370,14 +423,33 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 	}
 	t.services[dp.Name] = e
 	t.changed = nil
+	t.count, t.backends = count, backends
 	return e, nil
+}
+
+// checkLimits fails if storing service name would make count services and
+// backends backends, past a limit that the transaction's totals are not
+// past already: a store above a lowered limit may still change without
+// growing.
+func (t *Txn) checkLimits(name string, count, backends int) error {
+	lim := t.base.limits
+	if m := lim.MaxServices; m > 0 && count > m && count > t.count {
+		return &LimitError{Service: name, Resource: "services", Limit: m, Count: count, Flag: "--max-services"}
+	}
+	if m := lim.MaxTotalBackends; m > 0 && backends > m && backends > t.backends {
+		return &LimitError{Service: name, Resource: "backends", Limit: m, Count: backends, Flag: "--max-total-backends"}
+	}
+	return nil
 }
 
 // Delete removes the named service; it reports whether it existed.
 func (t *Txn) Delete(name string) bool {
-	if _, ok := t.Get(name); !ok {
+	old, ok := t.Get(name)
+	if !ok {
 		return false
 	}
+	t.count--
+	t.backends -= len(old.Dataplane.Backends)
 	t.release(name)
 	t.services[name] = nil
 	t.changed = nil
@@ -419,20 +491,17 @@ func (t *Txn) Commit() *Snapshot {
 	delta := t.Changed()
 	s := &Snapshot{
 		revision: t.revision,
-		backends: t.base.backends,
+		backends: t.backends,
+		limits:   t.base.limits,
 		parent:   t.base.revision,
 		delta:    delta,
 	}
 	svcs := t.base.services.Builder()
 	for name, e := range t.services {
-		if old, had := svcs.Get(name); had {
-			s.backends -= len(old.Dataplane.Backends)
-		}
 		if e == nil {
 			svcs.Delete(name)
 		} else {
 			svcs.Set(name, e)
-			s.backends += len(e.Dataplane.Backends)
 		}
 	}
 	s.services = svcs.Map()

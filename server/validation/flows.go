@@ -138,7 +138,14 @@ func addrOrPrefix(v *Violations, s, field string) netip.Prefix {
 			return netip.Prefix{}
 		}
 		if p.Addr().Is4In6() {
-			return netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0)).Masked()
+			// Flows carry IPv4 clients unmapped, so an IPv4-mapped CIDR
+			// stands for its IPv4 one; a shorter one would also cover
+			// IPv6 addresses that are not mapped, which no IPv4 CIDR can.
+			if p.Bits() < 96 {
+				v.add(field, "%q is shorter than /96, so it is not all IPv4-mapped addresses; write an IPv4 CIDR or an IPv6 one without the IPv4 part", s)
+				return netip.Prefix{}
+			}
+			return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked()
 		}
 		return p.Masked()
 	}

@@ -36,6 +36,9 @@ func TestFlowFilter(t *testing.T) {
 		{name: "client ipv6", in: &vipdv1.FlowFilter{Client: "fd00::9"}, want: flows.Filter{Client: netip.MustParsePrefix("fd00::9/128")}},
 		{name: "client cidr is masked", in: &vipdv1.FlowFilter{Client: "10.0.0.9/8"}, want: flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
 		{name: "mapped client cidr", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.0/104"}, want: flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
+		{name: "mapped client cidr /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/96"}, want: flows.Filter{Client: netip.MustParsePrefix("0.0.0.0/0")}},
+		// Found by FuzzFlowFilter: it also covers IPv6 addresses that no IPv4 CIDR can stand for.
+		{name: "mapped client cidr shorter than /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/90"}, field: "f.client"},
 		{name: "bad client cidr", in: &vipdv1.FlowFilter{Client: "10.0.0.0/33"}, field: "f.client"},
 		{name: "bad client", in: &vipdv1.FlowFilter{Client: "me"}, field: "f.client"},
 		{name: "protocol", in: &vipdv1.FlowFilter{Protocol: vipdv1.Protocol_PROTOCOL_SCTP}, want: flows.Filter{Protocol: dataplane.SCTP}},

@@ -18,24 +18,64 @@ import (
 const (
 	MaxNameLength          = 253
 	MaxVIPs                = 8
-	MaxPorts               = 100
 	MaxWeight              = 65535
 	MaxAffinityTimeout     = 86400
 	DefaultAffinityTimeout = 10800
 	DefaultOwner           = "default"
-	DefaultMaxBackends     = 10000
 	MaxLabels              = 64
 	MaxLabelLength         = 253
 	MaxZoneLength          = 63
 	MaxPortNameLength      = 63
 )
 
-// Limits are the limits an operator may configure.
+// Defaults of the limits an operator may configure (Limits), as vipd's
+// flags set them.
+const (
+	// DefaultMaxBackends is the default of Limits.MaxBackends (--max-backends).
+	DefaultMaxBackends = 10000
+	// DefaultMaxPorts is the default of Limits.MaxPorts (--max-ports), and
+	// what a zero MaxPorts means.
+	DefaultMaxPorts = 100
+	// DefaultMaxServices is the default of Limits.MaxServices
+	// (--max-services): twice the 100,000 services the eBPF maps are sized
+	// for by default.
+	DefaultMaxServices = 200000
+	// DefaultMaxTotalBackends is the default of Limits.MaxTotalBackends
+	// (--max-total-backends): twice the 100,000 × 10 backends the eBPF maps
+	// are sized for by default.
+	DefaultMaxTotalBackends = 2000000
+)
+
+// Limits are the limits an operator may configure. Service checks the
+// per-service ones; the store enforces the totals (MaxServices and
+// MaxTotalBackends) when a change is staged, because only it sees every
+// service.
 type Limits struct {
-	// MaxBackends is the most backends one service may have.
+	// MaxBackends is the most backends one service may have; 0 means no
+	// limit, which is how the store reads its state file.
 	MaxBackends int
+	// MaxPorts is the most ports one service may have; 0 means
+	// DefaultMaxPorts, and a negative value means no limit, which is how
+	// the store reads its state file.
+	MaxPorts int
+	// MaxServices is the most services the store may hold; 0 means no limit.
+	MaxServices int
+	// MaxTotalBackends is the most backends the store may hold, summed over
+	// all services; 0 means no limit.
+	MaxTotalBackends int
 	// ServiceCIDRs, when not empty, are the only ranges VIPs may come from.
 	ServiceCIDRs []netip.Prefix
+}
+
+// maxPorts is the port limit l sets, or -1 for none.
+func (l Limits) maxPorts() int {
+	switch {
+	case l.MaxPorts == 0:
+		return DefaultMaxPorts
+	case l.MaxPorts < 0:
+		return -1
+	}
+	return l.MaxPorts
 }
 
 // Violation is one invalid field.
@@ -117,7 +157,7 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	dp.Owner = out.Owner
 
 	dp.VIPs = vips(&v, out, lim, field)
-	dp.Ports = ports(&v, out, field)
+	dp.Ports = ports(&v, out, lim, field)
 
 	ctx := NewBackendContext(dp)
 	if lim.MaxBackends > 0 && len(out.Backends) > lim.MaxBackends {
@@ -267,9 +307,12 @@ func vips(v *Violations, out *vipdv1.Service, lim Limits, field string) []netip.
 	return addrs
 }
 
-func ports(v *Violations, out *vipdv1.Service, field string) []dataplane.Port {
-	if n := len(out.Ports); n == 0 || n > MaxPorts {
-		v.add(field+".ports", "has %d ports; 1 to %d are required", n, MaxPorts)
+func ports(v *Violations, out *vipdv1.Service, lim Limits, field string) []dataplane.Port {
+	switch n, most := len(out.Ports), lim.maxPorts(); {
+	case n == 0:
+		v.add(field+".ports", "has no ports; at least 1 is required")
+	case most >= 0 && n > most:
+		v.add(field+".ports", "has %d ports; at most %d are allowed (--max-ports)", n, most)
 	}
 	type key struct {
 		proto dataplane.Protocol

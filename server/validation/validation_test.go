@@ -141,6 +141,11 @@ func TestServiceViolations(t *testing.T) {
 		{name: "no ports", edit: func(s *vipdv1.Service) { s.Ports = nil }, want: []string{"service.ports"}},
 		{name: "100 ports", edit: func(s *vipdv1.Service) { s.Ports = ports(100) }},
 		{name: "101 ports", edit: func(s *vipdv1.Service) { s.Ports = ports(101) }, want: []string{"service.ports"}},
+		{name: "max ports", limits: validation.Limits{MaxPorts: 3}, edit: func(s *vipdv1.Service) { s.Ports = ports(3) }},
+		{name: "max ports + 1", limits: validation.Limits{MaxPorts: 3}, edit: func(s *vipdv1.Service) { s.Ports = ports(4) }, want: []string{"service.ports"}},
+		{name: "max ports raised above the default", limits: validation.Limits{MaxPorts: 200}, edit: func(s *vipdv1.Service) { s.Ports = ports(200) }},
+		{name: "raised max ports + 1", limits: validation.Limits{MaxPorts: 200}, edit: func(s *vipdv1.Service) { s.Ports = ports(201) }, want: []string{"service.ports"}},
+		{name: "negative max ports is no limit", limits: validation.Limits{MaxPorts: -1}, edit: func(s *vipdv1.Service) { s.Ports = ports(1000) }},
 		{name: "single unnamed port", edit: func(s *vipdv1.Service) { s.Ports[0].Name = "" }},
 		{name: "unnamed ports when there are two", edit: func(s *vipdv1.Service) {
 			s.Ports = []*vipdv1.Port{{Port: 80}, {Name: "https", Port: 443}, {Port: 8080}}
@@ -669,7 +674,7 @@ func scribble(svc *vipdv1.Service) {
 func TestServiceLimitsAtScale(t *testing.T) {
 	in := valid()
 	in.Vips = vips(validation.MaxVIPs)
-	in.Ports = ports(validation.MaxPorts)
+	in.Ports = ports(validation.DefaultMaxPorts)
 	out, dp, v := validation.Service(in, validation.Limits{}, "service")
 	if len(v) > 0 {
 		t.Fatalf("Service: %v", v)

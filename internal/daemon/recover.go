@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/server/store"
+)
+
+// recoverMarker is the file, in the state directory, that says a --recover
+// start has moved an unreadable state aside and has not had its first
+// SyncServices yet. While it exists the (empty) state on disk is not the
+// control plane's, so a start without --recover refuses rather than apply
+// it, and a start with --recover holds again.
+const recoverMarker = "recover-pending"
+
+// moveAside renames the state files in dir to <name>.corrupt-<UTC time>,
+// after writing the recover marker, and syncs the directory. It returns the
+// new names.
+func moveAside(log hclog.Logger, dir string, now time.Time) ([]string, error) {
+	if err := writeMarker(dir, now); err != nil {
+		return nil, err
+	}
+	suffix := ".corrupt-" + now.UTC().Format("20060102T150405.000000000Z")
+	var moved []string
+	for _, name := range store.StateFiles() {
+		from := filepath.Join(dir, name)
+		if _, err := os.Lstat(from); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		to := from + suffix
+		if err := os.Rename(from, to); err != nil {
+			return moved, fmt.Errorf("move %s aside: %w", from, err)
+		}
+		log.Warn("moved the unreadable state aside", "from", from, "to", to)
+		moved = append(moved, to)
+	}
+	return moved, syncDir(dir)
+}
+
+// writeMarker creates the recover marker durably.
+func writeMarker(dir string, now time.Time) error {
+	path := filepath.Join(dir, recoverMarker)
+	content := fmt.Sprintf("vipd --recover moved an unreadable state aside at %s and waits for the control plane's first SyncServices.\n"+
+		"Until then the kernel keeps the rules it had. Start vipd with --recover again; this file is removed once a SyncServices has been applied.\n",
+		now.UTC().Format(time.RFC3339))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create recover marker: %w", err)
+	}
+	_, werr := f.WriteString(content)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return fmt.Errorf("write recover marker %s: %w", path, err)
+	}
+	return syncDir(dir)
+}
+
+// markerExists reports whether dir holds the recover marker.
+func markerExists(dir string) (bool, error) {
+	_, err := os.Lstat(filepath.Join(dir, recoverMarker))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	}
+	return false, fmt.Errorf("check recover marker: %w", err)
+}
+
+// removeMarker removes the recover marker durably; the first SyncServices
+// has been applied and saved.
+func removeMarker(dir string) error {
+	if err := os.Remove(filepath.Join(dir, recoverMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove recover marker: %w", err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open state dir %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("sync state dir %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package manifest_test
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// FuzzLoad's seed corpus is committed in testdata/fuzz/FuzzLoad/, where
+// "go test" runs it as ordinary test cases and "go test -fuzz" starts from
+// it. The named seeds are written from the values below; files with other
+// names are inputs the fuzzer found, kept as regression cases.
+// TestFuzzCorpus checks that the committed files are what the values give;
+// to rewrite them after changing a value, run
+//
+//	VIPD_WRITE_FUZZ_CORPUS=1 go test -run TestFuzzCorpus ./internal/manifest/
+
+// The README's grpcurl example body, as JSON.
+const readmeJSON = `{"name": "default/web", "vips": ["198.19.0.10"],
+  "ports": [{"port": 80, "target_port": 8080}],
+  "backends": [{"ip": "198.18.1.10"}, {"ip": "198.18.1.11", "weight": 2}]}`
+
+// What "vipctl service get default/web -o yaml" prints for it.
+const printedYAML = `backends:
+- ip: 198.18.1.10
+  state: BACKEND_STATE_READY
+  weight: 1
+- ip: 198.18.1.11
+  state: BACKEND_STATE_READY
+  weight: 2
+generation: "7"
+internal_traffic_policy: TRAFFIC_POLICY_CLUSTER
+load_balancing: LOAD_BALANCING_RANDOM
+name: default/web
+owner: default
+ports:
+- port: 80
+  protocol: PROTOCOL_TCP
+  target_port: 8080
+session_affinity:
+  mode: SESSION_AFFINITY_NONE
+vips:
+- 198.19.0.10
+`
+
+const kubernetes = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 198.19.0.10
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abc
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [198.18.1.10]
+  conditions: {ready: true}
+ports: [{name: http, port: 8080}]
+`
+
+func loadSeeds(t *testing.T) map[string]string {
+	example, err := os.ReadFile(filepath.Join("..", "..", "examples", "web.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deep strings.Builder
+	for range 5000 {
+		deep.WriteString("[")
+	}
+	return map[string]string{
+		"examples-web":     string(example),
+		"readme-json":      readmeJSON,
+		"printed-yaml":     printedYAML,
+		"json-list":        "[" + readmeJSON + `, {"name": "default/api", "vips": ["198.19.0.20"], "ports": [{"port": 443, "targetPort": 8443}]}]`,
+		"services-wrapper": `{"services": [` + readmeJSON + `]}`,
+		"services-yaml":    "services:\n- name: a\n  vips: [198.19.0.1]\n  ports: [{port: 53, protocol: udp}]\n",
+		"empty-list":       "[]\n",
+		"services-null":    "services: null\n",
+		"empty":            "",
+		"only-comments":    "# nothing here\n---\n# nor here\n",
+		"multi-document": "---\nname: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---   \n\n--- \n- name: b\n  vips: [\"fd00:198::1\"]\n  ports: [{port: 443}]\n" +
+			"  backends: [{ip: \"fd00:198:1::1\", state: not-serving}, {ip: fd00:198:1::2, state: NotServing}]\n",
+		"crlf":        "name: a\r\nvips: [198.19.0.1]\r\nports:\r\n- port: 80\r\n---\r\nname: b\r\nvips: [198.19.0.2]\r\nports: [{port: 81}]\r\n",
+		"kubernetes":  kubernetes,
+		"mixed-kinds": "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\nkind: Service\n",
+		"all-fields": `name: team/dns
+owner: nomad
+vips: [10.96.0.53, "fd00:96::53"]
+ports:
+- {name: dns, protocol: udp, port: 53, target_port: 5353}
+- {name: dns-tcp, protocol: PROTOCOL_TCP, port: 53, targetPort: 5353}
+- {name: sig, protocol: sctp, port: 3868}
+backends:
+- {ip: 198.18.3.1, ports: {dns: 5300}, state: terminating, weight: 65535, node_local: true, zone: z1}
+- {ip: "fd00:198:1::2", nodeLocal: false, state: 3}
+session_affinity: {mode: client-ip, timeoutSeconds: 86400}
+internal_traffic_policy: local
+loadBalancing: maglev
+labels: {app: dns}
+generation: 42
+`,
+		"unknown-field":   "name: a\nvips: [198.19.0.1]\nports: [{port: 80, prot: udp}]\n",
+		"bad-enum":        "name: a\nvips: [198.19.0.1]\nports: [{port: 80, protocol: icmp}]\nbackends: [{ip: 198.18.0.1, state: dead}]\n",
+		"wrong-types":     "name: 7\nvips: 198.19.0.1\nports: {port: 80}\nbackends: [{ip: 198.18.0.1, weight: -1}, 3]\nlabels: [a]\n",
+		"numbers":         `{"name": "a", "vips": ["198.19.0.1"], "ports": [{"port": 1e3}, {"port": "81"}, {"port": 4294967296}, {"port": 80.5}]}`,
+		"json-with-tabs":  "{\n\t\"name\": \"a\",\n\t\"vips\": [\"198.19.0.1\"],\n\t\"ports\": [{\"port\": 80}]\n}\n",
+		"json-trailing":   `{"name": "a"} {"name": "b"}`,
+		"yaml-error":      "name: a\nvips: [198.19.0.1\nports: :\n",
+		"anchors":         "- &svc {name: a, vips: [198.19.0.1], ports: [{port: 80}]}\n- *svc\n- {<<: *svc, name: b}\n",
+		"billion-laughs":  "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\nname: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
+		"deep-nesting":    deep.String(),
+		"yaml-specials":   "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\nlabels: {\"yes\": no, \"on\": off, \"null\": ~, \"0x10\": 1e3, \"<<\": \"=\", \"\": \"\", \"- x\": \"a: b\", \"#\": \"!tag\"}\n",
+		"not-utf8":        "name: \"\xff\xfe\"\nvips: [198.19.0.1]\nports: [{port: 80}]\n",
+		"duplicate-keys":  "name: a\nname: b\nvips: [198.19.0.1]\nports: [{port: 80}]\n",
+		"scalar-document": "42\n",
+		"null-items":      "[null, {name: a, vips: [198.19.0.1], ports: [{port: 80}]}]\n",
+	}
+}
+
+func TestFuzzCorpus(t *testing.T) {
+	seeds := loadSeeds(t)
+	if len(seeds) < 10 {
+		t.Errorf("FuzzLoad has %d seeds; want at least 10", len(seeds))
+	}
+	dir := filepath.Join("testdata", "fuzz", "FuzzLoad")
+	write := os.Getenv("VIPD_WRITE_FUZZ_CORPUS") == "1"
+	if write {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(seeds)) {
+		want := fmt.Appendf(nil, "go test fuzz v1\n[]byte(%q)\n", seeds[name])
+		path := filepath.Join(dir, name)
+		if write {
+			if err := os.WriteFile(path, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("seed %s: %v (write the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path, err)
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("seed %s differs from its value (rewrite the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path)
+		}
+	}
+}
