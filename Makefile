@@ -7,7 +7,7 @@ BIN      := $(CURDIR)/bin
 GOTEST   ?= $(GO) test
 TESTARGS ?= -count=1 -race -timeout 20m
 
-.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz
+.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz test-soak test-soak-full
 
 all: build
 
@@ -20,8 +20,18 @@ $(BIN)/grpcurl: tools/go.mod tools/go.sum
 deps:
 	./scripts/install-deps.sh
 
+# test runs every package but the fault tests of internal/soak, which
+# test-soak runs in their short form (under 5 minutes; CI runs it) and
+# test-soak-full in their 30-second form.
 test: deps build
-	$(GOTEST) $(TESTARGS) ./...
+	$(GOTEST) $(TESTARGS) $$($(GO) list ./... | grep -v '/internal/soak$$')
+
+test-soak: deps
+	$(GOTEST) -count=1 -timeout 10m ./internal/soak/
+
+test-soak-full: deps
+	VIPD_SOAK=full $(GOTEST) -count=1 -timeout 30m ./internal/soak/
+	$(GO) test -run '^$$' -fuzz '^FuzzTornStateDir$$' -fuzztime 5m ./server/store/
 
 # fuzz runs every fuzz target for FUZZTIME each (package:target pairs; go
 # test fuzzes one target of one package at a time). A crasher is written
@@ -34,6 +44,7 @@ FUZZ_TARGETS := \
 	./server/validation:FuzzFlowFilter \
 	./server/validation:FuzzExplain \
 	./server:FuzzAPI \
+	./server/store:FuzzTornStateDir \
 	./internal/manifest:FuzzLoad
 
 fuzz:

@@ -249,6 +249,7 @@ func (d *Dataplane) Capabilities() dataplane.Capabilities {
 func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
+	start := time.Now()
 	full := d.needFull || s.Changed == nil
 	names := s.Changed
 	if full {
@@ -295,6 +296,10 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	}
 	d.prog.noDrain = false
 	if err := d.prog.checkCapacity(changes); err != nil {
+		// Nothing of this change was written, but the dataplane contract
+		// (and the drain below, which deletes entries) wants the next
+		// Apply to be a full one.
+		d.needFull = true
 		if len(d.prog.draining) == 0 && !hasRemovals(changes) {
 			return err
 		}
@@ -324,6 +329,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		}
 		d.attached = true
 	}
+	d.log.Debug("applied", "full", full, "frontends_changed", len(changes), "elapsed", time.Since(start))
 	return nil
 }
 
