@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/procstat"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
@@ -102,13 +102,13 @@ func BenchmarkEBPFScale(b *testing.B) {
 			b.ReportMetric(pct(0.99), "p99-ms")
 			b.ReportMetric(sync.Seconds(), "sync-s")
 			pid := cmd.Process.Pid
-			if rss, err := statusKB(pid, "VmRSS"); err == nil {
-				b.ReportMetric(float64(rss)/1024, "rss-MiB")
+			if rss, err := procstat.StatusBytes(pid, "VmRSS"); err == nil {
+				b.ReportMetric(float64(rss)/(1<<20), "rss-MiB")
 			}
-			if hwm, err := statusKB(pid, "VmHWM"); err == nil {
-				b.ReportMetric(float64(hwm)/1024, "peak-rss-MiB")
+			if hwm, err := procstat.StatusBytes(pid, "VmHWM"); err == nil {
+				b.ReportMetric(float64(hwm)/(1<<20), "peak-rss-MiB")
 			}
-			if mem, err := mapMemlock(pid); err == nil {
+			if mem, err := procstat.MapMemlock(pid); err == nil {
 				b.ReportMetric(float64(mem)/(1<<20), "map-MiB")
 			}
 		})
@@ -193,55 +193,4 @@ func (p *profiler) fetch(query, what string) {
 	if err := os.WriteFile(filepath.Join(p.dir, p.name+"-"+what+".pprof"), data, 0o644); err != nil {
 		p.tb.Error(err)
 	}
-}
-
-// statusKB reads a "kB" field of /proc/PID/status.
-func statusKB(pid int, field string) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), field+":"); ok {
-			return strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
-}
-
-// mapMemlock sums the memory the kernel charges for the BPF maps that pid
-// holds open (the memlock line of each map's fdinfo), counting each map
-// once.
-func mapMemlock(pid int) (int64, error) {
-	dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	seen := map[string]bool{}
-	var total int64
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil || !strings.Contains(string(data), "map_type:") {
-			continue
-		}
-		var id string
-		var mem int64
-		for line := range strings.Lines(string(data)) {
-			k, val, _ := strings.Cut(strings.TrimSpace(line), ":")
-			switch k {
-			case "map_id":
-				id = strings.TrimSpace(val)
-			case "memlock":
-				mem, _ = strconv.ParseInt(strings.TrimSpace(val), 10, 64)
-			}
-		}
-		if !seen[id] {
-			seen[id] = true
-			total += mem
-		}
-	}
-	return total, nil
 }

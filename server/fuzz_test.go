@@ -1,12 +1,9 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/fuzzcorpus"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -327,37 +325,9 @@ func fuzzAPISeeds(t *testing.T) map[string][3][]byte {
 }
 
 func TestFuzzAPICorpus(t *testing.T) {
-	seeds := fuzzAPISeeds(t)
-	if len(seeds) < 10 {
-		t.Errorf("FuzzAPI has %d seeds; want at least 10", len(seeds))
+	seeds := map[string][][]byte{}
+	for name, args := range fuzzAPISeeds(t) {
+		seeds[name] = args[:]
 	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzAPI")
-	write := os.Getenv("VIPD_WRITE_FUZZ_CORPUS") == "1"
-	if write {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(seeds)) {
-		var want bytes.Buffer
-		want.WriteString("go test fuzz v1\n")
-		for _, arg := range seeds[name] {
-			fmt.Fprintf(&want, "[]byte(%q)\n", arg)
-		}
-		path := filepath.Join(dir, name)
-		if write {
-			if err := os.WriteFile(path, want.Bytes(), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("seed %s: %v (write the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path, err)
-			continue
-		}
-		if !bytes.Equal(got, want.Bytes()) {
-			t.Errorf("seed %s differs from its value (rewrite the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path)
-		}
-	}
+	fuzzcorpus.Check(t, "FuzzAPI", seeds)
 }

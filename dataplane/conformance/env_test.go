@@ -19,10 +19,10 @@ import (
 
 	"github.com/vipd/vipd/internal/syncbuf"
 
-	"golang.org/x/sys/unix"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
@@ -247,7 +247,7 @@ func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 	}
 	// Registered before vipd's stop, so it runs after it.
 	t.Cleanup(func() {
-		if err := unmountBPFFS(bpffs); err != nil {
+		if err := ebpf.UnmountBPFFS(bpffs); err != nil {
 			e.errorf("%v (leaving %s)", err, dir)
 			return
 		}
@@ -276,28 +276,6 @@ func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 	e.supportedLoadBalancing = st.GetSupportedLoadBalancing()
 	e.supportedProtocols = st.GetSupportedProtocols()
 	return e
-}
-
-// unmountBPFFS detaches the bpffs mounted at dir, if any (or each of them,
-// should vipd have mounted more than one), and leaves dir an empty directory
-// of the file system below.
-func unmountBPFFS(dir string) error {
-	for range 10 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(dir, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return fmt.Errorf("statfs %s: %w", dir, err)
-		}
-		if st.Type != unix.BPF_FS_MAGIC {
-			return nil
-		}
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmount bpffs %s: %w", dir, err)
-		}
-	}
-	return fmt.Errorf("unmount bpffs %s: still a bpffs after 10 unmounts", dir)
 }
 
 // startVipd starts vipd and waits until its health check reports SERVING.

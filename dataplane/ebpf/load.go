@@ -76,6 +76,30 @@ func ensureBPFFS(dir string) (bool, error) {
 	return true, nil
 }
 
+// UnmountBPFFS detaches the bpffs mounted at dir, if any (each of them,
+// should several be stacked there), leaving dir a directory of the file
+// system below; a dir that does not exist is fine. It is the inverse of
+// the mount New makes at Config.BPFFS, for tests and tools that gave vipd a
+// private directory and must leave nothing behind.
+func UnmountBPFFS(dir string) error {
+	for range 10 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		if uint32(st.Type) != bpffsMagic {
+			return nil
+		}
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount bpffs %s: %w", dir, err)
+		}
+	}
+	return fmt.Errorf("unmount bpffs %s: still a bpffs after 10 unmounts", dir)
+}
+
 // netnsCookie returns the cookie of the network namespace at path.
 func netnsCookie(path string) (uint64, error) {
 	var cookie uint64

@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/syncbuf"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -143,7 +143,7 @@ func testRecoverKeepsKernelRules(t *testing.T, dp string) {
 	}
 	// Registered before vipd's stop, so it runs after it.
 	t.Cleanup(func() {
-		if err := unmountBPFFS(filepath.Join(dir, "bpf")); err != nil {
+		if err := ebpf.UnmountBPFFS(filepath.Join(dir, "bpf")); err != nil {
 			t.Errorf("%v (leaving %s)", err, dir)
 			return
 		}
@@ -253,24 +253,4 @@ func testRecoverKeepsKernelRules(t *testing.T, dp string) {
 		t.Fatal(err)
 	}
 	expect("after nomad's sync", apiVIP, "be1", 5)
-}
-
-// unmountBPFFS detaches the bpffs mounted at dir, if any.
-func unmountBPFFS(dir string) error {
-	for range 10 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(dir, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return fmt.Errorf("statfs %s: %w", dir, err)
-		}
-		if st.Type != unix.BPF_FS_MAGIC {
-			return nil
-		}
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmount bpffs %s: %w", dir, err)
-		}
-	}
-	return fmt.Errorf("unmount bpffs %s: still a bpffs after 10 unmounts", dir)
 }

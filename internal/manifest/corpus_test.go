@@ -1,12 +1,9 @@
 package manifest_test
 
 import (
-	"bytes"
-	"fmt"
-	"maps"
+	"github.com/vipd/vipd/internal/fuzzcorpus"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -127,33 +124,9 @@ generation: 42
 }
 
 func TestFuzzCorpus(t *testing.T) {
-	seeds := loadSeeds(t)
-	if len(seeds) < 10 {
-		t.Errorf("FuzzLoad has %d seeds; want at least 10", len(seeds))
+	seeds := map[string][][]byte{}
+	for name, seed := range loadSeeds(t) {
+		seeds[name] = [][]byte{[]byte(seed)}
 	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzLoad")
-	write := os.Getenv("VIPD_WRITE_FUZZ_CORPUS") == "1"
-	if write {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(seeds)) {
-		want := fmt.Appendf(nil, "go test fuzz v1\n[]byte(%q)\n", seeds[name])
-		path := filepath.Join(dir, name)
-		if write {
-			if err := os.WriteFile(path, want, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("seed %s: %v (write the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path, err)
-			continue
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("seed %s differs from its value (rewrite the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path)
-		}
-	}
+	fuzzcorpus.Check(t, "FuzzLoad", seeds)
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -85,7 +86,7 @@ func NewEnv(t testing.TB, bin, dp string, spec Spec) *Env {
 	// Cleanups run last registered first: vipd stops, then its bpffs and
 	// directory go, then the cgroup and the lab (registered above).
 	t.Cleanup(func() {
-		if err := unmountBPFFS(e.Vipd.BPFFS); err != nil {
+		if err := ebpf.UnmountBPFFS(e.Vipd.BPFFS); err != nil {
 			t.Errorf("%v (leaving %s)", err, dir)
 			return
 		}
@@ -213,34 +214,13 @@ func sweepDirs(t testing.TB) {
 			continue
 		}
 		dir := filepath.Join(os.TempDir(), e.Name())
-		if err := unmountBPFFS(filepath.Join(dir, "bpf")); err != nil {
+		if err := ebpf.UnmountBPFFS(filepath.Join(dir, "bpf")); err != nil {
 			t.Logf("sweep %s: %v", dir, err)
 			continue
 		}
 		os.RemoveAll(dir)
 		t.Logf("removed %s, left behind by process %d", dir, pid)
 	}
-}
-
-// unmountBPFFS detaches the bpffs mounted at dir, if any (each of them,
-// should there be several), leaving an empty directory.
-func unmountBPFFS(dir string) error {
-	for range 10 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(dir, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			return fmt.Errorf("statfs %s: %w", dir, err)
-		}
-		if st.Type != unix.BPF_FS_MAGIC {
-			return nil
-		}
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmount bpffs %s: %w", dir, err)
-		}
-	}
-	return fmt.Errorf("unmount bpffs %s: still a bpffs after 10 unmounts", dir)
 }
 
 // VIP returns 198.19.x.y for n = x<<8 | y, a VIP no interface owns.

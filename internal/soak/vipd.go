@@ -23,6 +23,7 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/childproc"
+	"github.com/vipd/vipd/internal/procstat"
 	"github.com/vipd/vipd/internal/syncbuf"
 )
 
@@ -282,28 +283,12 @@ func metricValue(text, series string) (float64, error) {
 }
 
 // PeakRSS returns the running vipd's peak resident memory (VmHWM), in bytes.
-func (v *Vipd) PeakRSS() (int64, error) { return procStatusBytes(v.Pid(), "VmHWM") }
-
-func procStatusBytes(pid int, field string) (int64, error) {
+func (v *Vipd) PeakRSS() (int64, error) {
+	pid := v.Pid()
 	if pid == 0 {
 		return 0, errors.New("vipd is not running")
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(data)) {
-		rest, ok := strings.CutPrefix(line, field+":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("parse %s of %d: %w", field, pid, err)
-		}
-		return kb << 10, nil
-	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+	return procstat.StatusBytes(pid, "VmHWM")
 }
 
 // NewClient returns an API client for the vipd at socket that tries each

@@ -1,15 +1,11 @@
 package validation_test
 
 import (
-	"bytes"
 	"fmt"
-	"maps"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/internal/fuzzcorpus"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -23,50 +19,6 @@ import (
 // values give; to rewrite them after changing a value, run
 //
 //	VIPD_WRITE_FUZZ_CORPUS=1 go test -run TestFuzzCorpus ./server/validation/
-
-// encodeCorpusEntry is a "go test fuzz v1" file for the []byte arguments args.
-func encodeCorpusEntry(args ...[]byte) []byte {
-	var b bytes.Buffer
-	b.WriteString("go test fuzz v1\n")
-	for _, a := range args {
-		fmt.Fprintf(&b, "[]byte(%q)\n", a)
-	}
-	return b.Bytes()
-}
-
-// checkCorpus compares (or with VIPD_WRITE_FUZZ_CORPUS=1, writes) the
-// named seeds of target under testdata/fuzz.
-func checkCorpus(t *testing.T, target string, seeds map[string][][]byte) {
-	t.Helper()
-	if len(seeds) < 10 {
-		t.Errorf("%s has %d seeds; want at least 10", target, len(seeds))
-	}
-	dir := filepath.Join("testdata", "fuzz", target)
-	write := os.Getenv("VIPD_WRITE_FUZZ_CORPUS") == "1"
-	if write {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(seeds)) {
-		want := encodeCorpusEntry(seeds[name]...)
-		path := filepath.Join(dir, name)
-		if write {
-			if err := os.WriteFile(path, want, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("seed %s: %v (write the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path, err)
-			continue
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("seed %s differs from its value (rewrite the corpus with VIPD_WRITE_FUZZ_CORPUS=1)", path)
-		}
-	}
-}
 
 func wire(t *testing.T, m proto.Message) []byte {
 	t.Helper()
@@ -334,6 +286,6 @@ func TestFuzzCorpus(t *testing.T) {
 		"FuzzFlowFilter":     flowSeeds,
 		"FuzzExplain":        explainSeeds,
 	} {
-		t.Run(target, func(t *testing.T) { checkCorpus(t, target, seeds(t)) })
+		t.Run(target, func(t *testing.T) { fuzzcorpus.Check(t, target, seeds(t)) })
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/procstat"
 )
 
 // daemon is one vipd process serving one netlab node, with its state
@@ -152,58 +152,13 @@ func (d *daemon) close() error {
 
 // peakRSS is vipd's peak resident memory so far (VmHWM), in bytes.
 func (d *daemon) peakRSS() (int64, error) {
-	return procStatus(d.cmd.Process.Pid, "VmHWM")
-}
-
-// procStatus reads a "kB" field of /proc/PID/status, in bytes.
-func procStatus(pid int, field string) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), field+":"); ok {
-			kb, err := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+	return procstat.StatusBytes(d.cmd.Process.Pid, "VmHWM")
 }
 
 // mapMemory sums the memory the kernel charges for the BPF maps vipd holds
 // open (the memlock line of each map's fdinfo), counting each map once.
 func (d *daemon) mapMemory() (int64, error) {
-	dir := fmt.Sprintf("/proc/%d/fdinfo", d.cmd.Process.Pid)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	seen := map[string]bool{}
-	var total int64
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil || !strings.Contains(string(data), "map_type:") {
-			continue
-		}
-		var id string
-		var mem int64
-		for line := range strings.Lines(string(data)) {
-			k, val, _ := strings.Cut(strings.TrimSpace(line), ":")
-			switch k {
-			case "map_id":
-				id = strings.TrimSpace(val)
-			case "memlock":
-				mem, _ = strconv.ParseInt(strings.TrimSpace(val), 10, 64)
-			}
-		}
-		if !seen[id] {
-			seen[id] = true
-			total += mem
-		}
-	}
-	return total, nil
+	return procstat.MapMemlock(d.cmd.Process.Pid)
 }
 
 // cpuTime is the CPU time vipd has used so far, user and system.
