@@ -6,17 +6,19 @@ import (
 )
 
 func TestStatusBytes(t *testing.T) {
-	hwm, err := StatusBytes(os.Getpid(), "VmHWM")
-	if err != nil {
-		t.Fatal(err)
-	}
 	rss, err := StatusBytes(os.Getpid(), "VmRSS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A Go test binary holds megabytes, and its peak is at least what it holds.
-	if rss < 1<<20 || hwm < rss {
-		t.Fatalf("VmRSS %d, VmHWM %d bytes", rss, hwm)
+	hwm, err := StatusBytes(os.Getpid(), "VmHWM")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Go test binary holds megabytes, and its peak, read after, is at
+	// least about what it held (the kernel's RSS counters are per-CPU
+	// approximations, so not to the byte).
+	if rss < 1<<20 || hwm < rss-rss/8 {
+		t.Fatalf("VmRSS %d, then VmHWM %d bytes", rss, hwm)
 	}
 	if _, err := StatusBytes(os.Getpid(), "NoSuchField"); err == nil {
 		t.Fatal("a missing field gave no error")
