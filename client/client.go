@@ -286,6 +286,31 @@ func (c *Client) Health(ctx context.Context) (healthpb.HealthCheckResponse_Servi
 	return resp.GetStatus(), nil
 }
 
+// WaitServing polls Health until vipd reports SERVING (it has applied its
+// restored state) and returns nil then. When ctx ends first it returns an
+// error wrapping ctx's, with the last answer or failure of the health check.
+// Each check has at most half a second; checks are 10 ms apart.
+func (c *Client) WaitServing(ctx context.Context) error {
+	var last error
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := c.Health(callCtx)
+		cancel()
+		if err == nil && st == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = fmt.Errorf("health %v", st)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vipd not serving: %w (last health check: %v)", ctx.Err(), last)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // Explain says what would happen to a new connection from a client to a
 // VIP:port: the service and port that claim it, every backend with its
 // eligibility and probability, the client's session-affinity entry and the

@@ -118,6 +118,15 @@ func TestNewDoesNotConnect(t *testing.T) {
 	}
 }
 
+func TestWaitServingWithoutDaemon(t *testing.T) {
+	c := newClient(t, "/nonexistent/vipd.sock", client.WithMaxAttempts(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.WaitServing(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitServing with no daemon = %v, want an error wrapping DeadlineExceeded", err)
+	}
+}
+
 func TestDefaultDeadline(t *testing.T) {
 	srv := testserver.Start(t)
 	// deadlines receives how far away each call's deadline was as the call
@@ -337,6 +346,9 @@ func TestMethods(t *testing.T) {
 	h, err := c.Health(ctx)
 	if err != nil || h != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Health = %v, %v; want SERVING", h, err)
+	}
+	if err := c.WaitServing(ctx); err != nil {
+		t.Errorf("WaitServing = %v", err)
 	}
 
 	// The raw clients share the connection.

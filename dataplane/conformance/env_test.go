@@ -19,7 +19,6 @@ import (
 
 	"github.com/vipd/vipd/internal/syncbuf"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
@@ -659,34 +658,30 @@ func (d *daemon) start() error {
 	return nil
 }
 
-// waitReady waits until vipd's health check reports SERVING.
+// waitReady waits until vipd's health check reports SERVING, and fails
+// if vipd exits first.
 func (d *daemon) waitReady(api *client.Client, timeout time.Duration) error {
 	d.mu.Lock()
 	exited := d.exited
 	d.mu.Unlock()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
 		select {
 		case <-exited:
-			return errors.New("vipd exited before it became ready")
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := api.WaitServing(ctx); err != nil {
+		select {
+		case <-exited:
+			return fmt.Errorf("vipd exited before it became ready: %w", err)
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		st, err := api.Health(ctx)
-		cancel()
-		if err == nil && st == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		last = err
-		if err == nil {
-			last = fmt.Errorf("health %v", st)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("vipd did not become ready within %v: %v", timeout, last)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return fmt.Errorf("vipd did not become ready within %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // kill9 kills vipd with SIGKILL and waits for it to exit.

@@ -19,7 +19,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/childproc"
@@ -132,29 +131,24 @@ func (v *Vipd) WaitReady(timeout time.Duration) error {
 		return err
 	}
 	defer api.Close()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
 		select {
 		case <-exited:
-			return fmt.Errorf("vipd exited before it became ready (last health check: %v)", last)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := api.WaitServing(ctx); err != nil {
+		select {
+		case <-exited:
+			return fmt.Errorf("vipd exited before it became ready: %w", err)
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		st, err := api.Health(ctx)
-		cancel()
-		if err == nil && st == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		last = err
-		if err == nil {
-			last = fmt.Errorf("health %v", st)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("vipd did not become ready within %v: %v", timeout, last)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return fmt.Errorf("vipd did not become ready within %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // Kill9 kills vipd with SIGKILL and waits until it has exited. It does
