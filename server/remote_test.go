@@ -44,9 +44,9 @@ func as(t *testing.T, id string) context.Context {
 
 // blockNextApply makes the fake's next Apply wait until the returned
 // function is called; entered is signalled when it starts waiting.
-func blockNextApply(dp *fake.Dataplane) (entered <-chan struct{}, release func()) {
+func blockNextApply(t *testing.T, dp *fake.Dataplane) (entered <-chan struct{}, release func()) {
 	in, gate := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	var once, releaseOnce sync.Once
 	dp.SetHook(func(context.Context, *dataplane.State) error {
 		once.Do(func() {
 			close(in)
@@ -54,7 +54,12 @@ func blockNextApply(dp *fake.Dataplane) (entered <-chan struct{}, release func()
 		})
 		return nil
 	})
-	return in, func() { close(gate) }
+	release = func() { releaseOnce.Do(func() { close(gate) }) }
+	// Released at the latest before the instance stops (cleanups run last
+	// first), so that a failed test cannot leave its stop waiting for the
+	// blocked apply.
+	t.Cleanup(release)
+	return in, release
 }
 
 // TestOwnerCheckIsAtomicWithTheChange checks that an owner check cannot be
@@ -72,7 +77,7 @@ func TestOwnerCheckIsAtomicWithTheChange(t *testing.T) {
 	upsert(t, in, &vipdv1.Service{Name: "s", Owner: "team-a", Vips: []string{"198.19.0.1"}, Ports: []*vipdv1.Port{{Port: 80}},
 		Backends: []*vipdv1.Backend{{Ip: "198.18.1.1"}}})
 
-	entered, release := blockNextApply(dp)
+	entered, release := blockNextApply(t, dp)
 	adminDone := make(chan error, 1)
 	go func() {
 		_, err := in.lb.UpsertService(as(t, "admin"), &vipdv1.UpsertServiceRequest{Service: &vipdv1.Service{
@@ -127,7 +132,7 @@ func TestMaxInflightRequests(t *testing.T) {
 	const limit = 3
 	dp := fake.New()
 	in := start(t, config{dp: dp, serverOps: []server.Option{server.WithMaxInflightRequests(limit)}})
-	entered, release := blockNextApply(dp)
+	entered, release := blockNextApply(t, dp)
 	done := make(chan error, limit)
 	for i := range limit {
 		go func() {
@@ -137,8 +142,9 @@ func TestMaxInflightRequests(t *testing.T) {
 	}
 	<-entered
 	// The limit's calls are in progress once one more is refused; until
-	// then some may not have reached the server yet.
-	deadline := time.Now().Add(5 * time.Second)
+	// then some may not have reached the server yet (on a loaded 2-CPU
+	// machine running the race detector, that can take seconds).
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		start := time.Now()
 		_, err := in.lb.ListServices(ctxT(t), &vipdv1.ListServicesRequest{})
@@ -149,8 +155,11 @@ func TestMaxInflightRequests(t *testing.T) {
 			wantCode(t, err, codes.ResourceExhausted, "--max-inflight-requests")
 			break
 		}
-		if err != nil || time.Now().After(deadline) {
-			t.Fatalf("call beyond the limit: %v", err)
+		if err != nil {
+			t.Fatalf("call beyond the limit: %v; want ResourceExhausted", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("calls beyond the limit of %d still succeed after 30 s; the limit's upserts should be in progress", limit)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
