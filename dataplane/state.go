@@ -134,11 +134,17 @@ type Port struct {
 type Backend struct {
 	IP netip.Addr
 	// Ports overrides a port's TargetPort for this backend, by port name.
-	Ports     map[string]uint16
-	State     BackendState
-	Weight    uint16
-	NodeLocal bool
-	Zone      string
+	// Every key names a port of the service; the key "" names the
+	// service's only port when that port has no name.
+	Ports map[string]uint16
+	// OnlyNamedPorts makes the backend serve only the ports that Ports
+	// names: for every other port of the service it is not a backend at
+	// all (see Serves). False: it serves every port.
+	OnlyNamedPorts bool
+	State          BackendState
+	Weight         uint16
+	NodeLocal      bool
+	Zone           string
 }
 
 // SessionAffinity pins a client IP to a backend for Timeout after its last new
@@ -148,24 +154,41 @@ type SessionAffinity struct {
 	Timeout  time.Duration
 }
 
-// TargetPort is the port b listens on for p.
+// TargetPort is the port b listens on for p: its override in Ports, else
+// p's TargetPort.
 func (b *Backend) TargetPort(p Port) uint16 {
-	if tp, ok := b.Ports[p.Name]; ok && p.Name != "" {
+	if tp, ok := b.Ports[p.Name]; ok {
 		return tp
 	}
 	return p.TargetPort
 }
 
+// Serves reports whether b is a backend of port p at all: always, unless
+// OnlyNamedPorts is set and Ports does not name p. A backend that does not
+// serve p gets none of p's connections, whatever its state, and is no
+// member of p's backend set (its UDP flows to p move as if it had left the
+// service).
+func (b *Backend) Serves(p Port) bool {
+	if !b.OnlyNamedPorts {
+		return true
+	}
+	_, ok := b.Ports[p.Name]
+	return ok
+}
+
 // EligibleBackends returns the backends that may receive a new connection
-// from this node, following Kubernetes semantics: with an internal traffic
-// policy of Local only node-local backends count; READY backends are used
-// while any exists, otherwise TERMINATING ones; NOT_SERVING never is. Only
-// backends of the requested address family (IPv6 when is6) are returned.
-func (s *Service) EligibleBackends(is6 bool) []*Backend {
+// to port p from this node, following Kubernetes semantics, port by port as
+// kube-proxy computes them: only backends that serve p count (Serves); with
+// an internal traffic policy of Local only node-local ones; READY backends
+// are used while any exists, otherwise TERMINATING ones; NOT_SERVING never
+// is. Only backends of the requested address family (IPv6 when is6) are
+// returned, in the order of s.Backends. An empty result means that new
+// connections to p are refused.
+func (s *Service) EligibleBackends(p Port, is6 bool) []*Backend {
 	var ready, terminating []*Backend
 	for i := range s.Backends {
 		b := &s.Backends[i]
-		if b.IP.Is6() != is6 {
+		if b.IP.Is6() != is6 || !b.Serves(p) {
 			continue
 		}
 		if s.TrafficPolicy == TrafficPolicyLocal && !b.NodeLocal {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/vipd/vipd/dataplane"
@@ -38,7 +39,7 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 		Affinity:              &vipdv1.ExplainedAffinity{},
 	}
 
-	eligible := svc.EligibleBackends(q.VIP.Addr().Is6())
+	eligible := svc.EligibleBackends(port, q.VIP.Addr().Is6())
 	var total float64
 	for _, b := range eligible {
 		total += float64(max(b.Weight, 1))
@@ -47,18 +48,21 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	for i := range svc.Backends {
 		b := &svc.Backends[i]
 		eb := &vipdv1.ExplainedBackend{
-			Ip:         b.IP.String(),
-			TargetPort: uint32(b.TargetPort(port)),
-			State:      backendStateToProto[b.State],
-			Weight:     uint32(max(b.Weight, 1)),
-			NodeLocal:  b.NodeLocal,
-			Eligible:   slices.Contains(eligible, b),
+			Ip:        b.IP.String(),
+			State:     backendStateToProto[b.State],
+			Weight:    uint32(max(b.Weight, 1)),
+			NodeLocal: b.NodeLocal,
+			Eligible:  slices.Contains(eligible, b),
+		}
+		// A backend that does not serve the port has no target port for it.
+		if b.Serves(port) {
+			eb.TargetPort = uint32(b.TargetPort(port))
 		}
 		if eb.Eligible && svc.LoadBalancing == dataplane.LoadBalancingRandom {
 			eb.Probability = float64(eb.Weight) / total
 		}
 		if !eb.Eligible {
-			eb.IneligibleReason = ineligibleReason(svc, b, q.VIP.Addr(), hasReady)
+			eb.IneligibleReason = ineligibleReason(svc, b, port, q.VIP.Addr(), hasReady)
 		}
 		resp.Backends = append(resp.Backends, eb)
 	}
@@ -88,11 +92,14 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	return resp, nil
 }
 
-// ineligibleReason says why b may not take a new connection to vip.
-func ineligibleReason(svc *dataplane.Service, b *dataplane.Backend, vip netip.Addr, hasReady bool) string {
+// ineligibleReason says why b may not take a new connection to port of vip.
+// hasReady tells whether a READY backend is eligible for that port.
+func ineligibleReason(svc *dataplane.Service, b *dataplane.Backend, port dataplane.Port, vip netip.Addr, hasReady bool) string {
 	switch {
 	case b.IP.Is6() != vip.Is6():
 		return fmt.Sprintf("an IPv%d backend cannot serve an IPv%d VIP", ipVersion(b.IP), ipVersion(vip))
+	case !b.Serves(port):
+		return fmt.Sprintf("does not serve port %s (only_named_ports, and ports does not name it)", portName(port))
 	case svc.TrafficPolicy == dataplane.TrafficPolicyLocal && !b.NodeLocal:
 		return "not node-local, and the internal traffic policy is local"
 	case b.State == dataplane.BackendNotServing:
@@ -101,6 +108,14 @@ func ineligibleReason(svc *dataplane.Service, b *dataplane.Backend, vip netip.Ad
 		return "terminating, and ready backends are left"
 	}
 	return "not eligible"
+}
+
+// portName names p for a sentence: its name, or "80/TCP" when it has none.
+func portName(p dataplane.Port) string {
+	if p.Name != "" {
+		return strconv.Quote(p.Name)
+	}
+	return fmt.Sprintf("%d/%s", p.Port, p.Protocol)
 }
 
 func ipVersion(a netip.Addr) int {

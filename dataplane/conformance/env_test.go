@@ -19,7 +19,6 @@ import (
 
 	"github.com/vipd/vipd/internal/syncbuf"
 
-
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/cgroup2"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ func scenarios() []scenario {
 		{name: "vip-is-fiction", run: vipIsFiction},
 		{name: "no-endpoints-reject", run: func(e *env) { noEndpointsReject(e, ipv4) }},
 		{name: "multi-port-named-target-ports", run: multiPort},
+		{name: "endpoint-only-on-its-slice-ports", run: onlyNamedPorts},
+		{name: "unnamed-port-by-empty-name", run: unnamedPortByEmptyName},
 		{name: "same-port-tcp-and-udp", run: samePortTCPAndUDP},
 		{name: "udp", run: udpForwarding},
 		{name: "sctp", run: sctpForwarding},
@@ -254,6 +257,122 @@ func multiPort(e *env) {
 	e.upsert(svc)
 	e.expectDead(e.client, "tcp", ap(vip, 81))
 	e.expectBackends(e.client, "tcp", ap(vip, 80), 60, want80...)
+}
+
+// 7b. should make an endpoint a backend only of the ports its EndpointSlice
+// lists (only_named_ports), port by port: new connections to another port
+// never reach it, its UDP flows to such a port move, and a port that no
+// backend serves is refused at once, as with no endpoints.
+func onlyNamedPorts(e *env) {
+	vip := ipv4.vip(10)
+	http := port("http", vipdv1.Protocol_PROTOCOL_TCP, 80, 8080)
+	alt := port("alt", vipdv1.Protocol_PROTOCOL_TCP, 81, 8081)
+	dns := port("dns", vipdv1.Protocol_PROTOCOL_UDP, 53, 8081)
+	only := func(m map[string]uint32) backendOpt {
+		return func(b *vipdv1.Backend) { b.Ports, b.OnlyNamedPorts = m, true }
+	}
+	svc := service(vips(vip), ports(http, alt, dns),
+		backend(e.be1, ipv4),
+		backend(e.be2, ipv4, only(map[string]uint32{"http": 8082})),
+		backend(e.be3, ipv4, only(nil)))
+	got := e.upsert(svc)
+	var echoed []string
+	for _, b := range got.GetBackends() {
+		echoed = append(echoed, fmt.Sprintf("%s only=%v %v", b.GetIp(), b.GetOnlyNamedPorts(), b.GetPorts()))
+	}
+	want := []string{
+		fmt.Sprintf("%s only=false map[]", e.be1.v4),
+		fmt.Sprintf("%s only=true map[http:8082]", e.be2.v4),
+		fmt.Sprintf("%s only=true map[]", e.be3.v4),
+	}
+	if !slices.Equal(echoed, want) {
+		e.fatalf("UpsertService returned backends %q, want %q", echoed, want)
+	}
+
+	// 60 connections to each: all three backends are ready, so a dataplane
+	// that ignored only_named_ports would send some to be2 or be3.
+	for _, h := range []host{e.client, e.node1} {
+		e.expectBackends(h, "tcp", ap(vip, 80), 60, e.be1.echo(8080), e.be2.echo(8082))
+		e.expectBackends(h, "tcp", ap(vip, 81), 60, e.be1.echo(8081))
+		e.expectBackends(h, "udp", ap(vip, 53), 60, e.be1.echo(8081))
+	}
+
+	// A backend that stops serving a port loses its UDP flows to that
+	// port, as one removed from the service does (kube-proxy flushes
+	// conntrack entries of endpoints that leave a UDP service port).
+	svc.Backends = []*vipdv1.Backend{backend(e.be1, ipv4, only(map[string]uint32{"http": 8080})), backend(e.be2, ipv4)}
+	e.upsert(svc)
+	c := e.dial(e.client, "udp", ap(vip, 53))
+	if got := e.on(c, ""); got != e.be2.echo(8081) {
+		e.fatalf("UDP %v: answered by %s, want %s, the only backend that serves port dns", ap(vip, 53), got, e.be2.echo(8081))
+	}
+	e.updateBackends(svcName, []*vipdv1.Backend{backend(e.be1, ipv4), backend(e.be2, ipv4, only(map[string]uint32{"http": 8080}))})
+	for i := range 5 {
+		if got := e.on(c, "after its backend stopped serving the port"); got != e.be1.echo(8081) {
+			e.fatalf("UDP %v from the same client socket, datagram %d after be2 stopped serving port dns: answered by %s, want %s "+
+				"(a backend that no longer serves a UDP port must lose its flows to it)", ap(vip, 53), i+1, got, e.be1.echo(8081))
+		}
+	}
+
+	// A port whose only backend does not serve it is refused at once; the
+	// port it serves works.
+	svc.Backends = []*vipdv1.Backend{backend(e.be2, ipv4, only(map[string]uint32{"http": 8080}))}
+	e.upsert(svc)
+	for _, h := range []host{e.client, e.node1} {
+		e.expectRefused(h, "tcp", ap(vip, 81))
+		e.expectBackends(h, "tcp", ap(vip, 80), 5, e.be2.echo(8080))
+	}
+	// From pods only: a node's own UDP socket meets iptables' REJECT in
+	// OUTPUT as EPERM from sendto, not ECONNREFUSED.
+	e.expectRefused(e.client, "udp", ap(vip, 53))
+	// And it is served again once a backend serves it.
+	e.updateBackends(svcName, []*vipdv1.Backend{backend(e.be3, ipv4, only(map[string]uint32{"alt": 8082, "dns": 8082}))})
+	e.expectBackends(e.client, "tcp", ap(vip, 81), 10, e.be3.echo(8082))
+	e.expectBackends(e.client, "udp", ap(vip, 53), 10, e.be3.echo(8082))
+	e.expectBackends(e.client, "tcp", ap(vip, 80), 10, e.be2.echo(8080))
+}
+
+// 7c. should take the empty name in a backend's ports as a service's only,
+// unnamed port, as an EndpointSlice of such a service names it.
+func unnamedPortByEmptyName(e *env) {
+	vip := ap(ipv4.vip(10), 80)
+	unnamed := port("", vipdv1.Protocol_PROTOCOL_TCP, 80, 8080)
+	only := func(m map[string]uint32) backendOpt {
+		return func(b *vipdv1.Backend) { b.Ports, b.OnlyNamedPorts = m, true }
+	}
+	svc := service(vips(vip.Addr()), ports(unnamed),
+		backend(e.be1, ipv4, only(map[string]uint32{"": 8081})),
+		backend(e.be2, ipv4, only(map[string]uint32{"": 8082})),
+		backend(e.be3, ipv4, only(nil)))
+	e.upsert(svc)
+	e.expectBackends(e.client, "tcp", vip, 60, e.be1.echo(8081), e.be2.echo(8082))
+
+	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
+	defer cancel()
+	got, err := e.api.GetService(ctx, svcName)
+	if err != nil {
+		e.fatalf("GetService %s: %v", svcName, err)
+	}
+	if b := got.GetBackends()[0]; !b.GetOnlyNamedPorts() || len(b.GetPorts()) != 1 || b.GetPorts()[""] != 8081 {
+		e.fatalf("GetService %s: backend %v, want ports {\"\": 8081} and only_named_ports", svcName, b)
+	}
+
+	// Without only_named_ports, a backend the empty name does not name
+	// serves the port's own target port.
+	svc.Backends = []*vipdv1.Backend{backend(e.be1, ipv4, targetPorts(map[string]uint32{"": 8081})), backend(e.be2, ipv4)}
+	e.upsert(svc)
+	e.expectBackends(e.client, "tcp", vip, 60, e.be1.echo(8081), e.be2.echo(8080))
+
+	// With a named port, the empty name names nothing: refused, and the
+	// old service stays.
+	named := port("http", vipdv1.Protocol_PROTOCOL_TCP, 80, 8080)
+	bad := service(vips(vip.Addr()), ports(named), backend(e.be1, ipv4, only(map[string]uint32{"": 8081})))
+	ctx, cancel = context.WithTimeout(context.Background(), rpcTimeout)
+	defer cancel()
+	if _, err := e.api.UpsertService(ctx, bad, 0); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `ports[""]`) {
+		e.fatalf("UpsertService with the empty name for a named port: want InvalidArgument naming ports[\"\"], got %v", err)
+	}
+	e.expectBackends(e.client, "tcp", vip, 30, e.be1.echo(8081), e.be2.echo(8080))
 }
 
 // 8. should forward TCP and UDP on the same port independently.

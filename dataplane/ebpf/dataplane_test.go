@@ -1402,6 +1402,98 @@ func TestFrontendsOf(t *testing.T) {
 			t.Errorf("flags %#x, table size %d: a Maglev table for no backend", fe.flags, fe.maglevM)
 		}
 	})
+	// frontendView is, per frontend, its slots and its members with flags.
+	frontendView := func(t *testing.T, svc *dataplane.Service) (map[string]string, map[string]map[beKey]uint32) {
+		t.Helper()
+		fes, err := frontendsOf(svc, maglev.DefaultTableSize)
+		if err != nil {
+			t.Fatalf("frontendsOf: %v", err)
+		}
+		slots, members := map[string]string{}, map[string]map[beKey]uint32{}
+		for _, fe := range fes {
+			var bes []string
+			for i := range fe.slots {
+				bes = append(bes, fe.slotBackend(i).String())
+			}
+			slots[fe.key.String()] = strings.Join(bes, ",")
+			members[fe.key.String()] = membersOf(fe)
+		}
+		return slots, members
+	}
+	only := func(b dataplane.Backend, ports map[string]uint16) dataplane.Backend {
+		b.Ports, b.OnlyNamedPorts = ports, true
+		return b
+	}
+	t.Run("a backend serving only named ports is no member of the other ports", func(t *testing.T) {
+		svc := svcOf(dataplane.TCP, 80, 8080,
+			be("10.0.0.1", ready, 1), only(be("10.0.0.2", ready, 1), map[string]uint16{"p": 8081}), only(be("10.0.0.3", ready, 1), nil))
+		svc.Ports = append(svc.Ports, dataplane.Port{Name: "u", Protocol: dataplane.UDP, Port: 53, TargetPort: 5353})
+		slots, members := frontendView(t, svc)
+		wantSlots := map[string]string{
+			"198.19.0.10:80/TCP": "10.0.0.1:8080,10.0.0.2:8081",
+			"198.19.0.10:53/UDP": "10.0.0.1:5353",
+		}
+		if d := cmp.Diff(wantSlots, slots); d != "" {
+			t.Errorf("slots (-want +got):\n%s", d)
+		}
+		// Not a member: its UDP flows to 53 move, and GC and socket
+		// destruction treat it as removed from that port.
+		wantMembers := map[string]map[beKey]uint32{
+			"198.19.0.10:80/TCP": {bk("10.0.0.1", 8080): memberFlagEligible, bk("10.0.0.2", 8081): memberFlagEligible},
+			"198.19.0.10:53/UDP": {bk("10.0.0.1", 5353): memberFlagEligible},
+		}
+		if d := cmp.Diff(wantMembers, members); d != "" {
+			t.Errorf("members (-want +got):\n%s", d)
+		}
+	})
+	t.Run("a port whose only backend does not serve it has no slot", func(t *testing.T) {
+		svc := svcOf(dataplane.TCP, 80, 8080, only(be("10.0.0.1", ready, 1), map[string]uint16{"p": 8080}))
+		svc.Ports = append(svc.Ports, dataplane.Port{Name: "q", Protocol: dataplane.TCP, Port: 81, TargetPort: 8081})
+		svc.LoadBalancing = dataplane.LoadBalancingMaglev
+		fes, err := frontendsOf(svc, maglev.DefaultTableSize)
+		if err != nil {
+			t.Fatalf("frontendsOf: %v", err)
+		}
+		for _, fe := range fes {
+			switch fe.key.port {
+			case 80:
+				if len(fe.slots) != 1 || fe.flags&svcFlagMaglev == 0 {
+					t.Errorf("port 80: slots %+v, flags %#x; want one slot, Maglev", fe.slots, fe.flags)
+				}
+			case 81:
+				if len(fe.slots) != 0 || len(fe.members) != 0 || fe.flags&svcFlagMaglev != 0 || fe.maglevM != 0 {
+					t.Errorf("port 81: slots %+v, members %v, flags %#x, Maglev size %d; want nothing (refused)", fe.slots, fe.members, fe.flags, fe.maglevM)
+				}
+			}
+		}
+	})
+	t.Run("terminating fallback and traffic policy per port", func(t *testing.T) {
+		local := func(b dataplane.Backend) dataplane.Backend { b.NodeLocal = true; return b }
+		svc := svcOf(dataplane.TCP, 80, 8080,
+			local(only(be("10.0.0.1", ready, 1), map[string]uint16{"p": 8080})), local(be("10.0.0.2", term, 1)), be("10.0.0.3", ready, 1))
+		svc.Ports = append(svc.Ports, dataplane.Port{Name: "q", Protocol: dataplane.TCP, Port: 81, TargetPort: 8081})
+		svc.TrafficPolicy = dataplane.TrafficPolicyLocal
+		slots, members := frontendView(t, svc)
+		wantSlots := map[string]string{
+			"198.19.0.10:80/TCP": "10.0.0.1:8080",
+			"198.19.0.10:81/TCP": "10.0.0.2:8081",
+		}
+		if d := cmp.Diff(wantSlots, slots); d != "" {
+			t.Errorf("slots (-want +got):\n%s", d)
+		}
+		if m := members["198.19.0.10:81/TCP"]; len(m) != 2 || m[bk("10.0.0.3", 8081)] != 0 {
+			t.Errorf("port 81 members %v, want 10.0.0.2 and 10.0.0.3 (not eligible)", m)
+		}
+	})
+	t.Run("the unnamed port by the empty name", func(t *testing.T) {
+		svc := svcOf(dataplane.TCP, 80, 8080,
+			only(be("10.0.0.1", ready, 1), map[string]uint16{"": 8081}), only(be("10.0.0.2", ready, 1), nil))
+		svc.Ports[0].Name = ""
+		slots, _ := frontendView(t, svc)
+		if d := cmp.Diff(map[string]string{"198.19.0.10:80/TCP": "10.0.0.1:8081"}, slots); d != "" {
+			t.Errorf("slots (-want +got):\n%s", d)
+		}
+	})
 	t.Run("one frontend per VIP and port, backends of the VIP's family", func(t *testing.T) {
 		svc := svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", ready, 1), be("fd00::1", ready, 1))
 		svc.VIPs = append(svc.VIPs, netip.MustParseAddr("fd00:198:ff::10"))

@@ -141,7 +141,8 @@ type frontend struct {
 	// slots are the backends that may take new connections, in slot order,
 	// each with its cumulative weight (exclusive end).
 	slots []slot
-	// members are every backend of the VIP's family the service lists,
+	// members are every backend of the VIP's family the service lists
+	// and that serves the frontend's port (dataplane.Backend.Serves),
 	// sorted by key, each with its member flags. A slice, not a map: a
 	// frontend has few members, and 100,000 small maps cost more to build
 	// and hold than the merge walks that compare sorted slices.
@@ -245,11 +246,12 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 	var slots []slot
 	for _, vip := range svc.VIPs {
 		is6 := vip.Is6()
-		eligible := svc.EligibleBackends(is6)
-		if slots == nil && len(eligible) > 0 {
-			slots = make([]slot, 0, len(svc.Ports)*len(svc.VIPs)*len(eligible))
-		}
 		for _, p := range svc.Ports {
+			// Per port: a backend may serve some ports of the service only.
+			eligible := svc.EligibleBackends(p, is6)
+			if slots == nil && len(eligible) > 0 {
+				slots = make([]slot, 0, len(svc.Ports)*len(svc.VIPs)*len(eligible))
+			}
 			fe := &fes[len(out)]
 			*fe = frontend{
 				key:     feKey{addr: vip, port: p.Port, proto: protoNumber(p.Protocol)},
@@ -258,7 +260,7 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 			start := len(members)
 			for i := range svc.Backends {
 				b := &svc.Backends[i]
-				if b.IP.Is6() != is6 {
+				if b.IP.Is6() != is6 || !b.Serves(p) {
 					continue
 				}
 				k := bePacked{addr: b.IP.As16(), port: b.TargetPort(p)}

@@ -111,8 +111,9 @@ type udpTarget struct {
 
 // staleUDP lists what to delete when moving from old to next: flows of a
 // removed UDP VIP:port; flows to a backend that is no longer in a UDP port's
-// backend set (or whose target port changed); and un-DNATed flows of a UDP
-// VIP:port that had no eligible backend and now has one.
+// backend set (removed, no longer serving the port, or with another target
+// port); and un-DNATed flows of a UDP VIP:port that had no eligible backend
+// and now has one.
 func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool, whole map[netip.AddrPort]bool) {
 	flows, whole = map[udpTarget]bool{}, map[netip.AddrPort]bool{}
 	targets := func(svcs map[string]*dataplane.Service) (map[netip.AddrPort]map[netip.AddrPort]bool, map[netip.AddrPort]bool) {
@@ -128,12 +129,12 @@ func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool
 					set := map[netip.AddrPort]bool{}
 					for i := range svc.Backends {
 						b := &svc.Backends[i]
-						if b.IP.Is4() == vip.Is4() {
+						if b.IP.Is4() == vip.Is4() && b.Serves(p) {
 							set[netip.AddrPortFrom(b.IP, b.TargetPort(p))] = true
 						}
 					}
 					backends[key] = set
-					eligible[key] = len(svc.EligibleBackends(vip.Is6())) > 0
+					eligible[key] = len(svc.EligibleBackends(p, vip.Is6())) > 0
 				}
 			}
 		}

@@ -53,9 +53,7 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 			f := familyOf(vip)
 			key := portKey(svc, p, f)
 			// The order of renderService's --rcheck rules.
-			backends := svc.EligibleBackends(f == IPv6)
-			slices.SortFunc(backends, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
-			for _, b := range backends {
+			for _, b := range sortedEligible(svc, p, f) {
 				candidates = append(candidates, candidate{sepChain(key, b.IP), netip.AddrPortFrom(b.IP, b.TargetPort(p))})
 			}
 			timeout = time.Duration(max(1, int(svc.Affinity.Timeout.Seconds()))) * time.Second

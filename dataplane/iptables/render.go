@@ -328,19 +328,28 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 	if len(vips) == 0 {
 		return out
 	}
-	backends := svc.EligibleBackends(f == IPv6)
-	slices.SortFunc(backends, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
 	ports := slices.Clone(svc.Ports)
 	slices.SortFunc(ports, func(a, b dataplane.Port) int {
 		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
-	if len(ports) > 0 {
-		for _, b := range backends {
-			h := hostPrefix(b.IP)
-			out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
-		}
+	// Each port has its own eligible backends (a backend may not serve
+	// every port); hairpin needs every backend that is eligible for one.
+	eligible := make([][]*dataplane.Backend, len(ports))
+	var hairpin []*dataplane.Backend
+	for i, p := range ports {
+		eligible[i] = sortedEligible(svc, p, f)
+		hairpin = append(hairpin, eligible[i]...)
 	}
-	for _, p := range ports {
+	if len(ports) > 1 {
+		slices.SortFunc(hairpin, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
+		hairpin = slices.CompactFunc(hairpin, func(a, b *dataplane.Backend) bool { return a.IP == b.IP })
+	}
+	for _, b := range hairpin {
+		h := hostPrefix(b.IP)
+		out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
+	}
+	for i, p := range ports {
+		backends := eligible[i]
 		comment := commentMatch(svc.Name, p)
 		if len(backends) == 0 {
 			for _, v := range vips {
@@ -388,6 +397,14 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		out.chains[svcChain] = rules
 	}
 	return out
+}
+
+// sortedEligible returns the backends of family f eligible for a new
+// connection to port p of svc, sorted by IP: the order of a SVC chain's rules.
+func sortedEligible(svc *dataplane.Service, p dataplane.Port, f Family) []*dataplane.Backend {
+	backends := svc.EligibleBackends(p, f == IPv6)
+	slices.SortFunc(backends, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
+	return backends
 }
 
 // portKey names port p of svc in family f; the names of its SVC and SEP

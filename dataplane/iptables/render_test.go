@@ -42,6 +42,11 @@ func goldenCases() []struct {
 	)
 	override := ready("10.244.1.1")
 	override.Ports = map[string]uint16{"http": 8081}
+	// only serves the named ports of ports, on their target ports there.
+	only := func(b dataplane.Backend, ports map[string]uint16) dataplane.Backend {
+		b.Ports, b.OnlyNamedPorts = ports, true
+		return b
+	}
 	return []struct {
 		name  string
 		state *dataplane.State
@@ -86,6 +91,26 @@ func goldenCases() []struct {
 			service("g", []string{"10.96.5.2", "fd00:96::2"}, tcp(80, 80)),
 			service("h", []string{"10.96.5.3", "fd00:96::3"}, tcp(80, 80)),
 		), Options{MaxLeafRules: 2}},
+		// Kubernetes endpoints whose EndpointSlice lacks a port: each port
+		// has its own backends, its own terminating fallback and, with no
+		// backend left, its own reject rule; hairpin covers every backend
+		// that serves some port, and none that serves no port.
+		{"only-named-ports", state(
+			service("web", []string{"10.96.0.21"}, []dataplane.Port{
+				port("http", dataplane.TCP, 80, 8080), port("metrics", dataplane.TCP, 9090, 9091), port("dns", dataplane.UDP, 53, 5353),
+			}, ready("10.244.1.1"), only(ready("10.244.1.2"), map[string]uint16{"http": 8081}), only(ready("10.244.1.3"), nil)),
+			service("api", []string{"10.96.0.22"}, []dataplane.Port{port("http", dataplane.TCP, 80, 8080), port("grpc", dataplane.TCP, 9000, 9000)},
+				only(ready("10.244.2.1"), map[string]uint16{"http": 8080}), backend("10.244.2.2", term, 1)),
+			service("lonely", []string{"10.96.0.23"}, []dataplane.Port{port("a", dataplane.TCP, 80, 80), port("b", dataplane.TCP, 81, 81)},
+				only(ready("10.244.3.1"), map[string]uint16{"a": 8080})),
+			with(service("sticky", []string{"10.96.0.24"}, []dataplane.Port{port("http", dataplane.TCP, 80, 8080), port("admin", dataplane.TCP, 81, 8081)},
+				ready("10.244.4.1"), only(ready("10.244.4.2"), map[string]uint16{"http": 8080})),
+				func(s *dataplane.Service) { s.Affinity = affinity }),
+		), Options{}},
+		// A Kubernetes service's only, unnamed port: endpoints name it "".
+		{"unnamed-port-by-empty-name", state(service("kube", []string{"10.96.0.25"}, tcp(80, 8080),
+			only(ready("10.244.5.1"), map[string]uint16{"": 8081}), only(ready("10.244.5.2"), map[string]uint16{"": 8082}),
+			only(ready("10.244.5.3"), nil))), Options{}},
 		// Backends shared between services get one hairpin rule each, in a
 		// trie over addresses that share little.
 		{"shared-backends", state(

@@ -100,6 +100,35 @@ func TestTrace(t *testing.T) {
 			p.Hook = HookOutput
 			return p
 		}(), DNAT, map[string]float64{"10.244.1.5:8080": 1}},
+		{"a backend serving only named ports gets its ports", "only-named-ports", IPv4, tcpTo("10.96.0.21", 80), DNAT,
+			map[string]float64{"10.244.1.1:8080": 0.5, "10.244.1.2:8081": 0.5}},
+		{"a backend serving only named ports gets no other port", "only-named-ports", IPv4, tcpTo("10.96.0.21", 9090), DNAT,
+			map[string]float64{"10.244.1.1:9091": 1}},
+		{"a backend serving only named ports gets no other UDP port", "only-named-ports", IPv4, packet(client, "10.96.0.21", dataplane.UDP, 53), DNAT,
+			map[string]float64{"10.244.1.1:5353": 1}},
+		{"ready backend of one port, terminating of the other: ready", "only-named-ports", IPv4, tcpTo("10.96.0.22", 80), DNAT,
+			map[string]float64{"10.244.2.1:8080": 1}},
+		{"terminating fallback per port", "only-named-ports", IPv4, tcpTo("10.96.0.22", 9000), DNAT,
+			map[string]float64{"10.244.2.2:9000": 1}},
+		{"a port whose only backend does not serve it rejects", "only-named-ports", IPv4, tcpTo("10.96.0.23", 81), Reject, nil},
+		{"the other port of that service forwards", "only-named-ports", IPv4, tcpTo("10.96.0.23", 80), DNAT,
+			map[string]float64{"10.244.3.1:8080": 1}},
+		{"affinity to a backend that does not serve the port is not kept", "only-named-ports", IPv4, func() Packet {
+			p := tcpTo("10.96.0.24", 81)
+			p.Affinity = netip.MustParseAddr("10.244.4.2")
+			return p
+		}(), DNAT, map[string]float64{"10.244.4.1:8081": 1}},
+		{"affinity on the port it serves", "only-named-ports", IPv4, func() Packet {
+			p := tcpTo("10.96.0.24", 80)
+			p.Affinity = netip.MustParseAddr("10.244.4.2")
+			return p
+		}(), DNAT, map[string]float64{"10.244.4.2:8080": 1}},
+		{"hairpin from a backend that serves one port", "only-named-ports", IPv4, packet("10.244.1.2", "10.96.0.21", dataplane.TCP, 9090), DNAT,
+			map[string]float64{"10.244.1.1:9091": 1}},
+		{"hairpin back to a backend that serves one port", "only-named-ports", IPv4, packet("10.244.1.2", "10.96.0.21", dataplane.TCP, 80), DNAT,
+			map[string]float64{"10.244.1.1:8080": 0.5, "10.244.1.2:8081 masq": 0.5}},
+		{"the unnamed port by the empty name", "unnamed-port-by-empty-name", IPv4, tcpTo("10.96.0.25", 80), DNAT,
+			map[string]float64{"10.244.5.1:8081": 0.5, "10.244.5.2:8082": 0.5}},
 		{"affinity hit", "affinity", IPv4, func() Packet {
 			p := tcpTo("10.96.0.12", 80)
 			p.Affinity = netip.MustParseAddr("10.244.1.2")

@@ -105,7 +105,7 @@ func (a *App) backendsListCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return a.printer().show(msg, backendsView(svc.GetBackends()))
+				return a.printer().show(msg, backendsView(svc.GetBackends(), svc.GetPorts()...))
 			})
 		}),
 	}

@@ -367,7 +367,11 @@ func explainView(r *vipdv1.ExplainResponse) func(*table) {
 			if b.GetEligible() {
 				eligible = "yes"
 			}
-			t.row("  "+b.GetIp(), strconv.FormatUint(uint64(b.GetTargetPort()), 10), enumString(b.GetState()),
+			port := "-" // the backend does not serve the port
+			if tp := b.GetTargetPort(); tp != 0 {
+				port = strconv.FormatUint(uint64(tp), 10)
+			}
+			t.row("  "+b.GetIp(), port, enumString(b.GetState()),
 				strconv.FormatUint(uint64(b.GetWeight()), 10), eligible, prob, b.GetIneligibleReason())
 		}
 	}

@@ -48,23 +48,58 @@ func serviceView(s *vipdv1.Service) func(*table) {
 		t.field("Backends", fmt.Sprintf("%d ready of %d", readyBackends(s), len(s.GetBackends())))
 		if len(s.GetBackends()) > 0 {
 			t.section()
-			backendRows(t, s.GetBackends(), "  ")
+			backendRows(t, s.GetBackends(), s.GetPorts(), "  ")
 		}
 	}
 }
 
-// backendsView is the table of "backends list".
-func backendsView(backends []*vipdv1.Backend) func(*table) {
-	return func(t *table) { backendRows(t, backends, "") }
+// backendsView is the table of "backends list". ports are the service's
+// ports, if known: they let the PORTS column name each port a backend does
+// not serve.
+func backendsView(backends []*vipdv1.Backend, ports ...*vipdv1.Port) func(*table) {
+	return func(t *table) { backendRows(t, backends, ports, "") }
 }
 
-// backendRows writes a table of backends, each row starting with indent.
-func backendRows(t *table, backends []*vipdv1.Backend, indent string) {
+// backendRows writes a table of backends of a service with ports, each row
+// starting with indent.
+func backendRows(t *table, backends []*vipdv1.Backend, ports []*vipdv1.Port, indent string) {
 	t.row(indent+"IP", "STATE", "WEIGHT", "NODE-LOCAL", "ZONE", "PORTS")
 	for _, b := range backends {
 		t.row(indent+b.GetIp(), enumString(b.GetState()), strconv.FormatUint(uint64(b.GetWeight()), 10),
-			strconv.FormatBool(b.GetNodeLocal()), b.GetZone(), mapString(b.GetPorts()))
+			strconv.FormatBool(b.GetNodeLocal()), b.GetZone(), backendPortsString(b, ports))
 	}
+}
+
+// backendPortsString is the PORTS cell of backend b of a service with
+// ports: its target-port overrides as "http=8081", sorted by name (the
+// empty name, of a service's only, unnamed port, shown as ""), then, for
+// a backend that serves only the ports it names, every other port as not
+// served: "metrics=-" for each when ports are known, else "*=-".
+func backendPortsString(b *vipdv1.Backend, ports []*vipdv1.Port) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(b.GetPorts())) {
+		parts = append(parts, fmt.Sprintf("%s=%d", portKeyString(k), b.GetPorts()[k]))
+	}
+	if b.GetOnlyNamedPorts() {
+		if len(ports) == 0 {
+			parts = append(parts, "*=-")
+		}
+		for _, p := range ports {
+			if _, ok := b.GetPorts()[p.GetName()]; !ok {
+				parts = append(parts, portKeyString(p.GetName())+"=-")
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// portKeyString is a port name as the PORTS column shows it: `""` for the
+// empty name.
+func portKeyString(name string) string {
+	if name == "" {
+		return `""`
+	}
+	return name
 }
 
 // statusView is the key/value view of "status".

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"strings"
 	"testing"
 
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -35,5 +36,80 @@ func TestAffinityString(t *testing.T) {
 		if got := affinityString(tc.a); got != tc.want {
 			t.Errorf("affinityString(%v) = %q, want %q", tc.a, got, tc.want)
 		}
+	}
+}
+
+func TestBackendPortsString(t *testing.T) {
+	http := &vipdv1.Port{Name: "http", Port: 80, TargetPort: 8080}
+	metrics := &vipdv1.Port{Name: "metrics", Port: 9090}
+	unnamed := &vipdv1.Port{Port: 80, TargetPort: 8080}
+	for _, tc := range []struct {
+		name  string
+		b     *vipdv1.Backend
+		ports []*vipdv1.Port
+		want  string
+	}{
+		{"no overrides", &vipdv1.Backend{}, []*vipdv1.Port{http, metrics}, ""},
+		{"overrides sorted", &vipdv1.Backend{Ports: map[string]uint32{"metrics": 9091, "http": 8081}}, []*vipdv1.Port{http, metrics}, "http=8081,metrics=9091"},
+		{"the unnamed port", &vipdv1.Backend{Ports: map[string]uint32{"": 8081}}, []*vipdv1.Port{unnamed}, `""=8081`},
+		{"only named ports: the others not served", &vipdv1.Backend{Ports: map[string]uint32{"http": 8081}, OnlyNamedPorts: true},
+			[]*vipdv1.Port{http, metrics}, "http=8081,metrics=-"},
+		{"only named ports, naming none: no port served", &vipdv1.Backend{OnlyNamedPorts: true}, []*vipdv1.Port{http, metrics}, "http=-,metrics=-"},
+		{"only named ports, serving every port", &vipdv1.Backend{Ports: map[string]uint32{"http": 8080, "metrics": 9090}, OnlyNamedPorts: true},
+			[]*vipdv1.Port{http, metrics}, "http=8080,metrics=9090"},
+		{"only named ports, the unnamed port not served", &vipdv1.Backend{OnlyNamedPorts: true}, []*vipdv1.Port{unnamed}, `""=-`},
+		{"only named ports, the unnamed port served", &vipdv1.Backend{Ports: map[string]uint32{"": 8080}, OnlyNamedPorts: true}, []*vipdv1.Port{unnamed}, `""=8080`},
+		{"only named ports, the service's ports unknown", &vipdv1.Backend{Ports: map[string]uint32{"http": 8081}, OnlyNamedPorts: true}, nil, "http=8081,*=-"},
+		{"only named ports, none named, the service's ports unknown", &vipdv1.Backend{OnlyNamedPorts: true}, nil, "*=-"},
+	} {
+		if got := backendPortsString(tc.b, tc.ports); got != tc.want {
+			t.Errorf("%s: backendPortsString = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestServiceViewNotServedPorts checks that "service get" shows which ports
+// a backend with only_named_ports does not serve.
+func TestServiceViewNotServedPorts(t *testing.T) {
+	svc := &vipdv1.Service{
+		Name: "default/web", Owner: "kube", Generation: 3, Vips: []string{"10.96.0.10"},
+		Ports: []*vipdv1.Port{
+			{Name: "http", Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: 8080},
+			{Name: "metrics", Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 9090, TargetPort: 9090},
+		},
+		Backends: []*vipdv1.Backend{
+			{Ip: "10.0.1.5", State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1},
+			{Ip: "10.0.1.6", State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1, Ports: map[string]uint32{"http": 8081}, OnlyNamedPorts: true},
+			{Ip: "10.0.1.7", State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1, OnlyNamedPorts: true},
+		},
+	}
+	var out strings.Builder
+	tbl := newTable(&out)
+	serviceView(svc)(tbl)
+	if err := tbl.flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := `  IP        STATE  WEIGHT  NODE-LOCAL  ZONE  PORTS
+  10.0.1.5  ready  1       false       -     -
+  10.0.1.6  ready  1       false       -     http=8081,metrics=-
+  10.0.1.7  ready  1       false       -     http=-,metrics=-
+`
+	if got := out.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("service view ends\n%s\nwant it to end\n%s", got, want)
+	}
+
+	out.Reset()
+	tbl = newTable(&out)
+	backendsView(svc.GetBackends())(tbl)
+	if err := tbl.flush(); err != nil {
+		t.Fatal(err)
+	}
+	want = `IP        STATE  WEIGHT  NODE-LOCAL  ZONE  PORTS
+10.0.1.5  ready  1       false       -     -
+10.0.1.6  ready  1       false       -     http=8081,*=-
+10.0.1.7  ready  1       false       -     *=-
+`
+	if got := out.String(); got != want {
+		t.Errorf("backends view without the service's ports:\n%s\nwant\n%s", got, want)
 	}
 }

@@ -79,7 +79,7 @@ func everything() *vipdv1.Service {
 		},
 		Backends: []*vipdv1.Backend{
 			{Ip: "fd00:198:1::2", Ports: map[string]uint32{"dns": 53}, Weight: 65535, NodeLocal: true, Zone: "z1"},
-			{Ip: "198.18.3.2", State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, Ports: map[string]uint32{"dns": 5300, "dns-tcp": 5301}},
+			{Ip: "198.18.3.2", State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, Ports: map[string]uint32{"dns": 5300, "dns-tcp": 5301}, OnlyNamedPorts: true},
 			{Ip: "198.18.3.1", State: vipdv1.BackendState_BACKEND_STATE_TERMINATING, Weight: 7, Zone: strings.Repeat("z", 63)},
 		},
 		SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 86400},
@@ -152,6 +152,13 @@ func upsertSeeds(t *testing.T) map[string][][]byte {
 	outside.Vips = []string{"192.0.2.10"}
 	maxVIPs := readmeService()
 	maxVIPs.Vips = []string{"198.19.0.1", "198.19.0.2", "198.19.0.3", "198.19.0.4", "fd00::1", "fd00::2", "fd00::3", "fd00::4"}
+	// As a Kubernetes adapter writes EndpointSlices: the only, unnamed
+	// port by the empty name, and an endpoint that serves no port.
+	kubeEndpoints := readmeService()
+	kubeEndpoints.Backends = []*vipdv1.Backend{
+		{Ip: "198.18.1.10", Ports: map[string]uint32{"": 8081}, OnlyNamedPorts: true},
+		{Ip: "198.18.1.11", OnlyNamedPorts: true},
+	}
 	labels := readmeService()
 	labels.Labels = map[string]string{}
 	for i := range 65 {
@@ -174,6 +181,7 @@ func upsertSeeds(t *testing.T) map[string][][]byte {
 		"max-ports":            one(limitPorts),
 		"max-ports-plus-1":     one(overPorts),
 		"65-labels":            one(labels),
+		"kubernetes-endpoints": one(kubeEndpoints),
 		"unknown-field":        {withUnknownField(t, &vipdv1.UpsertServiceRequest{Service: readmeService()})},
 		"not-protobuf":         {[]byte("\xff\xff\xff\xff")},
 	}

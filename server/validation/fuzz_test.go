@@ -135,7 +135,8 @@ func checkAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service, lim
 	}
 	for i, b := range dp.Backends {
 		o := out.Backends[i]
-		if b.IP.String() != o.Ip || uint32(b.Weight) != o.Weight || b.Weight == 0 || b.NodeLocal != o.NodeLocal || b.Zone != o.Zone {
+		if b.IP.String() != o.Ip || uint32(b.Weight) != o.Weight || b.Weight == 0 || b.NodeLocal != o.NodeLocal || b.Zone != o.Zone ||
+			b.OnlyNamedPorts != o.OnlyNamedPorts {
 			t.Errorf("backend %d: API %v, dataplane %+v", i, o, b)
 		}
 		if i > 0 && dp.Backends[i-1].IP.Compare(b.IP) >= 0 {
@@ -143,6 +144,16 @@ func checkAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service, lim
 		}
 		if len(b.Ports) != len(o.Ports) {
 			t.Errorf("backend %d: %d port overrides in the API form, %d in the dataplane form", i, len(o.Ports), len(b.Ports))
+		}
+		for name, tp := range b.Ports {
+			if !slices.ContainsFunc(dp.Ports, func(p dataplane.Port) bool { return p.Name == name }) {
+				t.Errorf("backend %d: override %q=%d names no port of the service", i, name, tp)
+			}
+		}
+		for _, p := range dp.Ports {
+			if b.Serves(p) && b.TargetPort(p) == 0 {
+				t.Errorf("backend %d serves port %q on target port 0", i, p.Name)
+			}
 		}
 	}
 	if out.SessionAffinity == nil || out.LoadBalancing == vipdv1.LoadBalancing_LOAD_BALANCING_UNSPECIFIED ||

@@ -389,6 +389,16 @@ type BackendContext struct {
 	ports      []dataplane.Port
 }
 
+// names reports whether a backend's ports key name names a port of the
+// service: a port's name, or "" for the service's only port when that port
+// has no name (as a Kubernetes EndpointSlice names it).
+func (ctx BackendContext) names(name string) bool {
+	if name == "" {
+		return len(ctx.ports) == 1 && ctx.ports[0].Name == ""
+	}
+	return slices.ContainsFunc(ctx.ports, func(p dataplane.Port) bool { return p.Name == name })
+}
+
 // NewBackendContext returns the context that backends of svc are validated in.
 func NewBackendContext(svc *dataplane.Service) BackendContext {
 	ctx := BackendContext{ports: svc.Ports}
@@ -436,8 +446,15 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	for _, name := range names {
 		port := b.Ports[name]
 		f := fmt.Sprintf("%s.ports[%q]", field, name)
-		if !slices.ContainsFunc(ctx.ports, func(p dataplane.Port) bool { return p.Name == name && name != "" }) {
-			v.add(f, "names no port of the service")
+		if !ctx.names(name) {
+			switch {
+			case name != "":
+				v.add(f, "names no port of the service")
+			case len(ctx.ports) == 1:
+				v.add(f, "the empty name stands for a service's only port when that port has no name, but this service's port is named %q", ctx.ports[0].Name)
+			default:
+				v.add(f, "the empty name stands for a service's only port when that port has no name, but this service has %d ports", len(ctx.ports))
+			}
 			continue
 		}
 		if port == 0 || port > 65535 {
@@ -468,7 +485,8 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	if len(*v) > before {
 		return dataplane.Backend{}, false
 	}
-	return dataplane.Backend{IP: ip, Ports: ports, State: state, Weight: uint16(b.Weight), NodeLocal: b.NodeLocal, Zone: b.Zone}, true
+	return dataplane.Backend{IP: ip, Ports: ports, OnlyNamedPorts: b.OnlyNamedPorts, State: state, Weight: uint16(b.Weight),
+		NodeLocal: b.NodeLocal, Zone: b.Zone}, true
 }
 
 func family(a netip.Addr) string {

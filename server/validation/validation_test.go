@@ -226,10 +226,39 @@ func TestServiceViolations(t *testing.T) {
 		{name: "backend port override of an unknown port", edit: func(s *vipdv1.Service) {
 			s.Backends[0].Ports = map[string]uint32{"http": 8080, "https": 8443}
 		}, want: []string{`service.backends[0].ports["https"]`}},
-		{name: "backend port override of an unnamed port", edit: func(s *vipdv1.Service) {
+		{name: "backend port override of the only, unnamed port", edit: func(s *vipdv1.Service) {
 			s.Ports[0].Name = ""
 			s.Backends[0].Ports = map[string]uint32{"": 8080}
+		}},
+		{name: "backend port override by the empty name of a named port", edit: func(s *vipdv1.Service) {
+			s.Backends[0].Ports = map[string]uint32{"": 8080}
 		}, want: []string{`service.backends[0].ports[""]`}},
+		{name: "backend port override by the empty name with two ports", edit: func(s *vipdv1.Service) {
+			s.Ports = ports(2)
+			s.Backends[0].Ports = map[string]uint32{"": 8080, "p0": 8080}
+		}, want: []string{`service.backends[0].ports[""]`}},
+		{name: "backend port override by the empty name with two ports, one unnamed", edit: func(s *vipdv1.Service) {
+			s.Ports = ports(2)
+			s.Ports[1].Name = ""
+			s.Backends[0].Ports = map[string]uint32{"": 8080}
+		}, want: []string{`service.backends[0].ports[""]`, "service.ports[1].name"}},
+		{name: "backend serving only named ports", edit: func(s *vipdv1.Service) {
+			s.Ports = ports(2)
+			s.Backends[0].Ports = map[string]uint32{"p1": 8080}
+			s.Backends[0].OnlyNamedPorts = true
+		}},
+		{name: "backend serving only named ports, naming none", edit: func(s *vipdv1.Service) {
+			s.Backends[0].OnlyNamedPorts = true
+		}},
+		{name: "backend serving only named ports, naming an unknown one", edit: func(s *vipdv1.Service) {
+			s.Backends[0].Ports = map[string]uint32{"https": 8443}
+			s.Backends[0].OnlyNamedPorts = true
+		}, want: []string{`service.backends[0].ports["https"]`}},
+		{name: "backend serving only the unnamed port", edit: func(s *vipdv1.Service) {
+			s.Ports[0].Name = ""
+			s.Backends[0].Ports = map[string]uint32{"": 8080}
+			s.Backends[0].OnlyNamedPorts = true
+		}},
 		{name: "backend port override of 0", edit: func(s *vipdv1.Service) { s.Backends[0].Ports = map[string]uint32{"http": 0} }, want: []string{`service.backends[0].ports["http"]`}},
 		{name: "backend port override of 65536", edit: func(s *vipdv1.Service) { s.Backends[0].Ports = map[string]uint32{"http": 65536} }, want: []string{`service.backends[0].ports["http"]`}},
 		{name: "backend states", edit: func(s *vipdv1.Service) {
@@ -516,6 +545,43 @@ func TestServiceNormalized(t *testing.T) {
 			},
 		},
 		{
+			name: "Kubernetes endpoints: the unnamed port by the empty name, and a backend serving no port",
+			in: &vipdv1.Service{
+				Name:  "default/web",
+				Vips:  []string{"10.96.0.10"},
+				Ports: []*vipdv1.Port{{Port: 80, TargetPort: 8080}},
+				Backends: []*vipdv1.Backend{
+					{Ip: "10.0.0.2", OnlyNamedPorts: true},
+					{Ip: "10.0.0.1", Ports: map[string]uint32{"": 9090}, OnlyNamedPorts: true},
+				},
+			},
+			want: &vipdv1.Service{
+				Name:  "default/web",
+				Owner: "default",
+				Vips:  []string{"10.96.0.10"},
+				Ports: []*vipdv1.Port{{Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 80, TargetPort: 8080}},
+				Backends: []*vipdv1.Backend{
+					{Ip: "10.0.0.1", Ports: map[string]uint32{"": 9090}, OnlyNamedPorts: true, State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1},
+					{Ip: "10.0.0.2", OnlyNamedPorts: true, State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1},
+				},
+				SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_NONE},
+				InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+				LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM,
+			},
+			wantDP: &dataplane.Service{
+				Name:  "default/web",
+				Owner: "default",
+				VIPs:  []netip.Addr{addr("10.96.0.10")},
+				Ports: []dataplane.Port{{Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+				Backends: []dataplane.Backend{
+					{IP: addr("10.0.0.1"), Ports: map[string]uint16{"": 9090}, OnlyNamedPorts: true, State: dataplane.BackendReady, Weight: 1},
+					{IP: addr("10.0.0.2"), OnlyNamedPorts: true, State: dataplane.BackendReady, Weight: 1},
+				},
+				TrafficPolicy: dataplane.TrafficPolicyCluster,
+				LoadBalancing: dataplane.LoadBalancingRandom,
+			},
+		},
+		{
 			name:   "dual stack, backends sorted by address not by string",
 			limits: validation.Limits{MaxBackends: 5, ServiceCIDRs: serviceCIDRs},
 			in: &vipdv1.Service{
@@ -697,6 +763,10 @@ func TestBackend(t *testing.T) {
 		Ports: []dataplane.Port{{Name: "http", Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
 	}
 	v6 := &dataplane.Service{VIPs: []netip.Addr{addr("fd00:96::10")}}
+	unnamed := &dataplane.Service{
+		VIPs:  []netip.Addr{addr("10.96.0.10")},
+		Ports: []dataplane.Port{{Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+	}
 	tests := []struct {
 		name  string
 		svc   *dataplane.Service
@@ -726,6 +796,22 @@ func TestBackend(t *testing.T) {
 			wantB: &vipdv1.Backend{Ip: "10.0.0.1", Ports: map[string]uint32{"http": 9090}, State: vipdv1.BackendState_BACKEND_STATE_TERMINATING, Weight: 1},
 			wantD: dataplane.Backend{IP: addr("10.0.0.1"), Ports: map[string]uint16{"http": 9090}, State: dataplane.BackendTerminating, Weight: 1},
 		},
+		{
+			name:  "only named ports, and none named",
+			svc:   v4,
+			in:    &vipdv1.Backend{Ip: "10.0.0.1", OnlyNamedPorts: true},
+			wantB: &vipdv1.Backend{Ip: "10.0.0.1", OnlyNamedPorts: true, State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1},
+			wantD: dataplane.Backend{IP: addr("10.0.0.1"), OnlyNamedPorts: true, State: dataplane.BackendReady, Weight: 1},
+		},
+		{
+			name:  "the empty name for the only, unnamed port",
+			svc:   unnamed,
+			in:    &vipdv1.Backend{Ip: "10.0.0.1", Ports: map[string]uint32{"": 9090}, OnlyNamedPorts: true},
+			wantB: &vipdv1.Backend{Ip: "10.0.0.1", Ports: map[string]uint32{"": 9090}, OnlyNamedPorts: true, State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1},
+			wantD: dataplane.Backend{IP: addr("10.0.0.1"), Ports: map[string]uint16{"": 9090}, OnlyNamedPorts: true, State: dataplane.BackendReady, Weight: 1},
+		},
+		{name: "the empty name for a named port", svc: v4, in: &vipdv1.Backend{Ip: "10.0.0.1", Ports: map[string]uint32{"": 80}}, want: []string{`upsert[0].ports[""]`}},
+		{name: "the empty name for a service without ports", svc: v6, in: &vipdv1.Backend{Ip: "fd00::1", Ports: map[string]uint32{"": 80}}, want: []string{`upsert[0].ports[""]`}},
 		{name: "nil backend", svc: v4, want: []string{"upsert[0]"}},
 		{name: "IPv6 backend of an IPv4 service", svc: v4, in: &vipdv1.Backend{Ip: "fd00::1"}, want: []string{"upsert[0].ip"}},
 		{name: "IPv4 backend of an IPv6 service", svc: v6, in: &vipdv1.Backend{Ip: "10.0.0.1"}, want: []string{"upsert[0].ip"}},

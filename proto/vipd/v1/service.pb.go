@@ -373,7 +373,10 @@ type Backend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ip is the backend's address; its family must match one of the service's VIPs.
 	Ip string `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
-	// ports maps a port name to this backend's target port, overriding the port's target_port.
+	// ports maps a port name to this backend's target port, overriding the
+	// port's target_port. A key must name a port of the service; the empty key
+	// "" is allowed only when the service has a single port and that port has
+	// no name (the form a Kubernetes EndpointSlice gives an unnamed port).
 	Ports map[string]uint32 `protobuf:"bytes,2,rep,name=ports,proto3" json:"ports,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// state defaults to BACKEND_STATE_READY.
 	State BackendState `protobuf:"varint,3,opt,name=state,proto3,enum=vipd.v1.BackendState" json:"state,omitempty"`
@@ -382,9 +385,17 @@ type Backend struct {
 	// node_local marks a backend that runs on this node.
 	NodeLocal bool `protobuf:"varint,5,opt,name=node_local,json=nodeLocal,proto3" json:"node_local,omitempty"`
 	// zone is informational: the backend's topology zone.
-	Zone          string `protobuf:"bytes,6,opt,name=zone,proto3" json:"zone,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Zone string `protobuf:"bytes,6,opt,name=zone,proto3" json:"zone,omitempty"`
+	// only_named_ports, when true, makes the backend serve only the ports that
+	// ports names (with their target ports there); new connections to the
+	// service's other ports never pick it, and its UDP flows on them are
+	// moved as if it had left the service. With ports empty it serves no port
+	// at all. This is Kubernetes' endpoint whose EndpointSlice lacks a port.
+	// The default, false, makes the backend serve every port of the service,
+	// those that ports does not name on the port's own target_port.
+	OnlyNamedPorts bool `protobuf:"varint,7,opt,name=only_named_ports,json=onlyNamedPorts,proto3" json:"only_named_ports,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
@@ -457,6 +468,13 @@ func (x *Backend) GetZone() string {
 		return x.Zone
 	}
 	return ""
+}
+
+func (x *Backend) GetOnlyNamedPorts() bool {
+	if x != nil {
+		return x.OnlyNamedPorts
+	}
+	return false
 }
 
 // SessionAffinityConfig configures session affinity for a service.
@@ -705,7 +723,7 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\rR\n" +
-	"targetPort\"\xfe\x01\n" +
+	"targetPort\"\xa8\x02\n" +
 	"\aBackend\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x121\n" +
 	"\x05ports\x18\x02 \x03(\v2\x1b.vipd.v1.Backend.PortsEntryR\x05ports\x12+\n" +
@@ -713,7 +731,8 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\x06weight\x18\x04 \x01(\rR\x06weight\x12\x1d\n" +
 	"\n" +
 	"node_local\x18\x05 \x01(\bR\tnodeLocal\x12\x12\n" +
-	"\x04zone\x18\x06 \x01(\tR\x04zone\x1a8\n" +
+	"\x04zone\x18\x06 \x01(\tR\x04zone\x12(\n" +
+	"\x10only_named_ports\x18\a \x01(\bR\x0eonlyNamedPorts\x1a8\n" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

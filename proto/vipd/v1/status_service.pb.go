@@ -397,7 +397,8 @@ func (x *ExplainResponse) GetSummary() string {
 type ExplainedBackend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Ip    string                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
-	// target_port is the port the backend listens on for the matched port.
+	// target_port is the port the backend listens on for the matched port;
+	// 0 when the backend does not serve that port (only_named_ports).
 	TargetPort uint32       `protobuf:"varint,2,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
 	State      BackendState `protobuf:"varint,3,opt,name=state,proto3,enum=vipd.v1.BackendState" json:"state,omitempty"`
 	Weight     uint32       `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`

@@ -1,0 +1,85 @@
+package iptables
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/dataplane"
+)
+
+func TestStaleUDP(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	dns, metrics := port("dns", dataplane.UDP, 53, 5353), port("metrics", dataplane.UDP, 9000, 9000)
+	svc := func(backends ...dataplane.Backend) map[string]*dataplane.Service {
+		return map[string]*dataplane.Service{"dns": service("dns", []string{"10.96.0.53"}, []dataplane.Port{dns, metrics}, backends...)}
+	}
+	only := func(b dataplane.Backend, ports map[string]uint16) dataplane.Backend {
+		b.Ports, b.OnlyNamedPorts = ports, true
+		return b
+	}
+	for _, tc := range []struct {
+		name      string
+		old, next map[string]*dataplane.Service
+		flows     map[udpTarget]bool
+		whole     map[netip.AddrPort]bool
+	}{
+		{
+			name: "no change",
+			old:  svc(ready("10.244.1.1"), only(ready("10.244.1.2"), map[string]uint16{"dns": 5353})),
+			next: svc(ready("10.244.1.1"), only(ready("10.244.1.2"), map[string]uint16{"dns": 5353})),
+		},
+		{
+			// As kube-proxy does when an endpoint leaves a service port's
+			// endpoints: its UDP flows on that port go, the others stay.
+			name: "a backend stops serving one port",
+			old:  svc(ready("10.244.1.1"), ready("10.244.1.2")),
+			next: svc(ready("10.244.1.1"), only(ready("10.244.1.2"), map[string]uint16{"dns": 5353})),
+			flows: map[udpTarget]bool{
+				{vip: ap("10.96.0.53:9000"), backend: ap("10.244.1.2:9000")}: true,
+			},
+		},
+		{
+			name: "a backend stops serving every port",
+			old:  svc(ready("10.244.1.1"), ready("10.244.1.2")),
+			next: svc(ready("10.244.1.1"), only(ready("10.244.1.2"), nil)),
+			flows: map[udpTarget]bool{
+				{vip: ap("10.96.0.53:53"), backend: ap("10.244.1.2:5353")}:   true,
+				{vip: ap("10.96.0.53:9000"), backend: ap("10.244.1.2:9000")}: true,
+			},
+		},
+		{
+			// Flows that the port refused while no backend served it are
+			// flushed once one does, so that clients are not stuck.
+			name: "a port gets its first backend that serves it",
+			old:  svc(only(ready("10.244.1.1"), map[string]uint16{"dns": 5353})),
+			next: svc(ready("10.244.1.1")),
+			flows: map[udpTarget]bool{
+				{vip: ap("10.96.0.53:9000")}: true,
+			},
+		},
+		{
+			name:  "the service goes",
+			old:   svc(only(ready("10.244.1.1"), map[string]uint16{"dns": 5353})),
+			next:  map[string]*dataplane.Service{},
+			whole: map[netip.AddrPort]bool{ap("10.96.0.53:53"): true, ap("10.96.0.53:9000"): true},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flows, whole := staleUDP(tc.old, tc.next)
+			if tc.flows == nil {
+				tc.flows = map[udpTarget]bool{}
+			}
+			if tc.whole == nil {
+				tc.whole = map[netip.AddrPort]bool{}
+			}
+			opt := cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })
+			if diff := cmp.Diff(tc.flows, flows, opt, cmp.AllowUnexported(udpTarget{})); diff != "" {
+				t.Errorf("stale flows (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.whole, whole, opt); diff != "" {
+				t.Errorf("stale VIP:ports (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
