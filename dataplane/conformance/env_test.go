@@ -33,8 +33,10 @@ const (
 	owner   = "conformance"
 
 	// connectDeadline bounds a connection that must be refused: a REJECT
-	// answers at once, so a refusal that takes longer is a hang.
-	connectDeadline = 2 * time.Second
+	// answers at once, so a refusal that takes longer is a hang. It is
+	// under TCP's first SYN retransmission (1 s), so that a refusal the
+	// client only learns of from a retransmitted SYN fails too.
+	connectDeadline = 900 * time.Millisecond
 	// replyDeadline bounds a request that must succeed.
 	replyDeadline = 3 * time.Second
 	// deadWait is how long a request that must not reach any backend is

@@ -50,11 +50,21 @@ func (f Family) hostMask() string {
 	return "255.255.255.255"
 }
 
-func (f Family) rejectWith() string {
-	if f == IPv6 {
+// rejectWith is how a port without backends refuses a new connection. TCP
+// gets a reset rather than an ICMP error: a pod's connect() holds its
+// socket while the SYN crosses the veth, and an ICMPv6 error that arrives
+// meanwhile is only a soft error to TCP, so the client would learn of the
+// refusal from the retransmitted SYN a second later. A reset is queued for
+// the socket instead, and refuses at once in both families.
+func (f Family) rejectWith(proto dataplane.Protocol) string {
+	switch {
+	case proto == dataplane.TCP:
+		return "tcp-reset"
+	case f == IPv6:
 		return "icmp6-port-unreachable"
+	default:
+		return "icmp-port-unreachable"
 	}
-	return "icmp-port-unreachable"
 }
 
 // Table is an iptables table.
@@ -353,7 +363,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		comment := commentMatch(svc.Name, p)
 		if len(backends) == 0 {
 			for _, v := range vips {
-				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith()})
+				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith(p.Protocol)})
 			}
 			continue
 		}

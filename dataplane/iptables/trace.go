@@ -684,8 +684,8 @@ func (r *rule) setTarget(f Family, tab Table, o map[string]string) error {
 			return errors.New("MASQUERADE outside the nat table")
 		}
 	case "REJECT":
-		if tab != Filter || o["--reject-with"] != f.rejectWith() {
-			return fmt.Errorf("only in the filter table with --reject-with %s", f.rejectWith())
+		if tab != Filter || o["--reject-with"] != f.rejectWith(r.proto) {
+			return fmt.Errorf("only in the filter table with --reject-with %s", f.rejectWith(r.proto))
 		}
 	case "CONNMARK":
 		if tab != NAT || o["--set-xmark"] != fmt.Sprintf("%#x/%#x", FlowMark, FlowMarkMask) {

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
@@ -12,11 +14,13 @@ import (
 
 func (a *App) applyCommand() *cobra.Command {
 	var (
-		files []string
-		owner string
-		prune bool
+		files    []string
+		owner    string
+		prune    bool
+		nodeName string
+		cmd      *cobra.Command
 	)
-	cmd := &cobra.Command{
+	cmd = &cobra.Command{
 		Use:   "apply -f FILE [-f FILE...]",
 		Short: "Create or replace the services in files",
 		Long: `Create or replace the services in files ("-" is standard input).
@@ -41,6 +45,20 @@ affinity mode none, client_ip; internal_traffic_policy cluster, local;
 load_balancing random, maglev. Unknown fields are errors. The output of
 "vipctl service get -o yaml" and "vipctl service list -o json" reads back.
 
+Files may also hold Kubernetes Services (v1) and EndpointSlices
+(discovery.k8s.io/v1), alone or in a List, as "kubectl get
+svc,endpointslices -A -o yaml" prints them, and mixed with vipd services.
+They are converted as vipd's Kubernetes adapter converts them: the service
+namespace/name with the Service's cluster IPs and ports, and as backends the
+endpoints of its EndpointSlices (in any of the files), each with the port
+numbers its slice gives, and no owner (--owner gives one). Unknown fields
+are errors; a missing namespace is "default". --node-name names this node,
+whose endpoints are node-local (internalTrafficPolicy: Local). What
+kube-proxy would not program either (headless and ExternalName Services,
+Services with the label service.kubernetes.io/service-proxy-name) and
+EndpointSlices of no Service in the files are left out, with a note on
+standard error.
+
 Without --prune, each service is upserted in turn, and apply stops at the
 first error; the services before it stay applied. --owner fills in an empty
 owner, and a service with another owner is an error.
@@ -53,7 +71,10 @@ other owners' services are never touched.`,
 			if prune && owner == "" {
 				return usageErrorf("--prune needs --owner, whose services not in the files it deletes")
 			}
-			svcs, err := a.loadServices(files, owner)
+			if !cmd.Flags().Changed("node-name") {
+				nodeName = defaultNodeName()
+			}
+			svcs, err := a.loadServicesFor(manifest.Options{NodeName: nodeName}, files, owner)
 			if err != nil {
 				return err
 			}
@@ -68,30 +89,45 @@ other owners' services are never touched.`,
 	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `file of services, "-" for standard input; repeatable`)
 	cmd.Flags().StringVar(&owner, "owner", "", "owner of the services")
 	cmd.Flags().BoolVar(&prune, "prune", false, "also delete the owner's services that the files do not list")
+	cmd.Flags().StringVar(&nodeName, "node-name", "", "Kubernetes files: this node's name; endpoints with this nodeName are node-local "+
+		"(default $"+NodeNameEnv+", else the host name in lower case)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
 
-// loadServices reads the services of files, in order, and prepares them
-// for vipd: owner fills in an empty owner, and the output-only generation
-// (present in what "service get -o yaml" prints) is cleared.
+// loadServices is loadServicesFor with no node name: no Kubernetes
+// endpoint is node-local.
 func (a *App) loadServices(files []string, owner string) ([]*vipdv1.Service, error) {
-	var all []*vipdv1.Service
+	return a.loadServicesFor(manifest.Options{}, files, owner)
+}
+
+// loadServicesFor reads the services of files with opts, in order
+// (Kubernetes objects, converted once all files are read, come after the
+// vipd services), prints the loader's notes on what it left out to the
+// error stream, and prepares the services for vipd: owner fills in an
+// empty owner, and the output-only generation (present in what "service
+// get -o yaml" prints) is cleared.
+func (a *App) loadServicesFor(opts manifest.Options, files []string, owner string) ([]*vipdv1.Service, error) {
+	l := manifest.NewLoader(opts)
 	for _, f := range files {
-		var (
-			svcs []*vipdv1.Service
-			err  error
-		)
+		var err error
 		if f == "-" {
-			svcs, err = manifest.Load(a.streams.In, manifest.Stdin)
+			err = l.Read(a.streams.In, manifest.Stdin)
 		} else {
-			svcs, err = manifest.LoadFile(f)
+			err = l.ReadFile(f)
 		}
 		if err != nil {
 			return nil, err
 		}
-		all = append(all, svcs...)
 	}
+	res, err := l.Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, note := range res.Notes {
+		fmt.Fprintf(a.streams.Err, "note: %s\n", note)
+	}
+	all := res.Services
 	seen := map[string]bool{}
 	for _, s := range all {
 		if seen[s.GetName()] {
@@ -155,4 +191,21 @@ func (a *App) sync(ctx context.Context, c *client.Client, owner string, svcs []*
 		t.row(fmt.Sprintf("owner %s: %d created, %d updated, %d deleted, %d unchanged", owner,
 			len(resp.GetCreated()), len(resp.GetUpdated()), len(resp.GetDeleted()), len(resp.GetUnchanged())))
 	})
+}
+
+// NodeNameEnv names the environment variable that gives apply's --node-name
+// its default, as the Kubernetes downward API sets it in a pod.
+const NodeNameEnv = "NODE_NAME"
+
+// defaultNodeName is NodeNameEnv, else the host name in lower case, which
+// is how the kubelet names its node; "" if neither is known.
+func defaultNodeName() string {
+	if v := os.Getenv(NodeNameEnv); v != "" {
+		return v
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(strings.TrimSpace(h))
 }

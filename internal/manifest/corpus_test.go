@@ -69,6 +69,10 @@ func loadSeeds(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	kubectl, err := os.ReadFile(filepath.Join("testdata", "kubernetes.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var deep strings.Builder
 	for range 5000 {
 		deep.WriteString("[")
@@ -86,9 +90,19 @@ func loadSeeds(t *testing.T) map[string]string {
 		"only-comments":    "# nothing here\n---\n# nor here\n",
 		"multi-document": "---\nname: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---   \n\n--- \n- name: b\n  vips: [\"fd00:198::1\"]\n  ports: [{port: 443}]\n" +
 			"  backends: [{ip: \"fd00:198:1::1\", state: not-serving}, {ip: fd00:198:1::2, state: NotServing}]\n",
-		"crlf":        "name: a\r\nvips: [198.19.0.1]\r\nports:\r\n- port: 80\r\n---\r\nname: b\r\nvips: [198.19.0.2]\r\nports: [{port: 81}]\r\n",
-		"kubernetes":  kubernetes,
-		"mixed-kinds": "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\nkind: Service\n",
+		"crlf":         "name: a\r\nvips: [198.19.0.1]\r\nports:\r\n- port: 80\r\n---\r\nname: b\r\nvips: [198.19.0.2]\r\nports: [{port: 81}]\r\n",
+		"kubernetes":   kubernetes,
+		"kubectl-list": string(kubectl),
+		"kubernetes-typed-lists": "apiVersion: v1\nkind: ServiceList\nitems:\n- metadata: {name: dns, namespace: kube-system}\n" +
+			"  spec: {clusterIPs: [198.19.0.53, \"fd00:198:19::35\"], ports: [{name: dns, port: 53, protocol: UDP, targetPort: dns}]}\n" +
+			"---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSliceList\nitems:\n" +
+			"- metadata: {name: dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}\n" +
+			"  addressType: IPv6\n  endpoints: [{addresses: [\"fd00:198:2::5\"], nodeName: node-a}]\n  ports: [{name: dns, port: 5353, protocol: UDP}]\n",
+		"kubernetes-skipped": "- {apiVersion: v1, kind: Service, metadata: {name: db}, spec: {clusterIP: None}}\n" +
+			"- {apiVersion: v1, kind: Service, metadata: {name: mail}, spec: {type: ExternalName, externalName: mail.example.net}}\n" +
+			"- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: gone-1, labels: {kubernetes.io/service-name: gone}}, addressType: IPv4}\n",
+		"kubernetes-unknown-field": "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 198.19.0.10, ports: [{port: 80, targetPort: true, prot: x}]}\n",
+		"mixed-kinds":              "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\nkind: Service\n",
 		"all-fields": `name: team/dns
 owner: nomad
 vips: [10.96.0.53, "fd00:96::53"]

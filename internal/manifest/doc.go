@@ -10,8 +10,22 @@
 // Errors are *Error values that name the source, the document and, where
 // known, the field.
 //
+// A document or list item with apiVersion or kind is a Kubernetes object
+// instead: a Service (v1), an EndpointSlice (discovery.k8s.io/v1), or a
+// List (v1), ServiceList or EndpointSliceList of them, as "kubectl get
+// svc,endpointslices -o yaml" prints them; a file may mix them with vipd
+// services. They are decoded into the k8s.io/api types as strictly as the
+// apiserver does (every field kubectl prints, status and managedFields
+// included, is read; any other is an error naming its path), a missing
+// metadata.namespace is "default", and once every source of a Loader is
+// read they are converted by internal/kubeconvert, the converter of the
+// Kubernetes adapter, so that a Service means the same by either route.
+// Converted services have no owner (vipctl apply --owner gives one). What
+// kubeconvert leaves out on purpose (headless and ExternalName Services,
+// those of another proxy) and EndpointSlices of no Service read are
+// reported in Result.Notes, not as errors.
+//
 // It owns the file formats and their spelling only: it must not validate
-// services beyond what decoding needs (vipd does that), nor talk to vipd.
-// Kubernetes documents (those with apiVersion or kind) are collected for a
-// converter in kubernetes.go, which supports no kind yet.
+// services beyond what decoding needs (vipd does that), convert Kubernetes
+// objects itself, nor talk to vipd.
 package manifest

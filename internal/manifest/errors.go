@@ -24,6 +24,19 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
+	b.WriteString(e.location())
+	if e.Path != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Path)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+// location is the source and document of e.
+func (e *Error) location() string {
+	var b strings.Builder
 	b.WriteString(e.Source)
 	if e.Document > 0 {
 		fmt.Fprintf(&b, ": document %d", e.Document)
@@ -31,12 +44,6 @@ func (e *Error) Error() string {
 			fmt.Fprintf(&b, " (line %d)", e.Line)
 		}
 	}
-	if e.Path != "" {
-		b.WriteString(": ")
-		b.WriteString(e.Path)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
 	return b.String()
 }
 

@@ -25,6 +25,7 @@ const fuzzSource = "fuzz.yaml"
 // FuzzLoad fuzzes what "vipctl apply -f" reads: YAML or JSON, one or many
 // documents, vipd services or Kubernetes objects. It checks that
 //   - nothing panics;
+//   - notes on what was left out are one line each;
 //   - every error is a *manifest.Error that names the source and, unless
 //     the source holds no document at all, the document;
 //   - every service read either passes vipd's validation or is rejected
@@ -36,11 +37,22 @@ const fuzzSource = "fuzz.yaml"
 func FuzzLoad(f *testing.F) {
 	lim := validation.Limits{MaxBackends: validation.DefaultMaxBackends}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		svcs, err := manifest.Load(bytes.NewReader(data), fuzzSource)
+		l := manifest.NewLoader(manifest.Options{NodeName: "node-a"})
+		err := l.Read(bytes.NewReader(data), fuzzSource)
+		var res *manifest.Result
+		if err == nil {
+			res, err = l.Result()
+		}
 		if err != nil {
 			checkLoadError(t, err)
 			return
 		}
+		for _, note := range res.Notes {
+			if note == "" || strings.Contains(note, "\n") {
+				t.Errorf("note %q is not one line", note)
+			}
+		}
+		svcs := res.Services
 		for i, svc := range svcs {
 			if svc == nil {
 				t.Fatalf("service %d is nil", i)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,51 +21,126 @@ import (
 // Stdin is the source name of standard input, which LoadFile reads for "-".
 const Stdin = "stdin"
 
-// LoadFile reads the services in the file at path, or in standard input when
-// path is "-". See Load.
-func LoadFile(path string) ([]*vipdv1.Service, error) {
+// Options are the inputs of a load that the files do not give.
+type Options struct {
+	// NodeName is the name of the node the services are for: endpoints of
+	// Kubernetes EndpointSlices whose nodeName equals it are node-local
+	// (what internalTrafficPolicy: Local keeps). Empty means none is.
+	NodeName string
+}
+
+// Result is what a Loader read.
+type Result struct {
+	// Services are the vipd services, those written as such first, in the
+	// order of the sources and documents, then those converted from
+	// Kubernetes Services, in name order.
+	Services []*vipdv1.Service
+	// Notes say what was read but left out, one sentence each, such as
+	// "skipped Service default/db: it is headless (clusterIP: None): ...":
+	// for the user to see, not errors.
+	Notes []string
+}
+
+// Loader reads the services of one or more sources, such as the files of
+// one "vipctl apply". Kubernetes objects are converted together once every
+// source is read, so that a Service and its EndpointSlices may come in
+// different sources. A Loader is not safe for concurrent use.
+type Loader struct {
+	opts     Options
+	services []*vipdv1.Service
+	kube     kubeObjects
+}
+
+// NewLoader returns a Loader that reads with opts.
+func NewLoader(opts Options) *Loader { return &Loader{opts: opts} }
+
+// ReadFile reads the file at path, or standard input when path is "-". See
+// Read.
+func (l *Loader) ReadFile(path string) error {
 	if path == "-" {
-		return Load(os.Stdin, Stdin)
+		return l.Read(os.Stdin, Stdin)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
-	return Load(f, path)
+	return l.Read(f, path)
 }
 
-// Load reads the services in r, in the order they are written; source names
-// r in errors. Decoding errors are *Error values. An input with no documents
-// (empty, or only comments) is an error, so that a mistaken file cannot
-// prune everything; an explicit empty list yields no services and no error.
-func Load(r io.Reader, source string) ([]*vipdv1.Service, error) {
+// Read reads the documents in r; source names r in errors. Decoding errors
+// are *Error values, and on error nothing of r is kept. A source with no
+// documents (empty, or only comments) is an error, so that a mistaken file
+// cannot prune everything; an explicit empty list adds no services and no
+// error.
+func (l *Loader) Read(r io.Reader, source string) error {
 	data, err := io.ReadAll(r)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", source, err)
+		return fmt.Errorf("read %s: %w", source, err)
 	}
-	l := loader{source: source}
+	sr := reader{source: source, kube: l.kube.clone()}
 	for _, d := range splitDocuments(data) {
-		if err := l.document(d); err != nil {
-			return nil, err
+		if err := sr.document(d); err != nil {
+			return err
 		}
 	}
-	if l.documents == 0 {
-		return nil, &Error{Source: source, Err: errors.New("no services found")}
+	if sr.documents == 0 {
+		return &Error{Source: source, Err: errors.New("no services found")}
 	}
-	kube, err := fromKubernetes(l.kube)
+	l.services = append(l.services, sr.services...)
+	l.kube = sr.kube
+	return nil
+}
+
+// Result converts the Kubernetes objects read (see the package
+// documentation) and returns every service read, with notes on what was
+// left out. A Kubernetes Service that cannot be converted is an *Error
+// naming where it was read. Result does not change the Loader.
+func (l *Loader) Result() (*Result, error) {
+	kube, notes, err := l.kube.convert(l.opts)
 	if err != nil {
 		return nil, err
 	}
-	return append(l.services, kube...), nil
+	svcs := append(slices.Clip(l.services), kube...)
+	return &Result{Services: svcs, Notes: notes}, nil
 }
 
-// loader collects the services of one source, document by document.
-type loader struct {
+// LoadFile reads the services in the file at path, or in standard input when
+// path is "-". See Load.
+func LoadFile(path string) ([]*vipdv1.Service, error) {
+	l := NewLoader(Options{})
+	if err := l.ReadFile(path); err != nil {
+		return nil, err
+	}
+	return results(l)
+}
+
+// Load reads the services in r, in the order they are written, then those
+// converted from Kubernetes objects, with no node name and without notes;
+// source names r in errors. It is Loader.Read and Loader.Result for one
+// source.
+func Load(r io.Reader, source string) ([]*vipdv1.Service, error) {
+	l := NewLoader(Options{})
+	if err := l.Read(r, source); err != nil {
+		return nil, err
+	}
+	return results(l)
+}
+
+func results(l *Loader) ([]*vipdv1.Service, error) {
+	res, err := l.Result()
+	if err != nil {
+		return nil, err
+	}
+	return res.Services, nil
+}
+
+// reader reads the documents of one source.
+type reader struct {
 	source    string
 	documents int // non-empty documents seen
 	services  []*vipdv1.Service
-	kube      []kubeObject
+	kube      kubeObjects
 }
 
 // rawDocument is one YAML document of a source and the line it starts on.
@@ -101,7 +177,7 @@ func splitDocuments(data []byte) []rawDocument {
 
 // document decodes one document: null (empty), a service, a list of
 // services, an object {services: [...]}, or a Kubernetes object.
-func (l *loader) document(d rawDocument) error {
+func (l *reader) document(d rawDocument) error {
 	v, err := decodeJSONTree(d.data, d.line)
 	if err != nil {
 		return &Error{Source: l.source, Document: l.documents + 1, Line: d.line, Err: err}
@@ -137,7 +213,7 @@ func (l *loader) document(d rawDocument) error {
 	return at.errorf("", "want a service, a list of services or {services: [...]}, got %s", jsonType(v))
 }
 
-func (l *loader) items(items []any, path string, at position) error {
+func (l *reader) items(items []any, path string, at position) error {
 	for i, item := range items {
 		if err := l.item(item, joinPath(path, fmt.Sprintf("[%d]", i)), at); err != nil {
 			return err
@@ -147,14 +223,13 @@ func (l *loader) items(items []any, path string, at position) error {
 }
 
 // item decodes one object that is a service or a Kubernetes object.
-func (l *loader) item(v any, path string, at position) error {
+func (l *reader) item(v any, path string, at position) error {
 	obj, ok := v.(map[string]any)
 	if !ok {
 		return at.errorf(path, "want a service object, got %s", jsonType(v))
 	}
-	if k, ok := asKubernetes(obj, path, at); ok {
-		l.kube = append(l.kube, k)
-		return nil
+	if isKubernetes(obj) {
+		return l.kube.add(obj, path, at)
 	}
 	svc, err := decodeService(obj, path)
 	if err != nil {
@@ -230,6 +305,11 @@ type position struct {
 	source   string
 	document int
 	line     int
+}
+
+// String says where p is, as an Error does: "svc.yaml: document 2 (line 5)".
+func (p position) String() string {
+	return (&Error{Source: p.source, Document: p.document, Line: p.line}).location()
 }
 
 func (p position) errorf(path, format string, args ...any) error {

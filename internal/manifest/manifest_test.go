@@ -355,16 +355,16 @@ func TestLoadErrors(t *testing.T) {
 			wantMsg: "test.yaml: document 1: labels: want an object, got a list",
 		},
 		{
-			name:    "kubernetes service",
-			in:      "name: a\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web}\n",
-			want:    Error{Source: "test.yaml", Document: 2, Line: 3},
-			wantMsg: `test.yaml: document 2 (line 3): kind Service is not supported yet (apiVersion "v1"); write vipd.v1.Service objects`,
+			name:    "kubernetes service of an unread apiVersion after a vipd service",
+			in:      "name: a\n---\napiVersion: apps/v1\nkind: Service\nmetadata: {name: web}\n",
+			want:    Error{Source: "test.yaml", Document: 2, Line: 3, Path: "apiVersion"},
+			wantMsg: `test.yaml: document 2 (line 3): apiVersion: "apps/v1" is not read; kind Service needs apiVersion v1`,
 		},
 		{
-			name:    "kubernetes endpoint slice in a list",
-			in:      "- name: a\n- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "[1]"},
-			wantMsg: `test.yaml: document 1: [1]: kind EndpointSlice is not supported yet (apiVersion "discovery.k8s.io/v1"); write vipd.v1.Service objects`,
+			name:    "kubernetes object of an unread kind in a list",
+			in:      "- name: a\n- apiVersion: apps/v1\n  kind: Deployment\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "[1].kind"},
+			wantMsg: `test.yaml: document 1: [1].kind: "Deployment" is not read (apiVersion "apps/v1"); want Service (v1), EndpointSlice (discovery.k8s.io/v1), or a List, ServiceList or EndpointSliceList of them`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -241,6 +241,21 @@ func Dataplanes() []string {
 	return dps
 }
 
+// RequireDataplane skips the test when dataplane dp cannot run on this
+// kernel (only eBPF may not), and fails it instead when CI=true.
+func RequireDataplane(t testing.TB, dp string) {
+	t.Helper()
+	if dp != "ebpf" {
+		return
+	}
+	if err := ebpf.Supported(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the eBPF dataplane cannot run here (CI=true: not skipping): %v", err)
+		}
+		t.Skipf("the eBPF dataplane cannot run here: %v", err)
+	}
+}
+
 // Full reports whether the tests run in their full form (VIPD_SOAK=full)
 // rather than the short one CI runs.
 func Full() bool { return os.Getenv("VIPD_SOAK") == "full" }

@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/testbin"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -47,14 +46,7 @@ func forEachDataplane(t *testing.T, f func(t *testing.T, dp string)) {
 	netlab.RequireRoot(t)
 	for _, dp := range Dataplanes() {
 		t.Run(dp, func(t *testing.T) {
-			if dp == "ebpf" {
-				if err := ebpf.Supported(); err != nil {
-					if os.Getenv("CI") == "true" {
-						t.Fatalf("the eBPF dataplane cannot run here (CI=true: not skipping): %v", err)
-					}
-					t.Skipf("the eBPF dataplane cannot run here: %v", err)
-				}
-			}
+			RequireDataplane(t, dp)
 			f(t, dp)
 		})
 	}

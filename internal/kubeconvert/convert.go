@@ -1,0 +1,265 @@
+package kubeconvert
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Owner is the vipd owner of every service converted from Kubernetes.
+const Owner = "kubernetes"
+
+// ServiceProxyNameLabel on a Service hands it to another proxy: kube-proxy,
+// and so vipd, leave every Service that has it alone, whatever its value.
+const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+
+// ErrSkipped is wrapped by Convert's error for a Service that kube-proxy
+// would not program (see Skipped).
+var ErrSkipped = errors.New("not programmed")
+
+// Options are the node-specific inputs of a conversion.
+type Options struct {
+	// NodeName is this node's name: endpoints whose nodeName equals it are
+	// node-local (what internalTrafficPolicy: Local keeps). Empty means no
+	// endpoint is node-local.
+	NodeName string
+}
+
+// Name is the vipd service name of the Kubernetes Service namespace/name.
+func Name(namespace, name string) string { return namespace + "/" + name }
+
+// Skipped says why kube-proxy would not program svc, or returns "" when
+// it would: Services handed to another proxy by ServiceProxyNameLabel,
+// ExternalName Services, headless Services (clusterIP: None), and
+// Services without a cluster IP yet.
+func Skipped(svc *corev1.Service) string {
+	if _, ok := svc.Labels[ServiceProxyNameLabel]; ok {
+		return fmt.Sprintf("it has the label %s: another proxy serves it", ServiceProxyNameLabel)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return "it is of type ExternalName: DNS serves it"
+	}
+	ips := clusterIPs(svc)
+	if len(ips) == 1 && ips[0] == corev1.ClusterIPNone {
+		return "it is headless (clusterIP: None): DNS serves its endpoints directly"
+	}
+	if len(ips) == 0 {
+		return "it has no cluster IP yet"
+	}
+	return ""
+}
+
+func clusterIPs(svc *corev1.Service) []string {
+	if len(svc.Spec.ClusterIPs) > 0 {
+		return svc.Spec.ClusterIPs
+	}
+	if svc.Spec.ClusterIP != "" {
+		return []string{svc.Spec.ClusterIP}
+	}
+	return nil
+}
+
+// Convert returns the vipd service for svc, whose EndpointSlices are
+// slices. Slices that do not belong to svc (by namespace and the
+// kubernetes.io/service-name label) are ignored, so callers may pass a
+// superset. The result is deterministic: the same objects, in any order,
+// give the same service.
+//
+// Its backends follow kube-proxy:
+//   - an endpoint is a backend for the service ports whose name and
+//     protocol its slice lists, with the slice's port number (so a named
+//     targetPort may resolve differently per slice); it never serves the
+//     others (Backend.only_named_ports);
+//   - READY when ready (unset counts as ready), TERMINATING when not ready
+//     but serving and terminating, NOT_SERVING otherwise;
+//   - node-local when its nodeName is Options.NodeName;
+//   - an address listed by several slices appears once: with the best
+//     state any of them gives it, and the ports of all of them (where two
+//     slices disagree on a port's number, the slice with the better state
+//     wins, then the first by slice name);
+//   - only the first address of an endpoint counts (the API allows one),
+//     FQDN slices are ignored, and so are addresses of a family that
+//     has no cluster IP.
+//
+// A Service that Skipped names is an error wrapping ErrSkipped; a Service
+// vipd could not represent (an unparsable cluster IP) is an error too.
+func Convert(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, opts Options) (*vipdv1.Service, error) {
+	name := Name(svc.Namespace, svc.Name)
+	if reason := Skipped(svc); reason != "" {
+		return nil, fmt.Errorf("service %s: %w: %s", name, ErrSkipped, reason)
+	}
+	out := &vipdv1.Service{Name: name, Owner: Owner}
+	has4, has6 := false, false
+	for _, s := range clusterIPs(svc) {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("service %s: cluster IP %q: %w", name, s, err)
+		}
+		has4, has6 = has4 || ip.Is4(), has6 || ip.Is6()
+		out.Vips = append(out.Vips, ip.String())
+	}
+	for _, p := range svc.Spec.Ports {
+		port := &vipdv1.Port{Name: p.Name, Protocol: protocol(p.Protocol), Port: uint32(p.Port)}
+		if p.TargetPort.IntVal > 0 && p.TargetPort.StrVal == "" {
+			// Informational: every backend names its own number.
+			port.TargetPort = uint32(p.TargetPort.IntVal)
+		}
+		out.Ports = append(out.Ports, port)
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		timeout := corev1.DefaultClientIPServiceAffinitySeconds
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			timeout = *c.ClientIP.TimeoutSeconds
+		}
+		out.SessionAffinity = &vipdv1.SessionAffinityConfig{
+			Mode:           vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP,
+			TimeoutSeconds: uint32(max(timeout, 0)),
+		}
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		out.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	}
+	out.Backends = backends(svc, slices, opts, has4, has6)
+	return out, nil
+}
+
+func protocol(p corev1.Protocol) vipdv1.Protocol {
+	switch p {
+	case corev1.ProtocolUDP:
+		return vipdv1.Protocol_PROTOCOL_UDP
+	case corev1.ProtocolSCTP:
+		return vipdv1.Protocol_PROTOCOL_SCTP
+	default: // "" is TCP, as the apiserver defaults it
+		return vipdv1.Protocol_PROTOCOL_TCP
+	}
+}
+
+// backendRank orders states from best: READY first.
+var backendRank = map[vipdv1.BackendState]int{
+	vipdv1.BackendState_BACKEND_STATE_READY:       0,
+	vipdv1.BackendState_BACKEND_STATE_TERMINATING: 1,
+	vipdv1.BackendState_BACKEND_STATE_NOT_SERVING: 2,
+}
+
+func backends(svc *corev1.Service, all []*discoveryv1.EndpointSlice, opts Options, has4, has6 bool) []*vipdv1.Backend {
+	own := make([]*discoveryv1.EndpointSlice, 0, len(all))
+	for _, s := range all {
+		if s != nil && s.Namespace == svc.Namespace && s.Labels[discoveryv1.LabelServiceName] == svc.Name {
+			own = append(own, s)
+		}
+	}
+	slices.SortFunc(own, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+
+	byIP := map[netip.Addr]*vipdv1.Backend{}
+	for _, s := range own {
+		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		ports := slicePorts(svc, s)
+		for _, ep := range s.Endpoints {
+			if len(ep.Addresses) == 0 {
+				continue
+			}
+			ip, err := netip.ParseAddr(ep.Addresses[0])
+			if err != nil || ip.Is4() && !has4 || ip.Is6() && !has6 {
+				continue
+			}
+			ip = ip.Unmap()
+			b := &vipdv1.Backend{
+				Ip:             ip.String(),
+				State:          state(ep.Conditions),
+				NodeLocal:      opts.NodeName != "" && ep.NodeName != nil && *ep.NodeName == opts.NodeName,
+				OnlyNamedPorts: true,
+				Ports:          map[string]uint32{},
+			}
+			if ep.Zone != nil {
+				b.Zone = *ep.Zone
+			}
+			for name, number := range ports {
+				b.Ports[name] = number
+			}
+			prev, dup := byIP[ip]
+			if !dup {
+				byIP[ip] = b
+				continue
+			}
+			byIP[ip] = merge(prev, b)
+		}
+	}
+	out := make([]*vipdv1.Backend, 0, len(byIP))
+	for _, ip := range slices.SortedFunc(maps.Keys(byIP), netip.Addr.Compare) {
+		// An endpoint whose slices list none of the service's ports serves
+		// nothing: kube-proxy has no endpoint for it.
+		if b := byIP[ip]; len(b.Ports) > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// merge combines two listings of one address: first came from an earlier
+// slice than second.
+func merge(first, second *vipdv1.Backend) *vipdv1.Backend {
+	better, other := first, second
+	if backendRank[second.State] < backendRank[first.State] {
+		better, other = second, first
+	}
+	for name, number := range other.Ports {
+		if _, ok := better.Ports[name]; !ok {
+			better.Ports[name] = number
+		}
+	}
+	better.NodeLocal = better.NodeLocal || other.NodeLocal
+	if better.Zone == "" {
+		better.Zone = other.Zone
+	}
+	return better
+}
+
+// slicePorts maps the names of svc's ports that slice s lists (by name
+// and protocol) to the number s gives them.
+func slicePorts(svc *corev1.Service, s *discoveryv1.EndpointSlice) map[string]uint32 {
+	ports := map[string]uint32{}
+	for _, sp := range s.Ports {
+		if sp.Port == nil || *sp.Port <= 0 || *sp.Port > 65535 {
+			continue
+		}
+		name := ""
+		if sp.Name != nil {
+			name = *sp.Name
+		}
+		proto := corev1.ProtocolTCP
+		if sp.Protocol != nil {
+			proto = *sp.Protocol
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.Name == name && cmp.Or(p.Protocol, corev1.ProtocolTCP) == proto {
+				ports[name] = uint32(*sp.Port)
+			}
+		}
+	}
+	return ports
+}
+
+// state maps an endpoint's conditions as kube-proxy reads them: unset
+// ready and serving count as true, unset terminating as false.
+func state(c discoveryv1.EndpointConditions) vipdv1.BackendState {
+	ready := c.Ready == nil || *c.Ready
+	serving := c.Serving == nil || *c.Serving
+	terminating := c.Terminating != nil && *c.Terminating
+	switch {
+	case ready:
+		return vipdv1.BackendState_BACKEND_STATE_READY
+	case serving && terminating:
+		return vipdv1.BackendState_BACKEND_STATE_TERMINATING
+	default:
+		return vipdv1.BackendState_BACKEND_STATE_NOT_SERVING
+	}
+}

@@ -1,0 +1,361 @@
+package kubeconvert_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vipd/vipd/internal/kubeconvert"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/protobuf/testing/protocmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+const (
+	ready       = vipdv1.BackendState_BACKEND_STATE_READY
+	terminating = vipdv1.BackendState_BACKEND_STATE_TERMINATING
+	notServing  = vipdv1.BackendState_BACKEND_STATE_NOT_SERVING
+	tcp         = vipdv1.Protocol_PROTOCOL_TCP
+	udp         = vipdv1.Protocol_PROTOCOL_UDP
+)
+
+// service is a ClusterIP Service web in namespace shop with the given
+// cluster IPs and ports.
+func service(ips []string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, ClusterIP: ips[0], ClusterIPs: ips, Ports: ports,
+		},
+	}
+}
+
+func svcPort(name string, proto corev1.Protocol, port int32, target intstr.IntOrString) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Protocol: proto, Port: port, TargetPort: target}
+}
+
+func slicePort(name string, proto corev1.Protocol, port int32) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptr.To(name), Protocol: ptr.To(proto), Port: ptr.To(port)}
+}
+
+// slice is an EndpointSlice of shop/web.
+func slice(name string, family discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "shop", Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"},
+		},
+		AddressType: family, Ports: ports, Endpoints: eps,
+	}
+}
+
+type conditions struct{ ready, serving, terminating *bool }
+
+func endpoint(ip string, c conditions, node string) discoveryv1.Endpoint {
+	ep := discoveryv1.Endpoint{
+		Addresses:  []string{ip},
+		Conditions: discoveryv1.EndpointConditions{Ready: c.ready, Serving: c.serving, Terminating: c.terminating},
+	}
+	if node != "" {
+		ep.NodeName = ptr.To(node)
+	}
+	return ep
+}
+
+var (
+	isReady       = conditions{ready: ptr.To(true), serving: ptr.To(true), terminating: ptr.To(false)}
+	unset         = conditions{}
+	isTerminating = conditions{ready: ptr.To(false), serving: ptr.To(true), terminating: ptr.To(true)}
+	drained       = conditions{ready: ptr.To(false), serving: ptr.To(false), terminating: ptr.To(true)}
+	notReady      = conditions{ready: ptr.To(false), serving: ptr.To(false), terminating: ptr.To(false)}
+)
+
+func backend(ip string, state vipdv1.BackendState, ports map[string]uint32) *vipdv1.Backend {
+	return &vipdv1.Backend{Ip: ip, State: state, Ports: ports, OnlyNamedPorts: true}
+}
+
+func TestConvert(t *testing.T) {
+	http := svcPort("http", corev1.ProtocolTCP, 80, intstr.FromString("web"))
+	dns := svcPort("dns", corev1.ProtocolUDP, 53, intstr.FromInt32(5353))
+	v4 := []string{"198.19.0.10"}
+	tests := []struct {
+		name   string
+		svc    *corev1.Service
+		slices []*discoveryv1.EndpointSlice
+		opts   kubeconvert.Options
+		want   *vipdv1.Service
+	}{{
+		name: "named target port resolved per slice, numeric one as given",
+		svc:  service(v4, http, dns),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080), slicePort("dns", corev1.ProtocolUDP, 5353)},
+				endpoint("198.18.1.1", isReady, ""), endpoint("198.18.1.2", unset, "")),
+			slice("web-b", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 9090), slicePort("dns", corev1.ProtocolUDP, 5353)},
+				endpoint("198.18.2.1", isReady, "")),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353}},
+			Backends: []*vipdv1.Backend{
+				backend("198.18.1.1", ready, map[string]uint32{"http": 8080, "dns": 5353}),
+				backend("198.18.1.2", ready, map[string]uint32{"http": 8080, "dns": 5353}),
+				backend("198.18.2.1", ready, map[string]uint32{"http": 9090, "dns": 5353}),
+			},
+		},
+	}, {
+		name: "a slice without a port: its endpoints do not serve it",
+		svc:  service(v4, http, dns),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)},
+				endpoint("198.18.1.1", isReady, "")),
+			// A port of the right name but the wrong protocol is not the
+			// service's port; a slice with none of its ports adds nothing.
+			slice("web-b", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("dns", corev1.ProtocolTCP, 53)},
+				endpoint("198.18.2.1", isReady, "")),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports:    []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353}},
+			Backends: []*vipdv1.Backend{backend("198.18.1.1", ready, map[string]uint32{"http": 8080})},
+		},
+	}, {
+		name: "dual-stack, with each family's slice; FQDN slices and other services' slices ignored",
+		svc:  service([]string{"198.19.0.10", "fd00:198::10"}, svcPort("", "", 80, intstr.FromInt32(8080))),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-v6", discoveryv1.AddressTypeIPv6,
+				[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+				endpoint("fd00:198::1:1", isReady, "")),
+			slice("web-v4", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+				endpoint("198.18.1.1", isReady, "")),
+			slice("web-fqdn", discoveryv1.AddressTypeFQDN,
+				[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+				endpoint("web.example.com", isReady, "")),
+			func() *discoveryv1.EndpointSlice {
+				s := slice("other-x", discoveryv1.AddressTypeIPv4,
+					[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+					endpoint("198.18.9.9", isReady, ""))
+				s.Labels[discoveryv1.LabelServiceName] = "other"
+				return s
+			}(),
+			func() *discoveryv1.EndpointSlice {
+				s := slice("web-elsewhere", discoveryv1.AddressTypeIPv4,
+					[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+					endpoint("198.18.9.8", isReady, ""))
+				s.Namespace = "other-namespace"
+				return s
+			}(),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: []string{"198.19.0.10", "fd00:198::10"},
+			Ports: []*vipdv1.Port{{Protocol: tcp, Port: 80, TargetPort: 8080}},
+			Backends: []*vipdv1.Backend{
+				backend("198.18.1.1", ready, map[string]uint32{"": 8080}),
+				backend("fd00:198::1:1", ready, map[string]uint32{"": 8080}),
+			},
+		},
+	}, {
+		name: "an address of a family without a cluster IP is left out",
+		svc:  service(v4, svcPort("", corev1.ProtocolTCP, 80, intstr.FromInt32(8080))),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-v6", discoveryv1.AddressTypeIPv6,
+				[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)},
+				endpoint("fd00:198::1:1", isReady, "")),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports:    []*vipdv1.Port{{Protocol: tcp, Port: 80, TargetPort: 8080}},
+			Backends: []*vipdv1.Backend{},
+		},
+	}, {
+		name: "conditions: ready, serving and terminating, neither, not ready",
+		svc:  service(v4, http),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)},
+				endpoint("198.18.1.1", isReady, ""), endpoint("198.18.1.2", isTerminating, ""),
+				endpoint("198.18.1.3", drained, ""), endpoint("198.18.1.4", notReady, ""),
+				// Only serving unset: kube-proxy reads it as serving.
+				endpoint("198.18.1.5", conditions{ready: ptr.To(false), terminating: ptr.To(true)}, "")),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}},
+			Backends: []*vipdv1.Backend{
+				backend("198.18.1.1", ready, map[string]uint32{"http": 8080}),
+				backend("198.18.1.2", terminating, map[string]uint32{"http": 8080}),
+				backend("198.18.1.3", notServing, map[string]uint32{"http": 8080}),
+				backend("198.18.1.4", notServing, map[string]uint32{"http": 8080}),
+				backend("198.18.1.5", terminating, map[string]uint32{"http": 8080}),
+			},
+		},
+	}, {
+		name: "an address in two slices appears once, with its best state and both slices' ports",
+		svc:  service(v4, http, dns),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)},
+				endpoint("198.18.1.1", isTerminating, "node-b")),
+			slice("web-b", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8081), slicePort("dns", corev1.ProtocolUDP, 5353)},
+				endpoint("198.18.1.1", isReady, "node-a")),
+		},
+		opts: kubeconvert.Options{NodeName: "node-a"},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353}},
+			Backends: []*vipdv1.Backend{{
+				Ip: "198.18.1.1", State: ready, OnlyNamedPorts: true, NodeLocal: true,
+				Ports: map[string]uint32{"http": 8081, "dns": 5353},
+			}},
+		},
+	}, {
+		name: "internalTrafficPolicy Local, node-local endpoints, zones, ClientIP affinity with its timeout",
+		svc: func() *corev1.Service {
+			s := service(v4, http)
+			s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
+			return s
+		}(),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080)},
+				func() discoveryv1.Endpoint {
+					ep := endpoint("198.18.1.1", isReady, "node-a")
+					ep.Zone = ptr.To("zone-1")
+					return ep
+				}(),
+				endpoint("198.18.1.2", isReady, "node-b")),
+		},
+		opts: kubeconvert.Options{NodeName: "node-a"},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}},
+			Backends: []*vipdv1.Backend{
+				{Ip: "198.18.1.1", State: ready, OnlyNamedPorts: true, NodeLocal: true, Zone: "zone-1", Ports: map[string]uint32{"http": 8080}},
+				backend("198.18.1.2", ready, map[string]uint32{"http": 8080}),
+			},
+			SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 60},
+			InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		},
+	}, {
+		name: "ClientIP affinity without a config gets Kubernetes' default timeout; NodePort keeps its cluster IP",
+		svc: func() *corev1.Service {
+			s := service(v4, http)
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports:           []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}},
+			Backends:        []*vipdv1.Backend{},
+			SessionAffinity: &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 10800},
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := kubeconvert.Convert(tt.svc, tt.slices, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("Convert (-want +got):\n%s", diff)
+			}
+			// The same objects in another order give the same service.
+			reversed := slices.Clone(tt.slices)
+			slices.Reverse(reversed)
+			again, err := kubeconvert.Convert(tt.svc, reversed, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(got, again, protocmp.Transform()); diff != "" {
+				t.Errorf("Convert with the slices reversed (-first +reversed):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSkipped(t *testing.T) {
+	base := func(mutate func(*corev1.Service)) *corev1.Service {
+		s := service([]string{"198.19.0.10"}, svcPort("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080)))
+		mutate(s)
+		return s
+	}
+	tests := []struct {
+		name string
+		svc  *corev1.Service
+		want string // in the reason; "" means programmed
+	}{
+		{"ClusterIP", base(func(*corev1.Service) {}), ""},
+		{"LoadBalancer keeps its cluster IP", base(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }), ""},
+		{"headless", base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), "headless"},
+		{"ExternalName", base(func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "", nil, "db.example.com"
+		}), "ExternalName"},
+		{"service-proxy-name, even empty", base(func(s *corev1.Service) {
+			s.Labels = map[string]string{kubeconvert.ServiceProxyNameLabel: ""}
+		}), "another proxy"},
+		{"no cluster IP yet", base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), "no cluster IP"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reason := kubeconvert.Skipped(tt.svc)
+			if tt.want == "" && reason != "" || !strings.Contains(reason, tt.want) {
+				t.Fatalf("Skipped = %q; want it to contain %q", reason, tt.want)
+			}
+			_, err := kubeconvert.Convert(tt.svc, nil, kubeconvert.Options{})
+			if got := kubeconvert.IsSkipped(err); got != (tt.want != "") {
+				t.Fatalf("Convert: %v; skipped %v, want %v", err, got, tt.want != "")
+			}
+		})
+	}
+}
+
+func TestConvertAll(t *testing.T) {
+	port := svcPort("", corev1.ProtocolTCP, 80, intstr.FromInt32(8080))
+	web := service([]string{"198.19.0.10"}, port)
+	headless := service([]string{"None"}, port)
+	headless.Name = "db"
+	broken := service([]string{"198.19.0.300"}, port)
+	broken.Name = "broken"
+	web2 := service([]string{"198.19.0.11"}, port)
+	web2.Namespace = "a"
+	lingering := slice("gone-x", discoveryv1.AddressTypeIPv4,
+		[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)}, endpoint("198.18.3.3", isReady, ""))
+	lingering.Labels[discoveryv1.LabelServiceName] = "gone"
+	webSlice := slice("web-x", discoveryv1.AddressTypeIPv4,
+		[]discoveryv1.EndpointPort{slicePort("", corev1.ProtocolTCP, 8080)}, endpoint("198.18.1.1", isReady, ""))
+
+	got, left := kubeconvert.ConvertAll([]*corev1.Service{web, headless, broken, web2}, []*discoveryv1.EndpointSlice{lingering, webSlice}, kubeconvert.Options{})
+	var names []string
+	for _, s := range got {
+		names = append(names, s.Name)
+	}
+	if want := []string{"a/web", "shop/web"}; !slices.Equal(names, want) {
+		t.Fatalf("converted %v; want %v (in name order; the lingering slice's service absent)", names, want)
+	}
+	if len(got[1].Backends) != 1 || len(got[0].Backends) != 0 {
+		t.Errorf("backends: a/web %v, shop/web %v; want only shop/web's slice to count, for shop/web", got[0].Backends, got[1].Backends)
+	}
+	if len(left) != 2 || left[0].Service != "shop/broken" || left[1].Service != "shop/db" {
+		t.Fatalf("left out %+v; want shop/broken, shop/db", left)
+	}
+	if kubeconvert.IsSkipped(left[0].Err) || !strings.Contains(left[0].Err.Error(), "198.19.0.300") {
+		t.Errorf("broken service: %v; want a conversion error naming the bad IP", left[0].Err)
+	}
+	if !kubeconvert.IsSkipped(left[1].Err) || !errors.Is(left[1].Err, kubeconvert.ErrSkipped) {
+		t.Errorf("headless service: %v; want ErrSkipped", left[1].Err)
+	}
+}
