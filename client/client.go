@@ -218,6 +218,21 @@ func (c *Client) UpsertService(ctx context.Context, svc *vipdv1.Service, expecte
 	return resp.GetService(), nil
 }
 
+// CreateService creates svc, and returns it as stored, with defaults filled
+// in and its generation. Unlike UpsertService it never replaces a service:
+// when one of that name exists, whoever owns it, it fails with
+// AlreadyExists and changes nothing. vipd checks the name in the same
+// transaction as the write, so no other call can create it in between. A
+// VIP:port that another service uses fails with AlreadyExists too; the
+// message tells the two apart, and a GetService of the name does too.
+func (c *Client) CreateService(ctx context.Context, svc *vipdv1.Service) (*vipdv1.Service, error) {
+	resp, err := c.lb.UpsertService(ctx, &vipdv1.UpsertServiceRequest{Service: svc, CreateOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetService(), nil
+}
+
 // DeleteService removes the named service; it fails with NotFound if there is
 // none, and with Aborted if expectedGeneration is nonzero and differs from
 // the stored one.

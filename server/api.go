@@ -149,17 +149,38 @@ func (a *API) fail(ctx context.Context, err error) error {
 }
 
 // UpsertService implements vipdv1.LoadBalancerServiceServer.
+//
+// With create_only it is a create: the name must be free when the change
+// is made, which is checked in the same transaction as the write, so no
+// other call can create it in between. An existing service of that name
+// is AlreadyExists whoever owns it, and is not changed, so the caller
+// needs no permission for its owner.
 func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceRequest) (*vipdv1.UpsertServiceResponse, error) {
+	var v validation.Violations
+	if req.CreateOnly && req.ExpectedGeneration != 0 {
+		v = append(v, validation.Violation{Field: "create_only", Description: fmt.Sprintf("cannot be combined with expected_generation %d: a create has no generation to expect", req.ExpectedGeneration)})
+	}
 	svc, dp, err := a.validService(req.GetService(), "service")
+	var sv validation.Violations
+	if errors.As(err, &sv) {
+		v = append(v, sv...)
+	}
+	if len(v) > 0 {
+		return nil, toStatus(v)
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	p := authz.FromContext(ctx)
-	v, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
 		if err := p.CheckOwner(svc.Owner); err != nil {
 			return nil, err
 		}
-		if old, ok := tx.Get(svc.Name); ok && old.Owner() != svc.Owner {
+		old, exists := tx.Get(svc.Name)
+		if exists && req.CreateOnly {
+			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
+		}
+		if exists && old.Owner() != svc.Owner {
 			if err := p.CheckOwner(old.Owner()); err != nil {
 				return nil, err
 			}
@@ -173,7 +194,7 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 	if err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	return &vipdv1.UpsertServiceResponse{Service: v.(*vipdv1.Service)}, nil
+	return &vipdv1.UpsertServiceResponse{Service: res.(*vipdv1.Service)}, nil
 }
 
 // DeleteService implements vipdv1.LoadBalancerServiceServer.

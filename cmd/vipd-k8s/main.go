@@ -20,7 +20,9 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cli"
 	"github.com/vipd/vipd/internal/kubeadapter"
+	"github.com/vipd/vipd/internal/kubeconvert"
 	"github.com/vipd/vipd/internal/version"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func main() {
@@ -56,6 +58,9 @@ program on this node. It never changes services of other owners. Stopping it
 			if cfg.NodeName == "" {
 				return fmt.Errorf("--node-name is required (or set NODE_NAME)")
 			}
+			if errs := validation.IsValidLabelValue(cfg.ServiceProxyName); len(errs) > 0 {
+				return fmt.Errorf("--service-proxy-name %q is not a label value: %s", cfg.ServiceProxyName, strings.Join(errs, "; "))
+			}
 			var err error
 			if cfg.TLS, err = transport(cfg.VIPD, caCert, cert, key, insecure); err != nil {
 				return err
@@ -78,6 +83,7 @@ program on this node. It never changes services of other owners. Stopping it
 	f.StringVar(&cert, "cert", "", "tcp:// --vipd: this client's certificate (PEM)")
 	f.StringVar(&key, "key", "", "tcp:// --vipd: this client's private key (PEM)")
 	f.BoolVar(&insecure, "insecure", false, "tcp:// --vipd without TLS: only for a loopback address that vipd serves with --insecure-listen")
+	f.StringVar(&cfg.ServiceProxyName, "service-proxy-name", "", "program only the Services labelled "+kubeconvert.ServiceProxyNameLabel+"=NAME, leaving the others to kube-proxy (default: what kube-proxy would program, the Services without that label)")
 	f.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", 0, "least time between the starts of two passes that change vipd; changes meanwhile are applied together (0: at once)")
 	f.DurationVar(&cfg.FullSyncPeriod, "full-sync-period", kubeadapter.DefaultFullSyncPeriod, "send the full state (SyncServices) this often, repairing drift (0 disables)")
 	f.StringVar(&cfg.HealthzAddress, "healthz-address", kubeadapter.DefaultHealthzAddress, "serve /healthz here (empty disables)")

@@ -41,6 +41,11 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"--node-name", "n", "--vipd", "tcp://192.0.2.1:9650", "--cacert", "/nonexistent/ca.pem", "--cert", "c", "--key", "k"}, "read CA bundle"},
 		{[]string{"--node-name", "n", "--log-level", "loud", "--kubeconfig", "/nonexistent"}, "--log-level"},
 		{[]string{"--node-name", "n", "--kubeconfig", "/nonexistent/kubeconfig", "--healthz-address", "", "--metrics-address", ""}, "kubeconfig /nonexistent/kubeconfig"},
+		{[]string{"--node-name", "n", "--service-proxy-name", "not a label value", "--kubeconfig", "/nonexistent"}, "--service-proxy-name"},
+		{[]string{"--node-name", "n", "--service-proxy-name", "-vipd", "--kubeconfig", "/nonexistent"}, "--service-proxy-name"},
+		{[]string{"--node-name", "n", "--service-proxy-name", strings.Repeat("v", 64), "--kubeconfig", "/nonexistent"}, "--service-proxy-name"},
+		// A valid name passes the flag check and gets as far as the kubeconfig.
+		{[]string{"--node-name", "n", "--service-proxy-name", "vipd", "--kubeconfig", "/nonexistent/kubeconfig", "--healthz-address", "", "--metrics-address", ""}, "kubeconfig /nonexistent/kubeconfig"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

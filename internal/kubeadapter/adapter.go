@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -33,6 +35,7 @@ type VIPD interface {
 	GetService(ctx context.Context, name string) (*vipdv1.Service, error)
 	ListServices(ctx context.Context, owner string) ([]*vipdv1.Service, error)
 	UpsertService(ctx context.Context, svc *vipdv1.Service, expectedGeneration uint64) (*vipdv1.Service, error)
+	CreateService(ctx context.Context, svc *vipdv1.Service) (*vipdv1.Service, error)
 	DeleteService(ctx context.Context, name string, expectedGeneration uint64) error
 	SyncServices(ctx context.Context, owner string, svcs []*vipdv1.Service) (*vipdv1.SyncServicesResponse, error)
 }
@@ -61,6 +64,9 @@ type config struct {
 	backoffMin     time.Duration
 	backoffMax     time.Duration
 	servingWait    time.Duration
+	// serviceProxyName: see WithServiceProxyName; empty is kube-proxy's
+	// choice of Services.
+	serviceProxyName string
 }
 
 // Option configures an Adapter.
@@ -71,6 +77,24 @@ type Option func(*config) error
 // node-local.
 func WithNodeName(name string) Option {
 	return func(c *config) error { c.nodeName = name; return nil }
+}
+
+// WithServiceProxyName makes the adapter the proxy named name for the
+// label service.kubernetes.io/service-proxy-name: it programs only the
+// Services whose label has that value, and leaves every other Service,
+// labelled for another proxy or not labelled at all, to its proxy
+// (kube-proxy for the unlabelled ones). That lets a cluster move Services
+// to vipd one at a time. Without it, or with "", the adapter programs what
+// kube-proxy would: the Services without the label. name must be a valid
+// label value.
+func WithServiceProxyName(name string) Option {
+	return func(c *config) error {
+		if errs := validation.IsValidLabelValue(name); len(errs) > 0 {
+			return fmt.Errorf("service proxy name %q: %s", name, strings.Join(errs, "; "))
+		}
+		c.serviceProxyName = name
+		return nil
+	}
 }
 
 // WithMinSyncPeriod sets the least time between the starts of two passes
@@ -197,7 +221,7 @@ func New(log hclog.Logger, kube kubernetes.Interface, vipd VIPD, reg prometheus.
 		log:      log,
 		vipd:     vipd,
 		cfg:      cfg,
-		convert:  kubeconvert.Options{NodeName: cfg.nodeName},
+		convert:  kubeconvert.Options{NodeName: cfg.nodeName, ServiceProxyName: cfg.serviceProxyName},
 		m:        m,
 		started:  time.Now(),
 		wake:     make(chan struct{}, 1),
@@ -219,9 +243,15 @@ func New(log hclog.Logger, kube kubernetes.Interface, vipd VIPD, reg prometheus.
 func (a *Adapter) informers(kube kubernetes.Interface) error {
 	// As kube-proxy: Services handed to another proxy are not ours (one
 	// gaining the label is deleted from the informer's view), and neither
-	// are the slices of headless Services. The EndpointSlice controller
-	// copies a Service's labels to its slices, so one selector serves both.
-	noProxyName, err := labels.NewRequirement(kubeconvert.ServiceProxyNameLabel, selection.DoesNotExist, nil)
+	// are the slices of headless Services. As the proxy named
+	// serviceProxyName, ours are those labelled with that name instead
+	// (and one losing the label is deleted from the view). The
+	// EndpointSlice controller copies a Service's labels to its slices, so
+	// one selector serves both.
+	proxyName, err := labels.NewRequirement(kubeconvert.ServiceProxyNameLabel, selection.DoesNotExist, nil)
+	if a.cfg.serviceProxyName != "" {
+		proxyName, err = labels.NewRequirement(kubeconvert.ServiceProxyNameLabel, selection.Equals, []string{a.cfg.serviceProxyName})
+	}
 	if err != nil {
 		return err
 	}
@@ -229,7 +259,7 @@ func (a *Adapter) informers(kube kubernetes.Interface) error {
 	if err != nil {
 		return err
 	}
-	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	selector := labels.NewSelector().Add(*proxyName, *noHeadless).String()
 	a.factory = informers.NewSharedInformerFactoryWithOptions(kube, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(stripManagedFields))
@@ -403,7 +433,7 @@ func (a *Adapter) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 	a.factory.Start(ctx.Done())
-	a.log.Info("waiting for the informers' caches", "node", a.cfg.nodeName)
+	a.log.Info("waiting for the informers' caches", "node", a.cfg.nodeName, "service_proxy_name", a.cfg.serviceProxyName)
 	if !cache.WaitForCacheSync(ctx.Done(), a.services.HasSynced, a.slices.HasSynced) {
 		if ctx.Err() != nil {
 			return nil

@@ -48,15 +48,22 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
-// calls counts the RPCs a client makes, by method name (UpsertService, ...).
+// calls counts the RPCs a client makes, by method name (UpsertService, ...);
+// the UpsertService calls with create_only (CreateService) are counted
+// under createOnly too.
 type calls struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
+const createOnly = "UpsertService(create_only)"
+
 func (c *calls) interceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.mu.Lock()
 	c.n[method[strings.LastIndex(method, "/")+1:]]++
+	if u, ok := req.(*vipdv1.UpsertServiceRequest); ok && u.GetCreateOnly() {
+		c.n[createOnly]++
+	}
 	c.mu.Unlock()
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
@@ -78,6 +85,11 @@ type env struct {
 	calls *calls
 	// sentinels counts settle's sentinel Services.
 	sentinels int
+	// sentinelLabels label settle's Services and slices, so that an
+	// adapter with a service proxy name programs them.
+	sentinelLabels map[string]string
+	// wrap, when set, is what the adapter gets instead of vipd.
+	wrap func(*client.Client) kubeadapter.VIPD
 }
 
 func newEnv(t *testing.T, objs ...runtime.Object) *env {
@@ -118,7 +130,11 @@ func (e *env) start(opts ...kubeadapter.Option) *adapter {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
 	opts = append([]kubeadapter.Option{kubeadapter.WithNodeName("node-a"), kubeadapter.WithRetryBackoff(10*time.Millisecond, 200*time.Millisecond)}, opts...)
-	a, err := kubeadapter.New(testLogger(e.t), e.kube, e.vipd, reg, opts...)
+	var vipd kubeadapter.VIPD = e.vipd
+	if e.wrap != nil {
+		vipd = e.wrap(e.vipd)
+	}
+	a, err := kubeadapter.New(testLogger(e.t), e.kube, vipd, reg, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -233,9 +249,17 @@ func (e *env) settle() {
 	n := e.sentinels
 	name := fmt.Sprintf("s%d", n)
 	vip := fmt.Sprintf("198.19.255.%d", n)
-	e.createService(service(sentinelNS, name, []string{vip}, svcPort("", "", 80, 80)))
-	e.createSlice(slice(sentinelNS, name, name, discoveryv1.AddressTypeIPv4,
-		[]discoveryv1.EndpointPort{slicePort("", "", 80)}, endpoint(fmt.Sprintf("198.18.255.%d", n), ready, "")))
+	svc := service(sentinelNS, name, []string{vip}, svcPort("", "", 80, 80))
+	sl := slice(sentinelNS, name, name, discoveryv1.AddressTypeIPv4,
+		[]discoveryv1.EndpointPort{slicePort("", "", 80)}, endpoint(fmt.Sprintf("198.18.255.%d", n), ready, ""))
+	for k, v := range e.sentinelLabels {
+		if svc.Labels == nil {
+			svc.Labels = map[string]string{}
+		}
+		svc.Labels[k], sl.Labels[k] = v, v
+	}
+	e.createService(svc)
+	e.createSlice(sl)
 	eventually(e.t, "sentinel "+name, func() error {
 		s, err := e.vipd.GetService(context.Background(), sentinelNS+"/"+name)
 		if err != nil {

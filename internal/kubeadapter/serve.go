@@ -43,6 +43,9 @@ type Config struct {
 	TLS  *tls.Config
 	// MinSyncPeriod, FullSyncPeriod: see WithMinSyncPeriod, WithFullSyncPeriod.
 	MinSyncPeriod, FullSyncPeriod time.Duration
+	// ServiceProxyName, when not empty, makes the adapter the proxy of
+	// that name: see WithServiceProxyName.
+	ServiceProxyName string
 	// HealthzAddress serves /healthz, MetricsAddress /metrics (host:port;
 	// empty disables either).
 	HealthzAddress, MetricsAddress string
@@ -80,7 +83,8 @@ func Serve(ctx context.Context, log hclog.Logger, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := New(log.Named("adapter"), kube, vipd, reg,
-		WithNodeName(cfg.NodeName), WithMinSyncPeriod(cfg.MinSyncPeriod), WithFullSyncPeriod(cfg.FullSyncPeriod))
+		WithNodeName(cfg.NodeName), WithMinSyncPeriod(cfg.MinSyncPeriod), WithFullSyncPeriod(cfg.FullSyncPeriod),
+		WithServiceProxyName(cfg.ServiceProxyName))
 	if err != nil {
 		return err
 	}
@@ -124,7 +128,7 @@ func Serve(ctx context.Context, log hclog.Logger, cfg Config) error {
 			}
 		})
 	}
-	log.Info("starting", "node", cfg.NodeName, "vipd", cfg.VIPD, "version", version.String())
+	log.Info("starting", "node", cfg.NodeName, "vipd", cfg.VIPD, "service_proxy_name", cfg.ServiceProxyName, "version", version.String())
 	runErr := a.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

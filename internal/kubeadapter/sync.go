@@ -44,6 +44,9 @@ const (
 	// maxSyncRaces bounds the retries of a full sync that met a name
 	// another owner created meanwhile.
 	maxSyncRaces = 3
+	// maxWriteRaces bounds the rereads of one service's write that met
+	// another writer.
+	maxWriteRaces = 3
 )
 
 // work is what one pass takes: the dirty Services, with when each was
@@ -562,7 +565,7 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 	if r, ok := a.refused[name]; ok && proto.Equal(r, want) {
 		return false, nil
 	}
-	gen := prev.gen
+	gen, create := prev.gen, !had
 	if !had {
 		cur, err := a.vipd.GetService(ctx, name)
 		switch {
@@ -573,26 +576,15 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 			a.leave(name, ReasonOtherOwner, nil, fmt.Errorf("vipd has it under owner %s", cur.Owner))
 			return false, nil
 		default:
-			gen = cur.Generation
+			gen, create = cur.Generation, false
 		}
 	}
-	got, err := a.vipd.UpsertService(ctx, want, gen)
-	if status.Code(err) == codes.Aborted {
-		// Someone else changed it since: whose is it now?
-		cur, gerr := a.vipd.GetService(ctx, name)
-		switch {
-		case client.IsNotFound(gerr):
-			gen = 0
-		case gerr != nil:
-			return false, fmt.Errorf("get after a generation conflict: %w", gerr)
-		case cur.Owner != kubeconvert.Owner:
-			delete(a.applied, name)
-			a.leave(name, ReasonOtherOwner, nil, fmt.Errorf("owner %s took it over", cur.Owner))
-			return false, nil
-		default:
-			gen = cur.Generation
-		}
-		got, err = a.vipd.UpsertService(ctx, want, gen)
+	got, err := a.write(ctx, want, gen, create)
+	var taken *takenError
+	if errors.As(err, &taken) {
+		delete(a.applied, name)
+		a.leave(name, ReasonOtherOwner, nil, err)
+		return false, nil
 	}
 	if err == nil {
 		a.applied[name] = record{spec: want, gen: got.Generation}
@@ -611,6 +603,55 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 		return false, fmt.Errorf("upsert: %w", err)
 	}
 	return false, nil
+}
+
+// takenError is write's answer for a name that another owner holds.
+type takenError struct{ owner string }
+
+func (e *takenError) Error() string { return "owner " + e.owner + " holds it" }
+
+// write makes vipd's service want.Name equal to want: a create when create
+// (vipd refuses it if the name exists, whoever owns it), else an update of
+// the kubernetes-owned service at generation gen. When another writer got
+// in between (the create met an existing name, the update another
+// generation), it reads the service again and goes on as what it finds: a
+// create when the name is free, an update at its generation when it is
+// kubernetes-owned, and a *takenError, without writing, when another owner
+// holds it. A create refused while the name is free is a VIP:port conflict
+// (unless the name came and went meanwhile: one more create tells). Other
+// errors are vipd's status errors.
+func (a *Adapter) write(ctx context.Context, want *vipdv1.Service, gen uint64, create bool) (*vipdv1.Service, error) {
+	freeBefore := false // a refused create found the name free once
+	for race := 0; ; race++ {
+		var (
+			got *vipdv1.Service
+			err error
+		)
+		if create {
+			got, err = a.vipd.CreateService(ctx, want)
+		} else {
+			got, err = a.vipd.UpsertService(ctx, want, gen)
+		}
+		code := status.Code(err)
+		if race >= maxWriteRaces || !(create && code == codes.AlreadyExists || !create && code == codes.Aborted) {
+			return got, err
+		}
+		cur, gerr := a.vipd.GetService(ctx, want.Name)
+		switch {
+		case client.IsNotFound(gerr):
+			if create && freeBefore {
+				return nil, err
+			}
+			freeBefore = freeBefore || create
+			gen, create = 0, true
+		case gerr != nil:
+			return nil, fmt.Errorf("get after a write conflict: %w", gerr)
+		case cur.Owner != kubeconvert.Owner:
+			return nil, &takenError{owner: cur.Owner}
+		default:
+			gen, create = cur.Generation, false
+		}
+	}
 }
 
 // deleteOwned deletes name, which the adapter applied at generation gen,

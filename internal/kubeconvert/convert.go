@@ -16,8 +16,11 @@ import (
 // Owner is the vipd owner of every service converted from Kubernetes.
 const Owner = "kubernetes"
 
-// ServiceProxyNameLabel on a Service hands it to another proxy: kube-proxy,
-// and so vipd, leave every Service that has it alone, whatever its value.
+// ServiceProxyNameLabel on a Service hands it to another proxy: kube-proxy
+// leaves every Service that has it alone, whatever its value, and the
+// proxy whose name is the value programs it. vipd does as kube-proxy
+// unless Options.ServiceProxyName names it: then it programs only the
+// Services whose label has that value.
 const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
 // ErrSkipped is wrapped by Convert's error for a Service that kube-proxy
@@ -30,6 +33,13 @@ type Options struct {
 	// node-local (what internalTrafficPolicy: Local keeps). Empty means no
 	// endpoint is node-local.
 	NodeName string
+	// ServiceProxyName, when not empty, makes the conversion that of an
+	// alternative proxy of this name: only Services labelled
+	// ServiceProxyNameLabel=ServiceProxyName are programmed, and every
+	// other Service, with another value or without the label (kube-proxy
+	// serves those), is skipped. Empty is kube-proxy's choice: every
+	// Service with the label, of any value, is skipped.
+	ServiceProxyName string
 }
 
 // Name is the vipd service name of the Kubernetes Service namespace/name.
@@ -38,10 +48,23 @@ func Name(namespace, name string) string { return namespace + "/" + name }
 // Skipped says why kube-proxy would not program svc, or returns "" when
 // it would: Services handed to another proxy by ServiceProxyNameLabel,
 // ExternalName Services, headless Services (clusterIP: None), and
-// Services without a cluster IP yet.
-func Skipped(svc *corev1.Service) string {
-	if _, ok := svc.Labels[ServiceProxyNameLabel]; ok {
-		return fmt.Sprintf("it has the label %s: another proxy serves it", ServiceProxyNameLabel)
+// Services without a cluster IP yet. It is Options{}.Skipped.
+func Skipped(svc *corev1.Service) string { return Options{}.Skipped(svc) }
+
+// Skipped says why a conversion with o does not program svc, or returns ""
+// when it does: as the package-level Skipped, except that with a
+// ServiceProxyName only the Services labelled with that name pass the
+// label check.
+func (o Options) Skipped(svc *corev1.Service) string {
+	value, labelled := svc.Labels[ServiceProxyNameLabel]
+	switch {
+	case o.ServiceProxyName == "" && labelled:
+		return fmt.Sprintf("it has the label %s=%q: another proxy serves it", ServiceProxyNameLabel, value)
+	case o.ServiceProxyName != "" && !labelled:
+		return fmt.Sprintf("it lacks the label %s=%s: only Services so labelled are programmed here, and kube-proxy serves the others",
+			ServiceProxyNameLabel, o.ServiceProxyName)
+	case o.ServiceProxyName != "" && value != o.ServiceProxyName:
+		return fmt.Sprintf("it has the label %s=%q: that proxy serves it, not %q", ServiceProxyNameLabel, value, o.ServiceProxyName)
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return "it is of type ExternalName: DNS serves it"
@@ -88,11 +111,11 @@ func clusterIPs(svc *corev1.Service) []string {
 //     FQDN slices are ignored, and so are addresses of a family that
 //     has no cluster IP.
 //
-// A Service that Skipped names is an error wrapping ErrSkipped; a Service
+// A Service that opts.Skipped names is an error wrapping ErrSkipped; a Service
 // vipd could not represent (an unparsable cluster IP) is an error too.
 func Convert(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, opts Options) (*vipdv1.Service, error) {
 	name := Name(svc.Namespace, svc.Name)
-	if reason := Skipped(svc); reason != "" {
+	if reason := opts.Skipped(svc); reason != "" {
 		return nil, fmt.Errorf("service %s: %w: %s", name, ErrSkipped, reason)
 	}
 	out := &vipdv1.Service{Name: name, Owner: Owner}

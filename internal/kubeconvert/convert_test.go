@@ -293,33 +293,106 @@ func TestSkipped(t *testing.T) {
 		mutate(s)
 		return s
 	}
+	labelled := func(value string) *corev1.Service {
+		return base(func(s *corev1.Service) { s.Labels = map[string]string{kubeconvert.ServiceProxyNameLabel: value} })
+	}
+	vipd := kubeconvert.Options{ServiceProxyName: "vipd"}
 	tests := []struct {
 		name string
+		opts kubeconvert.Options
 		svc  *corev1.Service
 		want string // in the reason; "" means programmed
 	}{
-		{"ClusterIP", base(func(*corev1.Service) {}), ""},
-		{"LoadBalancer keeps its cluster IP", base(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }), ""},
-		{"headless", base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), "headless"},
-		{"ExternalName", base(func(s *corev1.Service) {
+		{"ClusterIP", kubeconvert.Options{}, base(func(*corev1.Service) {}), ""},
+		{"LoadBalancer keeps its cluster IP", kubeconvert.Options{}, base(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }), ""},
+		{"headless", kubeconvert.Options{}, base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), "headless"},
+		{"ExternalName", kubeconvert.Options{}, base(func(s *corev1.Service) {
 			s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "", nil, "db.example.com"
 		}), "ExternalName"},
-		{"service-proxy-name, even empty", base(func(s *corev1.Service) {
-			s.Labels = map[string]string{kubeconvert.ServiceProxyNameLabel: ""}
-		}), "another proxy"},
-		{"no cluster IP yet", base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), "no cluster IP"},
+		{"service-proxy-name, even empty", kubeconvert.Options{}, labelled(""), "another proxy"},
+		{"service-proxy-name of any value", kubeconvert.Options{}, labelled("vipd"), "another proxy"},
+		{"no cluster IP yet", kubeconvert.Options{}, base(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), "no cluster IP"},
+
+		// As the proxy named vipd: only Services labelled with that name.
+		{"proxy name: labelled with it", vipd, labelled("vipd"), ""},
+		{"proxy name: unlabelled, kube-proxy's", vipd, base(func(*corev1.Service) {}), "lacks the label service.kubernetes.io/service-proxy-name=vipd"},
+		{"proxy name: another proxy's", vipd, labelled("cilium"), `"cilium": that proxy serves it, not "vipd"`},
+		{"proxy name: empty value", vipd, labelled(""), `"": that proxy serves it`},
+		{"proxy name: a prefix of it", vipd, labelled("vip"), `"vip": that proxy`},
+		{"proxy name: labelled but headless", vipd, func() *corev1.Service {
+			s := labelled("vipd")
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"}
+			return s
+		}(), "headless"},
+		{"proxy name: labelled but ExternalName", vipd, func() *corev1.Service {
+			s := labelled("vipd")
+			s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "", nil, "db.example.com"
+			return s
+		}(), "ExternalName"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reason := kubeconvert.Skipped(tt.svc)
+			reason := tt.opts.Skipped(tt.svc)
 			if tt.want == "" && reason != "" || !strings.Contains(reason, tt.want) {
 				t.Fatalf("Skipped = %q; want it to contain %q", reason, tt.want)
 			}
-			_, err := kubeconvert.Convert(tt.svc, nil, kubeconvert.Options{})
-			if got := kubeconvert.IsSkipped(err); got != (tt.want != "") {
-				t.Fatalf("Convert: %v; skipped %v, want %v", err, got, tt.want != "")
+			if tt.opts == (kubeconvert.Options{}) {
+				if got := kubeconvert.Skipped(tt.svc); got != reason {
+					t.Fatalf("kubeconvert.Skipped = %q, Options{}.Skipped = %q; want the same", got, reason)
+				}
+			}
+			got, err := kubeconvert.Convert(tt.svc, nil, tt.opts)
+			if skipped := kubeconvert.IsSkipped(err); skipped != (tt.want != "") {
+				t.Fatalf("Convert: %v; skipped %v, want %v", err, skipped, tt.want != "")
+			}
+			if tt.want != "" && !strings.Contains(err.Error(), reason) {
+				t.Errorf("Convert: %v; want the reason %q in it", err, reason)
+			}
+			if tt.want == "" && (err != nil || got.GetName() != "shop/web") {
+				t.Errorf("Convert = %v, %v; want shop/web", got, err)
 			}
 		})
+	}
+}
+
+// TestConvertAllWithProxyName: as the proxy named vipd, ConvertAll
+// converts exactly the Services labelled with that name, and lists the
+// others as skipped, never as broken.
+func TestConvertAllWithProxyName(t *testing.T) {
+	port := svcPort("", corev1.ProtocolTCP, 80, intstr.FromInt32(8080))
+	mk := func(name, vip string, labels map[string]string) *corev1.Service {
+		s := service([]string{vip}, port)
+		s.Name, s.Labels = name, labels
+		return s
+	}
+	svcs := []*corev1.Service{
+		mk("mine", "198.19.0.10", map[string]string{kubeconvert.ServiceProxyNameLabel: "vipd", "app": "web"}),
+		mk("kube-proxys", "198.19.0.11", map[string]string{"app": "web"}),
+		mk("cilium", "198.19.0.12", map[string]string{kubeconvert.ServiceProxyNameLabel: "cilium"}),
+		mk("also-mine", "198.19.0.13", map[string]string{kubeconvert.ServiceProxyNameLabel: "vipd"}),
+	}
+	for _, tt := range []struct {
+		opts       kubeconvert.Options
+		want, left []string
+	}{
+		{kubeconvert.Options{ServiceProxyName: "vipd"}, []string{"shop/also-mine", "shop/mine"}, []string{"shop/cilium", "shop/kube-proxys"}},
+		{kubeconvert.Options{ServiceProxyName: "cilium"}, []string{"shop/cilium"}, []string{"shop/also-mine", "shop/kube-proxys", "shop/mine"}},
+		{kubeconvert.Options{}, []string{"shop/kube-proxys"}, []string{"shop/also-mine", "shop/cilium", "shop/mine"}},
+	} {
+		got, left := kubeconvert.ConvertAll(svcs, nil, tt.opts)
+		var names, leftNames []string
+		for _, s := range got {
+			names = append(names, s.Name)
+		}
+		for _, l := range left {
+			leftNames = append(leftNames, l.Service)
+			if !kubeconvert.IsSkipped(l.Err) {
+				t.Errorf("proxy name %q: %s left out as %v; want skipped", tt.opts.ServiceProxyName, l.Service, l.Err)
+			}
+		}
+		if !slices.Equal(names, tt.want) || !slices.Equal(leftNames, tt.left) {
+			t.Errorf("proxy name %q: converted %v, left %v; want %v, %v", tt.opts.ServiceProxyName, names, leftNames, tt.want, tt.left)
+		}
 	}
 }
 

@@ -149,10 +149,12 @@ func testServiceThroughClusterIP(t *testing.T, dp string) {
 	// Scale to zero: every slice of the Service loses its endpoints.
 	setEndpoints(t, kube, "web-v4", nil)
 	setEndpoints(t, kube, "web-v6", nil)
+	// Each slice's update is its own change: wait for both families.
 	waitFor(t, "connections to be refused", func() error {
-		_, err := request(env, "tcp", http4)
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("request: %v; want connection refused", err)
+		for _, addr := range []netip.AddrPort{http4, http6} {
+			if _, err := request(env, "tcp", addr); !errors.Is(err, syscall.ECONNREFUSED) {
+				return fmt.Errorf("request to %v: %v; want connection refused", addr, err)
+			}
 		}
 		return nil
 	})
@@ -168,8 +170,12 @@ func testServiceThroughClusterIP(t *testing.T, dp string) {
 	setEndpoints(t, kube, "web-v4", []discoveryv1.Endpoint{readyEndpoint(be2.IPv4())})
 	setEndpoints(t, kube, "web-v6", []discoveryv1.Endpoint{readyEndpoint(be2.IPv6())})
 	waitFor(t, "the ClusterIP to answer again", func() error {
-		_, err := request(env, "tcp", http6)
-		return err
+		for _, addr := range []netip.AddrPort{http4, http6} {
+			if _, err := request(env, "tcp", addr); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	for _, addr := range []netip.AddrPort{http4, http6} {
 		for range 10 {

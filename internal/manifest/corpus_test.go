@@ -102,7 +102,9 @@ func loadSeeds(t *testing.T) map[string]string {
 			"- {apiVersion: v1, kind: Service, metadata: {name: mail}, spec: {type: ExternalName, externalName: mail.example.net}}\n" +
 			"- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: gone-1, labels: {kubernetes.io/service-name: gone}}, addressType: IPv4}\n",
 		"kubernetes-unknown-field": "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 198.19.0.10, ports: [{port: 80, targetPort: true, prot: x}]}\n",
-		"mixed-kinds":              "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\nkind: Service\n",
+		"kubernetes-bad-values": "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: a, labels: {app.kubernetes.io/name: 1}}}\n" +
+			"- {apiVersion: v1, kind: Service, metadata: {name: b, managedFields: [{time: yesterday}]}, spec: {ports: [{port: 80}, {port: 8.5}]}}\n",
+		"mixed-kinds": "name: a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\nkind: Service\n",
 		"all-fields": `name: team/dns
 owner: nomad
 vips: [10.96.0.53, "fd00:96::53"]
@@ -134,6 +136,7 @@ generation: 42
 		"duplicate-keys":  "name: a\nname: b\nvips: [198.19.0.1]\nports: [{port: 80}]\n",
 		"scalar-document": "42\n",
 		"null-items":      "[null, {name: a, vips: [198.19.0.1], ports: [{port: 80}]}]\n",
+		"control-chars":   "[{\"backends\":[{\"ip\":\"\x7f\"}]}, {\"name\": \"a\", \"vips\": [\"198.19.0.1\"], \"ports\": [{\"port\": 80}], \"labels\": {\"k\": \"\\u0007\"}}]",
 	}
 }
 

@@ -15,8 +15,9 @@
 // List (v1), ServiceList or EndpointSliceList of them, as "kubectl get
 // svc,endpointslices -o yaml" prints them; a file may mix them with vipd
 // services. They are decoded into the k8s.io/api types as strictly as the
-// apiserver does (every field kubectl prints, status and managedFields
-// included, is read; any other is an error naming its path), a missing
+// apiserver does, with its decoder, sigs.k8s.io/json (every field kubectl
+// prints, status and managedFields included, is read; any other, or one
+// spelled in another case, is an error naming its path), a missing
 // metadata.namespace is "default", and once every source of a Loader is
 // read they are converted by internal/kubeconvert, the converter of the
 // Kubernetes adapter, so that a Service means the same by either route.

@@ -53,6 +53,8 @@ func FuzzLoad(f *testing.F) {
 			}
 		}
 		svcs := res.Services
+		// vipctl prints only what vipd stored, which validated.
+		var valid []*vipdv1.Service
 		for i, svc := range svcs {
 			if svc == nil {
 				t.Fatalf("service %d is nil", i)
@@ -64,8 +66,11 @@ func FuzzLoad(f *testing.F) {
 					t.Errorf("service %d: violation %q (%s) names no field: %v", i, x.Field, x.Description, err)
 				}
 			}
+			if len(v) == 0 {
+				valid = append(valid, svc)
+			}
 		}
-		checkPrintedReadsBack(t, svcs)
+		checkPrintedReadsBack(t, valid)
 	})
 }
 

@@ -2,9 +2,9 @@ package manifest
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 
 	"github.com/vipd/vipd/internal/kubeconvert"
@@ -102,8 +102,8 @@ func (k *kubeObjects) add(obj map[string]any, path string, at position) error {
 	}
 	switch kind {
 	case kindService:
-		svc := &corev1.Service{}
-		if err := decodeStrict(obj, svc, path); err != nil {
+		svc, err := decodeStrict[corev1.Service](obj, path)
+		if err != nil {
 			return at.wrap(err)
 		}
 		if err := k.record(kind, &svc.ObjectMeta, path, at); err != nil {
@@ -111,8 +111,8 @@ func (k *kubeObjects) add(obj map[string]any, path string, at position) error {
 		}
 		k.services = append(k.services, located[*corev1.Service]{at: at, path: path, object: svc})
 	case kindEndpointSlice:
-		slice := &discoveryv1.EndpointSlice{}
-		if err := decodeStrict(obj, slice, path); err != nil {
+		slice, err := decodeStrict[discoveryv1.EndpointSlice](obj, path)
+		if err != nil {
 			return at.wrap(err)
 		}
 		if err := k.record(kind, &slice.ObjectMeta, path, at); err != nil {
@@ -125,16 +125,16 @@ func (k *kubeObjects) add(obj map[string]any, path string, at position) error {
 	return nil
 }
 
-// kubeList is the shape of every list kind; its items are checked one by
+// kubeList is the shape of every list kind; its items are decoded one by
 // one by add.
 type kubeList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []any `json:"items"`
+	Items           []json.RawMessage `json:"items"`
 }
 
 func (k *kubeObjects) addList(obj map[string]any, kind, path string, at position) error {
-	if err := checkJSON(obj, reflect.TypeFor[kubeList](), path); err != nil {
+	if _, err := decodeStrict[kubeList](obj, path); err != nil {
 		return at.wrap(err)
 	}
 	items, _ := obj["items"].([]any)

@@ -233,7 +233,7 @@ ports: [{port: 8080}]
 				"skipped Service a/new: it has no cluster IP yet",
 				"skipped Service default/db: it is headless (clusterIP: None): DNS serves its endpoints directly",
 				"skipped Service default/mail: it is of type ExternalName: DNS serves it",
-				"skipped Service default/mesh: it has the label service.kubernetes.io/service-proxy-name: another proxy serves it",
+				`skipped Service default/mesh: it has the label service.kubernetes.io/service-proxy-name="other": another proxy serves it`,
 			},
 		},
 		{
@@ -265,6 +265,33 @@ ports: [{port: 8080}]
 				{Name: "vipd/b", Vips: []string{"198.19.1.2"}},
 				webWant(),
 			},
+		},
+		{
+			name: "null is the zero value anywhere",
+			in: `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: null, creationTimestamp: null, labels: null, annotations: null, managedFields: null}
+spec:
+  clusterIP: 198.19.0.30
+  clusterIPs: null
+  selector: null
+  sessionAffinityConfig: null
+  ports: [{name: null, port: 80, targetPort: null, protocol: null}]
+status: {loadBalancer: {ingress: null}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}, deletionTimestamp: null}
+addressType: IPv4
+endpoints: [{addresses: [198.18.3.1], conditions: {ready: null, serving: null}, nodeName: null, zone: null}]
+ports: [{port: 80, name: null, protocol: null}]
+`,
+			want: []*vipdv1.Service{{
+				Name:     "default/web",
+				Vips:     []string{"198.19.0.30"},
+				Ports:    []*vipdv1.Port{{Protocol: tcp, Port: 80}},
+				Backends: []*vipdv1.Backend{{Ip: "198.18.3.1", Ports: map[string]uint32{"": 80}, State: ready, OnlyNamedPorts: true}},
+			}},
 		},
 		{
 			name: "an explicit empty List",
@@ -540,22 +567,80 @@ func TestLoadKubernetesErrors(t *testing.T) {
 			wantMsg: "test.yaml: document 1: spec.ports[0].port: want a whole number from -2147483648 to 2147483647, got 4294967376",
 		},
 		{
+			// IntOrString decodes a non-string as an int32, and says so.
 			name:    "target port neither number nor string",
 			in:      svcHead + "spec: {ports: [{port: 80, targetPort: true}]}\n",
 			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.ports[0].targetPort"},
-			wantMsg: "test.yaml: document 1: spec.ports[0].targetPort: want a number or a string, got a boolean",
+			wantMsg: "test.yaml: document 1: spec.ports[0].targetPort: want a number, got a boolean",
+		},
+		{
+			name:    "target port not a whole number, in the third port",
+			in:      svcHead + "spec: {ports: [{port: 80}, {port: 81, targetPort: http}, {port: 82, targetPort: 8.5}]}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.ports[2].targetPort"},
+			wantMsg: "test.yaml: document 1: spec.ports[2].targetPort: want a whole number from -2147483648 to 2147483647, got 8.5",
 		},
 		{
 			name:    "label value that yaml reads as a boolean",
-			in:      "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {canary: yes}}\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: `metadata.labels["canary"]`},
-			wantMsg: `test.yaml: document 1: metadata.labels["canary"]: want a string, got a boolean`,
+			in:      "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {app: web, canary: yes}}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "metadata.labels.canary"},
+			wantMsg: "test.yaml: document 1: metadata.labels.canary: want a string, got a boolean",
+		},
+		{
+			name:    "label value that is a number, under a key with dots",
+			in:      "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {app.kubernetes.io/version: 1.2}}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: `metadata.labels["app.kubernetes.io/version"]`},
+			wantMsg: `test.yaml: document 1: metadata.labels["app.kubernetes.io/version"]: want a string, got a number`,
 		},
 		{
 			name:    "bad timestamp",
 			in:      "apiVersion: v1\nkind: Service\nmetadata: {name: web, creationTimestamp: yesterday}\n",
 			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "metadata.creationTimestamp"},
 			wantMsg: `test.yaml: document 1: metadata.creationTimestamp: want an RFC 3339 time such as 2006-01-02T15:04:05Z, got "yesterday"`,
+		},
+		{
+			name: "bad timestamp in the second managed fields entry of a list item",
+			in: "apiVersion: v1\nkind: List\nitems:\n" + asItems(webService, "apiVersion: v1\nkind: Service\nmetadata:\n  name: db\n  managedFields:\n"+
+				"  - {manager: kubectl, operation: Update, time: \"2026-03-02T09:31:12Z\", fieldsV1: {f:spec: {}}}\n"+
+				"  - {manager: kubectl, operation: Update, time: \"2026-03-02 09:31\"}\n"),
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "items[1].metadata.managedFields[1].time"},
+			wantMsg: `test.yaml: document 1: items[1].metadata.managedFields[1].time: want an RFC 3339 time such as 2006-01-02T15:04:05Z, got "2026-03-02 09:31"`,
+		},
+		{
+			name:    "timestamp not a string",
+			in:      "apiVersion: v1\nkind: Service\nmetadata: {name: web, creationTimestamp: 1767225600}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "metadata.creationTimestamp"},
+			wantMsg: "test.yaml: document 1: metadata.creationTimestamp: want a string, got a number",
+		},
+		{
+			name:    "a bad value is reported before an unknown field",
+			in:      svcHead + "spec: {clusterIP: 198.19.0.10, ports: [{port: 80, prot: UDP}], sessionAffinity: [ClientIP]}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.sessionAffinity"},
+			wantMsg: "test.yaml: document 1: spec.sessionAffinity: want a string, got a list",
+		},
+		{
+			name:    "of several bad values the first in key order",
+			in:      svcHead + "spec: {sessionAffinity: 1, clusterIP: 2, ports: [{port: x}]}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.clusterIP"},
+			wantMsg: "test.yaml: document 1: spec.clusterIP: want a string, got a number",
+		},
+		{
+			name:    "several unknown fields",
+			in:      svcHead + "spec: {clusterIP: 198.19.0.10, ClusterIP: x, ports: [{port: 80, Protocol: UDP}]}\nstatus: {loadbalancer: {}}\n",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.ClusterIP"},
+			wantMsg: "test.yaml: document 1: spec.ClusterIP: unknown field (also spec.ports[0].Protocol, status.loadbalancer)",
+		},
+		{
+			name: "many unknown fields",
+			in:   svcHead + "spec: {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8}\n",
+			want: Error{Source: "test.yaml", Document: 1, Line: 1, Path: "spec.a"},
+			wantMsg: "test.yaml: document 1: spec.a: unknown field " +
+				"(also spec.b, spec.c, spec.d, spec.e, spec.f, and 2 more)",
+		},
+		{
+			name:    "several unknown fields in a list item",
+			in:      "apiVersion: v1\nkind: List\nitems:\n" + asItems(webService, strings.Replace(webSliceOld, "nodeName:", "nodename:", 2)),
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "items[1].endpoints[0].nodename"},
+			wantMsg: "test.yaml: document 1: items[1].endpoints[0].nodename: unknown field (also items[1].endpoints[1].nodename)",
 		},
 		{
 			name:    "spec not an object",

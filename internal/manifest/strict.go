@@ -1,222 +1,213 @@
 package manifest
 
 import (
-	"encoding"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
+	kjson "sigs.k8s.io/json"
 )
 
 // decodeStrict decodes obj, a decoded JSON tree (see decodeJSONTree), into
-// out, a pointer to a Kubernetes API struct, the way the apiserver's strict
-// decoding does: a field the struct does not define, matched case
-// sensitively, is an error, and so is a value of the wrong JSON type.
-// Errors are *pathError values naming the field below path.
-func decodeStrict(obj map[string]any, out any, path string) error {
-	if err := checkJSON(obj, reflect.TypeOf(out).Elem(), path); err != nil {
-		return err
-	}
+// a new T, a Kubernetes API struct, with the apiserver's own strict decoder
+// (sigs.k8s.io/json): field names match case sensitively, a field T does
+// not define is an error, and so is a value of the wrong JSON type; null
+// leaves the zero value. Errors are *pathError values naming the field
+// below path. Of several unknown fields the first in key order is named
+// and the others listed; of several bad values the first in key order is
+// named.
+func decodeStrict[T any](obj map[string]any, path string) (*T, error) {
 	data, err := json.Marshal(obj)
 	if err != nil {
-		return &pathError{path: path, err: err}
+		return nil, &pathError{path: path, err: err}
 	}
-	// checkJSON has seen every value, so this fails only where a type's
-	// own decoder refuses a value of the right JSON type.
-	if err := json.Unmarshal(data, out); err != nil {
-		return &pathError{path: path, err: err}
+	out := new(T)
+	strict, err := kjson.UnmarshalStrict(data, out, kjson.DisallowUnknownFields)
+	if err != nil {
+		// The decoder names a bad value's fields but not its list
+		// indices or map keys, and a value that decodes itself (a
+		// metav1.Time) not at all: find it by decoding its parts.
+		at, lerr := locate(obj, func(v any) error {
+			data, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			return kjson.UnmarshalCaseSensitivePreserveInts(data, new(T))
+		})
+		if lerr == nil { // not for the errors decoding can have
+			at, lerr = "", err
+		}
+		return nil, &pathError{path: joinRelative(path, at), err: describe(lerr)}
 	}
-	return nil
+	if len(strict) > 0 {
+		return nil, strictError(strict, path)
+	}
+	return out, nil
 }
 
-var (
-	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
-	intOrStringType     = reflect.TypeFor[intstr.IntOrString]()
-	timeType            = reflect.TypeFor[metav1.Time]()
-	microTimeType       = reflect.TypeFor[metav1.MicroTime]()
-)
+// strictError turns the strict errors of sigs.k8s.io/json, such as
+// unknown field "spec.sessionAffinty", into a *pathError naming the first
+// field; the fields of the next few follow in its message.
+func strictError(errs []error, path string) error {
+	at, problem, ok := fieldProblem(errs[0])
+	if !ok {
+		return &pathError{path: path, err: errors.Join(errs...)}
+	}
+	const listed = 5
+	var more []string
+	for i, err := range errs[1:] {
+		if i == listed {
+			more = append(more, fmt.Sprintf("and %d more", len(errs)-1-listed))
+			break
+		}
+		switch p, pr, ok := fieldProblem(err); {
+		case !ok:
+			more = append(more, err.Error())
+		case pr == problem:
+			more = append(more, joinRelative(path, p))
+		default:
+			more = append(more, joinRelative(path, p)+": "+pr)
+		}
+	}
+	if len(more) > 0 {
+		problem += " (also " + strings.Join(more, ", ") + ")"
+	}
+	return &pathError{path: joinRelative(path, at), err: errors.New(problem)}
+}
 
-// checkJSON checks v, a JSON value, against Go type t as encoding/json
-// would decode it, naming path in errors. null is accepted anywhere (it
-// leaves the zero value). Values that a type decodes itself
-// (json.Unmarshaler) are checked for the types Service and EndpointSlice
-// use, and otherwise left to it.
-func checkJSON(v any, t reflect.Type, path string) error {
-	if v == nil {
-		return nil
+// fieldProblem splits a strict error of sigs.k8s.io/json, such as
+// unknown field "spec.sessionAffinty", into its field path and problem.
+func fieldProblem(err error) (path, problem string, ok bool) {
+	var fe kjson.FieldError
+	if !errors.As(err, &fe) {
+		return "", "", false
 	}
-	switch t {
-	case intOrStringType:
-		switch v := v.(type) {
-		case string:
-			return nil
-		case json.Number:
-			return checkInt(v, 32, path)
-		}
-		return errorAt(path, "want a number or a string, got %s", jsonType(v))
-	case timeType, microTimeType:
-		s, ok := v.(string)
-		if !ok {
-			return errorAt(path, "want a time (a string), got %s", jsonType(v))
-		}
-		if _, err := time.Parse(time.RFC3339, s); err != nil {
-			return errorAt(path, "want an RFC 3339 time such as 2006-01-02T15:04:05Z, got %q", s)
-		}
-		return nil
+	path = fe.FieldPath()
+	problem, ok = strings.CutSuffix(fe.Error(), " "+strconv.Quote(path))
+	return path, problem, ok
+}
+
+// locate returns the path below v of the value that decode fails on, and
+// decode's error for it alone; decode(w) decodes the document with w in
+// place of v. A value is to blame itself when its empty form ({} or [])
+// does not decode (a list where an object belongs), or when none of its
+// parts fails alone. Parts are tried in key order, the order in which
+// json.Marshal writes them and the decoder meets them.
+func locate(v any, decode func(any) error) (string, error) {
+	err := decode(v)
+	if err == nil {
+		return "", nil
 	}
-	if t.Kind() == reflect.Pointer {
-		return checkJSON(v, t.Elem(), path)
-	}
-	pt := reflect.PointerTo(t)
-	if pt.Implements(jsonUnmarshalerType) {
-		return nil // such as FieldsV1, which holds any JSON
-	}
-	if pt.Implements(textUnmarshalerType) {
-		if _, ok := v.(string); !ok {
-			return errorAt(path, "want a string, got %s", jsonType(v))
+	switch v := v.(type) {
+	case map[string]any:
+		if decode(map[string]any{}) != nil {
+			return "", err
 		}
-		return nil
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return errorAt(path, "want an object, got %s", jsonType(v))
-		}
-		fields := jsonFields(t)
-		// Sorted, so that of several problems the same one is reported each time.
-		for _, key := range slices.Sorted(maps.Keys(obj)) {
-			fp := joinPath(path, key)
-			ft, ok := fields[key]
-			if !ok {
-				return errorAt(fp, "unknown field")
-			}
-			if err := checkJSON(obj[key], ft, fp); err != nil {
-				return err
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			at, kerr := locate(v[k], func(w any) error { return decode(map[string]any{k: w}) })
+			if kerr != nil {
+				return joinRelative(keyElem(k), at), kerr
 			}
 		}
-	case reflect.Map:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return errorAt(path, "want an object, got %s", jsonType(v))
+	case []any:
+		if decode([]any{}) != nil {
+			return "", err
 		}
-		for _, key := range slices.Sorted(maps.Keys(obj)) {
-			if err := checkJSON(obj[key], t.Elem(), joinPath(path, "["+strconv.Quote(key)+"]")); err != nil {
-				return err
+		for i, item := range v {
+			at, ierr := locate(item, func(w any) error { return decode([]any{w}) })
+			if ierr != nil {
+				return joinRelative(fmt.Sprintf("[%d]", i), at), ierr
 			}
 		}
-	case reflect.Slice, reflect.Array:
-		if t.Elem().Kind() == reflect.Uint8 {
-			if _, ok := v.(string); !ok {
-				return errorAt(path, "want a base64 string, got %s", jsonType(v))
-			}
-			return nil
-		}
-		list, ok := v.([]any)
-		if !ok {
-			return errorAt(path, "want a list, got %s", jsonType(v))
-		}
-		for i, item := range list {
-			if err := checkJSON(item, t.Elem(), joinPath(path, fmt.Sprintf("[%d]", i))); err != nil {
-				return err
-			}
-		}
+	}
+	return "", err
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// keyElem is the path element of an object key: .key, as sigs.k8s.io/json
+// writes field names, or ["key"] where that would be ambiguous, as for
+// the label key kubernetes.io/service-name.
+func keyElem(k string) string {
+	if identifier.MatchString(k) {
+		return k
+	}
+	return fmt.Sprintf("[%q]", k)
+}
+
+// joinRelative appends rel, a path below path, to path.
+func joinRelative(path, rel string) string {
+	if rel == "" {
+		return path
+	}
+	return joinPath(path, rel)
+}
+
+// describe says in JSON terms what the decoder's err means for a value.
+func describe(err error) error {
+	var te *json.UnmarshalTypeError
+	var pe *time.ParseError
+	switch {
+	case errors.As(err, &te):
+		return fmt.Errorf("want %s, got %s", wantJSON(te), gotJSON(te.Value))
+	case errors.As(err, &pe):
+		return fmt.Errorf("want an RFC 3339 time such as 2006-01-02T15:04:05Z, got %q", pe.Value)
+	}
+	return err
+}
+
+// wantJSON names the JSON values that the Go type of te takes.
+func wantJSON(te *json.UnmarshalTypeError) string {
+	number := strings.HasPrefix(te.Value, "number ") // a number, but out of range or not whole
+	switch t := te.Type; t.Kind() {
 	case reflect.String:
-		if _, ok := v.(string); !ok {
-			return errorAt(path, "want a string, got %s", jsonType(v))
-		}
+		return "a string"
 	case reflect.Bool:
-		if _, ok := v.(bool); !ok {
-			return errorAt(path, "want true or false, got %s", jsonType(v))
-		}
+		return "true or false"
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		n, ok := v.(json.Number)
-		if !ok {
-			return errorAt(path, "want a number, got %s", jsonType(v))
+		if number {
+			return fmt.Sprintf("a whole number from %d to %d", -(int64(1) << (t.Bits() - 1)), int64(1)<<(t.Bits()-1)-1)
 		}
-		return checkInt(n, t.Bits(), path)
+		return "a number"
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		n, ok := v.(json.Number)
-		if !ok {
-			return errorAt(path, "want a number, got %s", jsonType(v))
+		if number {
+			return fmt.Sprintf("a whole number from 0 to %d", uint64(1)<<t.Bits()-1)
 		}
-		if _, err := strconv.ParseUint(n.String(), 10, t.Bits()); err != nil {
-			return errorAt(path, "want a whole number from 0 to %d, got %s", uint64(1)<<t.Bits()-1, n)
-		}
+		return "a number"
 	case reflect.Float32, reflect.Float64:
-		n, ok := v.(json.Number)
-		if !ok {
-			return errorAt(path, "want a number, got %s", jsonType(v))
+		if number {
+			return fmt.Sprintf("a number in the range of float%d", t.Bits())
 		}
-		if _, err := strconv.ParseFloat(n.String(), t.Bits()); err != nil {
-			return errorAt(path, "number %s is out of range", n)
-		}
+		return "a number"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	default:
+		return t.String()
 	}
-	// Interfaces take any value; other kinds do not occur in JSON types.
-	return nil
 }
 
-func checkInt(n json.Number, bits int, path string) error {
-	if _, err := strconv.ParseInt(n.String(), 10, bits); err != nil {
-		return errorAt(path, "want a whole number from %d to %d, got %s", -(int64(1) << (bits - 1)), int64(1)<<(bits-1)-1, n)
+// gotJSON names a JSON value as UnmarshalTypeError.Value describes it.
+func gotJSON(value string) string {
+	switch value {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "array":
+		return "a list"
+	case "object":
+		return "an object"
+	case "number":
+		return "a number"
 	}
-	return nil
-}
-
-// fieldCache maps a struct type to its jsonFields.
-var fieldCache sync.Map // reflect.Type → map[string]reflect.Type
-
-// jsonFields maps the JSON names of struct t's fields, as encoding/json
-// names them, to their types: the tag's name, else the Go name; fields of
-// untagged embedded structs (json:",inline" in Kubernetes types) are
-// promoted, and a field of the struct itself hides a promoted one.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	if f, ok := fieldCache.Load(t); ok {
-		return f.(map[string]reflect.Type)
-	}
-	fields := map[string]reflect.Type{}
-	var promoted []reflect.Type
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		name, _, _ := strings.Cut(tag, ",")
-		if f.Anonymous && name == "" {
-			et := f.Type
-			if et.Kind() == reflect.Pointer {
-				et = et.Elem()
-			}
-			if et.Kind() == reflect.Struct {
-				promoted = append(promoted, et)
-				continue
-			}
-		}
-		if !f.IsExported() {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		fields[name] = f.Type
-	}
-	for _, et := range promoted {
-		for name, ft := range jsonFields(et) {
-			if _, ok := fields[name]; !ok {
-				fields[name] = ft
-			}
-		}
-	}
-	fieldCache.Store(t, fields)
-	return fields
+	return strings.TrimPrefix(value, "number ")
 }

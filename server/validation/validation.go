@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -481,6 +482,8 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	}
 	if len(b.Zone) > MaxZoneLength {
 		v.add(field+".zone", "is %d characters long; at most %d are allowed", len(b.Zone), MaxZoneLength)
+	} else if hasControl(b.Zone) {
+		v.add(field+".zone", "%q has control characters", b.Zone)
 	}
 	if len(*v) > before {
 		return dataplane.Backend{}, false
@@ -560,5 +563,13 @@ func labels(v *Violations, out *vipdv1.Service, field string) {
 		if len(val) > MaxLabelLength {
 			v.add(f, "values may be at most %d characters long", MaxLabelLength)
 		}
+		if hasControl(k) || hasControl(val) {
+			v.add(f, "keys and values must not contain control characters")
+		}
 	}
 }
+
+// hasControl reports whether s has a control character, which free-form
+// text may not: vipctl's YAML output cannot carry them, and they would
+// garble tables and logs.
+func hasControl(s string) bool { return strings.ContainsFunc(s, unicode.IsControl) }

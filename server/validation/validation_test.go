@@ -272,6 +272,7 @@ func TestServiceViolations(t *testing.T) {
 		{name: "weight 65536", edit: func(s *vipdv1.Service) { s.Backends[0].Weight = 65536 }, want: []string{"service.backends[0].weight"}},
 		{name: "zone of 63 characters", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = long(63) }},
 		{name: "zone of 64 characters", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = long(64) }, want: []string{"service.backends[0].zone"}},
+		{name: "zone with a control character", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = "zone\x7f" }, want: []string{"service.backends[0].zone"}},
 		{name: "every bad backend field is reported", edit: func(s *vipdv1.Service) {
 			s.Backends[0] = &vipdv1.Backend{Ip: "fd00::1", Ports: map[string]uint32{"x": 1}, State: 9, Weight: 1 << 20, Zone: long(100)}
 		}, want: []string{
@@ -322,6 +323,9 @@ func TestServiceViolations(t *testing.T) {
 		{name: "64 labels", edit: func(s *vipdv1.Service) { s.Labels = labels(64) }},
 		{name: "65 labels", edit: func(s *vipdv1.Service) { s.Labels = labels(65) }, want: []string{"service.labels"}},
 		{name: "empty label key", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{"": "v"} }, want: []string{`service.labels[""]`}},
+		{name: "label value with a control character", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{"team": "a\tb"} }, want: []string{`service.labels["team"]`}},
+		{name: "label key with a control character", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{"te\x00am": "a"} }, want: []string{`service.labels["te\x00am"]`}},
+		{name: "label of printable unicode", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{"équipe": "réseau ünd mehr"} }},
 		{name: "label key of 253 characters", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{long(253): "v"} }},
 		{name: "label key of 254 characters", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{long(254): "v"} }, want: []string{fmt.Sprintf("service.labels[%q]", long(254))}},
 		{name: "label value of 253 characters", edit: func(s *vipdv1.Service) { s.Labels = map[string]string{"k": long(253)} }},

@@ -27,8 +27,15 @@ type UpsertServiceRequest struct {
 	// expected_generation is 0 for an unconditional write. Otherwise the call
 	// fails with Aborted unless the stored service has this generation.
 	ExpectedGeneration uint64 `protobuf:"varint,2,opt,name=expected_generation,json=expectedGeneration,proto3" json:"expected_generation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// create_only makes the call a create: when true, it fails with
+	// AlreadyExists if a service of this name exists, whoever owns it, and
+	// changes nothing. The check is made in the same transaction as the
+	// write, so no other call can create the name in between. It cannot be
+	// combined with a nonzero expected_generation (InvalidArgument, field
+	// create_only).
+	CreateOnly    bool `protobuf:"varint,3,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpsertServiceRequest) Reset() {
@@ -73,6 +80,13 @@ func (x *UpsertServiceRequest) GetExpectedGeneration() uint64 {
 		return x.ExpectedGeneration
 	}
 	return 0
+}
+
+func (x *UpsertServiceRequest) GetCreateOnly() bool {
+	if x != nil {
+		return x.CreateOnly
+	}
+	return false
 }
 
 type UpsertServiceResponse struct {
@@ -630,10 +644,12 @@ var File_vipd_v1_load_balancer_service_proto protoreflect.FileDescriptor
 
 const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\n" +
-	"#vipd/v1/load_balancer_service.proto\x12\avipd.v1\x1a\x15vipd/v1/service.proto\"s\n" +
+	"#vipd/v1/load_balancer_service.proto\x12\avipd.v1\x1a\x15vipd/v1/service.proto\"\x94\x01\n" +
 	"\x14UpsertServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\x12/\n" +
-	"\x13expected_generation\x18\x02 \x01(\x04R\x12expectedGeneration\"C\n" +
+	"\x13expected_generation\x18\x02 \x01(\x04R\x12expectedGeneration\x12\x1f\n" +
+	"\vcreate_only\x18\x03 \x01(\bR\n" +
+	"createOnly\"C\n" +
 	"\x15UpsertServiceResponse\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\"[\n" +
 	"\x14DeleteServiceRequest\x12\x12\n" +

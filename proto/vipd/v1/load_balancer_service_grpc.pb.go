@@ -35,7 +35,8 @@ const (
 // returns only after the dataplane has applied the change, so an OK means the
 // change is live in the kernel; on error nothing changed.
 type LoadBalancerServiceClient interface {
-	// UpsertService creates or fully replaces one service.
+	// UpsertService creates or fully replaces one service; with create_only
+	// it only creates.
 	UpsertService(ctx context.Context, in *UpsertServiceRequest, opts ...grpc.CallOption) (*UpsertServiceResponse, error)
 	// DeleteService removes one service; NotFound if it is unknown.
 	DeleteService(ctx context.Context, in *DeleteServiceRequest, opts ...grpc.CallOption) (*DeleteServiceResponse, error)
@@ -126,7 +127,8 @@ func (c *loadBalancerServiceClient) UpdateBackends(ctx context.Context, in *Upda
 // returns only after the dataplane has applied the change, so an OK means the
 // change is live in the kernel; on error nothing changed.
 type LoadBalancerServiceServer interface {
-	// UpsertService creates or fully replaces one service.
+	// UpsertService creates or fully replaces one service; with create_only
+	// it only creates.
 	UpsertService(context.Context, *UpsertServiceRequest) (*UpsertServiceResponse, error)
 	// DeleteService removes one service; NotFound if it is unknown.
 	DeleteService(context.Context, *DeleteServiceRequest) (*DeleteServiceResponse, error)
