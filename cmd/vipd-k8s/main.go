@@ -15,12 +15,12 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/cli"
 	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/kubeconvert"
+	"github.com/vipd/vipd/internal/logsetup"
 	"github.com/vipd/vipd/internal/version"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -65,11 +65,10 @@ program on this node. It never changes services of other owners. Stopping it
 			if cfg.TLS, err = transport(cfg.VIPD, caCert, cert, key, insecure); err != nil {
 				return err
 			}
-			level := hclog.LevelFromString(logLevel)
-			if level == hclog.NoLevel {
-				return fmt.Errorf("--log-level %q: use trace, debug, info, warn or error", logLevel)
+			log, err := logsetup.New("vipd-k8s", logLevel, logJSON)
+			if err != nil {
+				return err
 			}
-			log := hclog.New(&hclog.LoggerOptions{Name: "vipd-k8s", Level: level, JSONFormat: logJSON, Output: os.Stderr})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return kubeadapter.Serve(ctx, log, cfg)

@@ -19,6 +19,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
+	"github.com/vipd/vipd/internal/logsetup"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
@@ -86,11 +87,10 @@ func runCommand() *cobra.Command {
 			if cfg.IPTablesMode, err = iptables.ParseMode(iptablesMode); err != nil {
 				return err
 			}
-			level := hclog.LevelFromString(logLevel)
-			if level == hclog.NoLevel {
-				return fmt.Errorf("--log-level %q: use trace, debug, info, warn or error", logLevel)
+			log, err := logsetup.New("vipd", logLevel, logJSON)
+			if err != nil {
+				return err
 			}
-			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Level: level, JSONFormat: logJSON, Output: os.Stderr})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return daemon.Run(ctx, log, cfg)
