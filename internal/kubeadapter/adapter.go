@@ -153,14 +153,16 @@ func WithRetryBackoff(min, max time.Duration) Option {
 // EndpointSlices of one cluster, for one node. Build it with New and run it
 // with Run; Healthz may serve before Run.
 type Adapter struct {
-	log      hclog.Logger
-	vipd     VIPD
-	cfg      config
-	convert  kubeconvert.Options
-	m        *metrics
-	factory  informers.SharedInformerFactory
-	services cache.SharedIndexInformer
-	slices   cache.SharedIndexInformer
+	log     hclog.Logger
+	vipd    VIPD
+	cfg     config
+	convert kubeconvert.Options
+	m       *metrics
+	// factories are the Services' and the EndpointSlices' informer
+	// factories, whose label selectors differ.
+	factories []informers.SharedInformerFactory
+	services  cache.SharedIndexInformer
+	slices    cache.SharedIndexInformer
 	// started bounds the trigger times that are observed: older ones are
 	// changes made before the adapter ran (kube-proxy's trackerStartTime).
 	started time.Time
@@ -183,6 +185,9 @@ type Adapter struct {
 	// what is still left out is not logged again.
 	prevLeftOut map[string]string
 	refused     map[string]*vipdv1.Service // the version vipd refused, so it is not retried
+	// freed: the pass in progress deleted a service or took VIP:ports off
+	// one, so what was refused for a conflict or a limit may fit now.
+	freed bool
 }
 
 // record is a service as the adapter last applied it.
@@ -245,9 +250,10 @@ func (a *Adapter) informers(kube kubernetes.Interface) error {
 	// gaining the label is deleted from the informer's view), and neither
 	// are the slices of headless Services. As the proxy named
 	// serviceProxyName, ours are those labelled with that name instead
-	// (and one losing the label is deleted from the view). The
-	// EndpointSlice controller copies a Service's labels to its slices, so
-	// one selector serves both.
+	// (and one losing the label is deleted from the view). The slices are
+	// then not filtered by that label: the EndpointSlice controller copies
+	// it to them only after the Service has it, and hand-made slices may
+	// never have it; Convert picks a Service's slices by its name anyway.
 	proxyName, err := labels.NewRequirement(kubeconvert.ServiceProxyNameLabel, selection.DoesNotExist, nil)
 	if a.cfg.serviceProxyName != "" {
 		proxyName, err = labels.NewRequirement(kubeconvert.ServiceProxyNameLabel, selection.Equals, []string{a.cfg.serviceProxyName})
@@ -259,12 +265,21 @@ func (a *Adapter) informers(kube kubernetes.Interface) error {
 	if err != nil {
 		return err
 	}
-	selector := labels.NewSelector().Add(*proxyName, *noHeadless).String()
-	a.factory = informers.NewSharedInformerFactoryWithOptions(kube, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
-		informers.WithTransform(stripManagedFields))
-	a.services = a.factory.Core().V1().Services().Informer()
-	a.slices = a.factory.Discovery().V1().EndpointSlices().Informer()
+	sliceSelector := labels.NewSelector().Add(*noHeadless)
+	if a.cfg.serviceProxyName == "" {
+		sliceSelector = sliceSelector.Add(*proxyName)
+	}
+	factory := func(selector string) informers.SharedInformerFactory {
+		return informers.NewSharedInformerFactoryWithOptions(kube, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+			informers.WithTransform(stripManagedFields))
+	}
+	a.factories = []informers.SharedInformerFactory{
+		factory(labels.NewSelector().Add(*proxyName, *noHeadless).String()),
+		factory(sliceSelector.String()),
+	}
+	a.services = a.factories[0].Core().V1().Services().Informer()
+	a.slices = a.factories[1].Discovery().V1().EndpointSlices().Informer()
 	if err := a.slices.AddIndexers(cache.Indexers{sliceByService: indexByService}); err != nil {
 		return fmt.Errorf("index endpoint slices: %w", err)
 	}
@@ -429,10 +444,14 @@ func (a *Adapter) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
-		a.factory.Shutdown()
+		for _, f := range a.factories {
+			f.Shutdown()
+		}
 		wg.Wait()
 	}()
-	a.factory.Start(ctx.Done())
+	for _, f := range a.factories {
+		f.Start(ctx.Done())
+	}
 	a.log.Info("waiting for the informers' caches", "node", a.cfg.nodeName, "service_proxy_name", a.cfg.serviceProxyName)
 	if !cache.WaitForCacheSync(ctx.Done(), a.services.HasSynced, a.slices.HasSynced) {
 		if ctx.Err() != nil {

@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		leftOut: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vipd_k8s_services_left_out",
-			Help: "Kubernetes Services that kube-proxy would program but vipd does not have, by reason: other-owner, conflict, invalid, unsupported.",
+			Help: "Kubernetes Services that kube-proxy would program but vipd does not have, by reason: other-owner, conflict, invalid, unsupported, over-limit.",
 		}, []string{"reason"}),
 		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vipd_k8s_last_sync_timestamp_seconds",

@@ -104,6 +104,19 @@ func TestServiceProxyName(t *testing.T) {
 		{"web is labelled for vipd again: it moves back in", func(e *env) {
 			e.relabel(proxy("vipd"), webObjs()...)
 		}, map[string]string{"shop/cil": cil, "shop/web": web}},
+		{"a labelled Service whose slice lacks the label (hand-made, or not copied yet): its endpoints count", func(e *env) {
+			for _, o := range simple("shop", "manual", "198.19.0.14", "198.18.1.5") {
+				switch o := o.(type) {
+				case *corev1.Service:
+					e.createService(labelled(proxy("vipd"), o)[0].(*corev1.Service))
+				case *discoveryv1.EndpointSlice:
+					e.createSlice(o)
+				}
+			}
+		}, map[string]string{"shop/cil": cil, "shop/web": web, "shop/manual": simpleSummary("198.19.0.14", "198.18.1.5")}},
+		{"the labelled Service is deleted: it goes", func(e *env) {
+			e.deleteService("shop", "manual")
+		}, map[string]string{"shop/cil": cil, "shop/web": web}},
 	}
 
 	e := newEnv(t, objs...)
@@ -174,27 +187,29 @@ func TestWithoutServiceProxyName(t *testing.T) {
 	}
 }
 
-// TestServiceProxyNameInformerSelector: the informers ask the apiserver
-// only for the objects labelled with the proxy name (kube-proxy asks for
-// those without the label), so that a cluster's other Services cost the
-// adapter nothing.
+// TestServiceProxyNameInformerSelector: the Service informer asks the
+// apiserver only for the Services labelled with the proxy name (kube-proxy
+// asks for those without the label), so that a cluster's other Services
+// cost the adapter nothing. The slices are then not filtered by the
+// label: a Service's slices get it only after the Service, and hand-made
+// ones may never have it.
 func TestServiceProxyNameInformerSelector(t *testing.T) {
 	for _, tt := range []struct {
-		opts []kubeadapter.Option
-		want string
+		opts                    []kubeadapter.Option
+		wantServices, wantSlice string
 	}{
-		{nil, "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"},
-		{[]kubeadapter.Option{kubeadapter.WithServiceProxyName("vipd")}, "!service.kubernetes.io/headless,service.kubernetes.io/service-proxy-name=vipd"},
+		{nil, "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name",
+			"!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"},
+		{[]kubeadapter.Option{kubeadapter.WithServiceProxyName("vipd")},
+			"!service.kubernetes.io/headless,service.kubernetes.io/service-proxy-name=vipd", "!service.kubernetes.io/headless"},
 	} {
 		e := newEnv(t)
 		a := e.start(tt.opts...)
 		eventually(t, "the informers list", func() error {
-			for _, resource := range []string{"services", "endpointslices"} {
-				if err := listedWith(e.kube, resource, tt.want); err != nil {
-					return err
-				}
+			if err := listedWith(e.kube, "services", tt.wantServices); err != nil {
+				return err
 			}
-			return nil
+			return listedWith(e.kube, "endpointslices", tt.wantSlice)
 		})
 		a.stop()
 	}

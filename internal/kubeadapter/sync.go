@@ -14,6 +14,7 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/kubeconvert"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -33,9 +34,13 @@ const (
 	ReasonInvalid = "invalid"
 	// ReasonUnsupported: vipd's dataplane cannot honour it (FailedPrecondition).
 	ReasonUnsupported = "unsupported"
+	// ReasonOverLimit: it would take vipd past one of its totals
+	// (--max-services, --max-total-backends: ResourceExhausted with a
+	// google.rpc.QuotaFailure).
+	ReasonOverLimit = "over-limit"
 )
 
-var reasons = []string{ReasonOtherOwner, ReasonConflict, ReasonInvalid, ReasonUnsupported}
+var reasons = []string{ReasonOtherOwner, ReasonConflict, ReasonInvalid, ReasonUnsupported, ReasonOverLimit}
 
 const (
 	// fullSyncTimeout bounds one SyncServices: 100,000 services take
@@ -162,6 +167,12 @@ func (a *Adapter) loop(ctx context.Context) {
 		tick = periodic.C
 	}
 	for {
+		// The periodic full sync is due even while changes keep coming.
+		select {
+		case <-tick:
+			a.markFull("periodic full sync")
+		default:
+		}
 		if !a.hasWork() {
 			select {
 			case <-ctx.Done():
@@ -189,6 +200,7 @@ func (a *Adapter) loop(ctx context.Context) {
 			err = a.partialPass(ctx, w)
 		}
 		a.passDone(w.full, err == nil)
+		a.retryFreed()
 		if ctx.Err() != nil {
 			return
 		}
@@ -472,7 +484,7 @@ func (a *Adapter) piecewise(ctx context.Context, w work, all, want []*vipdv1.Ser
 		names[s.Name] = true
 	}
 	var errs []error
-	for _, n := range slices.Sorted(maps.Keys(names)) {
+	for _, n := range a.deletesFirst(slices.Sorted(maps.Keys(names))) {
 		observe, err := a.syncOne(ctx, n)
 		if err != nil {
 			if status.Code(err) == codes.Unavailable || ctx.Err() != nil {
@@ -488,9 +500,42 @@ func (a *Adapter) piecewise(ctx context.Context, w work, all, want []*vipdv1.Ser
 	return errors.Join(errs...)
 }
 
-// partialPass applies each dirty Service on its own.
+// deletesFirst orders names (sorted) so that the services to delete from
+// vipd come first: a Service may reuse the VIP:port of one deleted in the
+// same pass, and vipd refuses its create while the old one holds it.
+func (a *Adapter) deletesFirst(names []string) []string {
+	out := make([]string, 0, len(names))
+	var rest []string
+	for _, n := range names {
+		if want, err := a.desired(n); err == nil && want == nil {
+			out = append(out, n)
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	return append(out, rest...)
+}
+
+// retryFreed marks dirty again, after a pass that deleted a service or took
+// VIP:ports off one, the Services left out for a VIP:port conflict or over
+// vipd's limits: they may fit now. A retry that fails again frees nothing,
+// so this does not loop.
+func (a *Adapter) retryFreed() {
+	if !a.freed {
+		return
+	}
+	a.freed = false
+	for name, reason := range a.leftOut {
+		if reason == ReasonConflict || reason == ReasonOverLimit {
+			delete(a.refused, name)
+			a.markDirty(name, time.Time{})
+		}
+	}
+}
+
+// partialPass applies each dirty Service on its own, deletes first.
 func (a *Adapter) partialPass(ctx context.Context, w work) error {
-	names := slices.Sorted(maps.Keys(w.names))
+	names := a.deletesFirst(slices.Sorted(maps.Keys(w.names)))
 	var failed []string
 	var errs []error
 	for i, n := range names {
@@ -557,7 +602,11 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 		if !had {
 			return true, nil
 		}
-		return true, a.deleteOwned(ctx, name, prev.gen)
+		if err := a.deleteOwned(ctx, name, prev.gen); err != nil {
+			return true, err
+		}
+		a.freed = true
+		return true, nil
 	}
 	if had && proto.Equal(prev.spec, want) {
 		return true, nil
@@ -587,6 +636,9 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 		return false, nil
 	}
 	if err == nil {
+		if had && freesClaims(prev.spec, want) {
+			a.freed = true
+		}
 		a.applied[name] = record{spec: want, gen: got.Generation}
 		delete(a.leftOut, name)
 		delete(a.refused, name)
@@ -599,10 +651,46 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 		a.leave(name, ReasonUnsupported, want, err)
 	case codes.AlreadyExists:
 		a.leave(name, ReasonConflict, want, err)
+	case codes.ResourceExhausted:
+		if !isOverLimit(err) {
+			// vipd's --max-inflight-requests: busy for now.
+			return false, fmt.Errorf("upsert: %w", err)
+		}
+		a.leave(name, ReasonOverLimit, want, err)
 	default:
 		return false, fmt.Errorf("upsert: %w", err)
 	}
 	return false, nil
+}
+
+// isOverLimit reports whether err is vipd's refusal of a change that would
+// take it past one of its totals: ResourceExhausted with a QuotaFailure.
+// A ResourceExhausted without one (too many requests in flight) is not.
+func isOverLimit(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return false
+	}
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.QuotaFailure); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// freesClaims reports whether prev holds a VIP:port that next does not.
+func freesClaims(prev, next *vipdv1.Service) bool {
+	kept := map[claim]bool{}
+	for _, c := range claimsOf(next) {
+		kept[c] = true
+	}
+	for _, c := range claimsOf(prev) {
+		if !kept[c] {
+			return true
+		}
+	}
+	return false
 }
 
 // takenError is write's answer for a name that another owner holds.
