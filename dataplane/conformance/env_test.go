@@ -665,22 +665,8 @@ func (d *daemon) waitReady(api *client.Client, timeout time.Duration) error {
 	d.mu.Lock()
 	exited := d.exited
 	d.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	if err := api.WaitServing(ctx); err != nil {
-		select {
-		case <-exited:
-			return fmt.Errorf("vipd exited before it became ready: %w", err)
-		default:
-		}
-		return fmt.Errorf("vipd did not become ready within %v: %w", timeout, err)
+	if err := childproc.WaitReady(exited, timeout, api.WaitServing); err != nil {
+		return fmt.Errorf("vipd: %w", err)
 	}
 	return nil
 }

@@ -1,12 +1,16 @@
 // Package childproc starts helper processes that must not outlive the
 // process that started them (test clients, a vipd under test), even when
-// that process is killed. It owns nothing else.
+// that process is killed, and waits for them to become ready. It owns
+// nothing else.
 package childproc
 
 import (
+	"context"
+	"fmt"
 	"os/exec"
 	"runtime"
 	"syscall"
+	"time"
 )
 
 // Start starts cmd with Pdeathsig SIGKILL (added to cmd.SysProcAttr, which
@@ -34,4 +38,29 @@ func Start(cmd *exec.Cmd) (<-chan error, error) {
 		return nil, err
 	}
 	return exited, nil
+}
+
+// WaitReady calls ready, which must block until the child is ready or its
+// context ends, with a context that ends after timeout or as soon as
+// exited is closed. Its error says which of the two it was: a child that
+// exited before it was ready, or one that was not ready in time.
+func WaitReady(exited <-chan struct{}, timeout time.Duration, ready func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := ready(ctx); err != nil {
+		select {
+		case <-exited:
+			return fmt.Errorf("exited before it became ready: %w", err)
+		default:
+		}
+		return fmt.Errorf("not ready within %v: %w", timeout, err)
+	}
+	return nil
 }

@@ -131,22 +131,8 @@ func (v *Vipd) WaitReady(timeout time.Duration) error {
 		return err
 	}
 	defer api.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	if err := api.WaitServing(ctx); err != nil {
-		select {
-		case <-exited:
-			return fmt.Errorf("vipd exited before it became ready: %w", err)
-		default:
-		}
-		return fmt.Errorf("vipd did not become ready within %v: %w", timeout, err)
+	if err := childproc.WaitReady(exited, timeout, api.WaitServing); err != nil {
+		return fmt.Errorf("vipd: %w", err)
 	}
 	return nil
 }
