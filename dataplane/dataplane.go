@@ -89,3 +89,27 @@ func (e *UnsupportedError) Error() string {
 
 // Is makes errors.Is(err, ErrUnsupported) true.
 func (e *UnsupportedError) Is(target error) bool { return target == ErrUnsupported }
+
+// DriftDetector is implemented by dataplanes that can check, cheaply enough
+// to run every few seconds, that the kernel still holds what they
+// programmed: another tool (a firewall reload, a hand-run command) may have
+// removed a hook, flushed a chain, detached a program or replaced a map.
+//
+// DetectDrift only reads the kernel. It is called from the goroutine that
+// calls Apply, never concurrently with Apply. It returns nil when nothing is
+// missing, and an error only when it could not check. Whatever it reports,
+// a full Apply (one with a nil State.Changed) repairs: the reconciler runs
+// one at once when drift is found.
+type DriftDetector interface {
+	DetectDrift(ctx context.Context) ([]Drift, error)
+}
+
+// Drift is one piece of a dataplane's programming found missing or altered.
+type Drift struct {
+	// What is a short, stable label for the vipd_dataplane_drift_repairs_total
+	// metric, such as "hook", "chain", "tc-link", "cgroup-link" or "map".
+	What string
+	// Detail says exactly what was found, for the log, such as
+	// "ipv4 nat PREROUTING: no jump to VIPD-SERVICES".
+	Detail string
+}

@@ -120,6 +120,8 @@ func runCommand() *cobra.Command {
 	f.StringSliceVar(&cidrs, "service-cidr", nil, "allowed VIP range (repeatable); unset allows any unicast VIP")
 	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
 	f.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Hour, "diff the whole state against the kernel this often, repairing drift (0 disables)")
+	f.DurationVar(&cfg.DriftCheckPeriod, "drift-check-period", 5*time.Second, "check this often that the kernel still holds vipd's hooks, chains, programs and maps (repairing any loss with a full sync at once) and that the node's prerequisites hold (0 disables)")
+	f.BoolVar(&cfg.SetSysctls, "set-sysctls", false, "set the sysctls vipd needs (IP forwarding, conntrack accounting and events) instead of only warning that they are unset")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
 	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
 	f.StringVar(&cfg.EBPF.BPFFS, "bpffs", ebpf.DefaultBPFFS, "ebpf: directory for pinned maps and links (a bpffs is mounted there if needed)")

@@ -63,6 +63,12 @@ type Config struct {
 	MaxRecvMsgSize int
 	// ResyncPeriod re-applies the whole state periodically; zero disables it.
 	ResyncPeriod time.Duration
+	// DriftCheckPeriod is how often the dataplane's own objects and the
+	// node's prerequisites are checked; zero disables the checks.
+	DriftCheckPeriod time.Duration
+	// SetSysctls lets vipd set the sysctls it needs (forwarding, conntrack
+	// accounting) instead of only warning that they are unset.
+	SetSysctls bool
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
 	// IPTablesMode picks the iptables binaries: auto, nft or legacy.

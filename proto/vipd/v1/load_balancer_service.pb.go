@@ -21,6 +21,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// UpsertResult says what an upsert did to the stored service.
+type UpsertResult int32
+
+const (
+	UpsertResult_UPSERT_RESULT_UNSPECIFIED UpsertResult = 0
+	// The service did not exist and was created.
+	UpsertResult_UPSERT_RESULT_CREATED UpsertResult = 1
+	// The service existed and its spec changed.
+	UpsertResult_UPSERT_RESULT_CONFIGURED UpsertResult = 2
+	// The service existed with the same spec; nothing changed, not even its
+	// generation.
+	UpsertResult_UPSERT_RESULT_UNCHANGED UpsertResult = 3
+)
+
+// Enum value maps for UpsertResult.
+var (
+	UpsertResult_name = map[int32]string{
+		0: "UPSERT_RESULT_UNSPECIFIED",
+		1: "UPSERT_RESULT_CREATED",
+		2: "UPSERT_RESULT_CONFIGURED",
+		3: "UPSERT_RESULT_UNCHANGED",
+	}
+	UpsertResult_value = map[string]int32{
+		"UPSERT_RESULT_UNSPECIFIED": 0,
+		"UPSERT_RESULT_CREATED":     1,
+		"UPSERT_RESULT_CONFIGURED":  2,
+		"UPSERT_RESULT_UNCHANGED":   3,
+	}
+)
+
+func (x UpsertResult) Enum() *UpsertResult {
+	p := new(UpsertResult)
+	*p = x
+	return p
+}
+
+func (x UpsertResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UpsertResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_vipd_v1_load_balancer_service_proto_enumTypes[0].Descriptor()
+}
+
+func (UpsertResult) Type() protoreflect.EnumType {
+	return &file_vipd_v1_load_balancer_service_proto_enumTypes[0]
+}
+
+func (x UpsertResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UpsertResult.Descriptor instead.
+func (UpsertResult) EnumDescriptor() ([]byte, []int) {
+	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{0}
+}
+
 type UpsertServiceRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -33,7 +90,17 @@ type UpsertServiceRequest struct {
 	// write, so no other call can create the name in between. It cannot be
 	// combined with a nonzero expected_generation (InvalidArgument, field
 	// create_only).
-	CreateOnly    bool `protobuf:"varint,3,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	CreateOnly bool `protobuf:"varint,3,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	// take_ownership allows the write to change the owner of an existing
+	// service. Without it, an upsert whose owner differs from the stored
+	// service's owner fails with FailedPrecondition naming the current owner,
+	// and changes nothing.
+	TakeOwnership bool `protobuf:"varint,4,opt,name=take_ownership,json=takeOwnership,proto3" json:"take_ownership,omitempty"`
+	// validate_only runs every check the write would run, against the current
+	// state (conflicts, owners, generations, limits and the dataplane's
+	// capabilities included), and changes nothing (AIP-163). The response is
+	// what the write would have returned.
+	ValidateOnly  bool `protobuf:"varint,5,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -89,10 +156,27 @@ func (x *UpsertServiceRequest) GetCreateOnly() bool {
 	return false
 }
 
+func (x *UpsertServiceRequest) GetTakeOwnership() bool {
+	if x != nil {
+		return x.TakeOwnership
+	}
+	return false
+}
+
+func (x *UpsertServiceRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
 type UpsertServiceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// service is the service as stored, with defaults filled in and its new generation.
-	Service       *Service `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Service *Service `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// result says whether the service was created, configured or unchanged
+	// (with validate_only: what the write would have done).
+	Result        UpsertResult `protobuf:"varint,2,opt,name=result,proto3,enum=vipd.v1.UpsertResult" json:"result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +216,13 @@ func (x *UpsertServiceResponse) GetService() *Service {
 		return x.Service
 	}
 	return nil
+}
+
+func (x *UpsertServiceResponse) GetResult() UpsertResult {
+	if x != nil {
+		return x.Result
+	}
+	return UpsertResult_UPSERT_RESULT_UNSPECIFIED
 }
 
 type DeleteServiceRequest struct {
@@ -405,8 +496,11 @@ type SyncServicesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// owner is required. A listed service with an empty owner gets this one; a
 	// listed service with another owner is InvalidArgument.
-	Owner         string     `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
-	Services      []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	Owner    string     `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Services []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// validate_only runs every check against the current state and changes
+	// nothing; the response lists what the sync would have done.
+	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -453,6 +547,13 @@ func (x *SyncServicesRequest) GetServices() []*Service {
 		return x.Services
 	}
 	return nil
+}
+
+func (x *SyncServicesRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
 }
 
 type SyncServicesResponse struct {
@@ -530,12 +631,16 @@ type UpdateBackendsRequest struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// upsert adds backends, or replaces those with the same ip.
 	Upsert []*Backend `protobuf:"bytes,2,rep,name=upsert,proto3" json:"upsert,omitempty"`
-	// remove lists backend IPs to remove; IPs that are not present are ignored.
+	// remove lists backend IPs to remove; IPs that are not present are
+	// reported in the response's absent and otherwise ignored.
 	Remove []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
 	// expected_generation is 0 for an unconditional change, otherwise as in UpsertServiceRequest.
 	ExpectedGeneration uint64 `protobuf:"varint,4,opt,name=expected_generation,json=expectedGeneration,proto3" json:"expected_generation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// validate_only runs every check against the current state and changes
+	// nothing; the response is what the change would have returned.
+	ValidateOnly  bool `protobuf:"varint,5,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateBackendsRequest) Reset() {
@@ -596,9 +701,19 @@ func (x *UpdateBackendsRequest) GetExpectedGeneration() uint64 {
 	return 0
 }
 
+func (x *UpdateBackendsRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
 type UpdateBackendsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// absent lists the IPs of remove that the service did not have, in
+	// request order.
+	Absent        []string `protobuf:"bytes,2,rep,name=absent,proto3" json:"absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,18 +755,28 @@ func (x *UpdateBackendsResponse) GetService() *Service {
 	return nil
 }
 
+func (x *UpdateBackendsResponse) GetAbsent() []string {
+	if x != nil {
+		return x.Absent
+	}
+	return nil
+}
+
 var File_vipd_v1_load_balancer_service_proto protoreflect.FileDescriptor
 
 const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\n" +
-	"#vipd/v1/load_balancer_service.proto\x12\avipd.v1\x1a\x15vipd/v1/service.proto\"\x94\x01\n" +
+	"#vipd/v1/load_balancer_service.proto\x12\avipd.v1\x1a\x15vipd/v1/service.proto\"\xe0\x01\n" +
 	"\x14UpsertServiceRequest\x12*\n" +
 	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\x12/\n" +
 	"\x13expected_generation\x18\x02 \x01(\x04R\x12expectedGeneration\x12\x1f\n" +
 	"\vcreate_only\x18\x03 \x01(\bR\n" +
-	"createOnly\"C\n" +
+	"createOnly\x12%\n" +
+	"\x0etake_ownership\x18\x04 \x01(\bR\rtakeOwnership\x12#\n" +
+	"\rvalidate_only\x18\x05 \x01(\bR\fvalidateOnly\"r\n" +
 	"\x15UpsertServiceResponse\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\"[\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\x12-\n" +
+	"\x06result\x18\x02 \x01(\x0e2\x15.vipd.v1.UpsertResultR\x06result\"[\n" +
 	"\x14DeleteServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
 	"\x13expected_generation\x18\x02 \x01(\x04R\x12expectedGeneration\"\x17\n" +
@@ -663,22 +788,30 @@ const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\x13ListServicesRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\"D\n" +
 	"\x14ListServicesResponse\x12,\n" +
-	"\bservices\x18\x01 \x03(\v2\x10.vipd.v1.ServiceR\bservices\"Y\n" +
+	"\bservices\x18\x01 \x03(\v2\x10.vipd.v1.ServiceR\bservices\"~\n" +
 	"\x13SyncServicesRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12,\n" +
-	"\bservices\x18\x02 \x03(\v2\x10.vipd.v1.ServiceR\bservices\"\x82\x01\n" +
+	"\bservices\x18\x02 \x03(\v2\x10.vipd.v1.ServiceR\bservices\x12#\n" +
+	"\rvalidate_only\x18\x03 \x01(\bR\fvalidateOnly\"\x82\x01\n" +
 	"\x14SyncServicesResponse\x12\x18\n" +
 	"\acreated\x18\x01 \x03(\tR\acreated\x12\x18\n" +
 	"\aupdated\x18\x02 \x03(\tR\aupdated\x12\x18\n" +
 	"\adeleted\x18\x03 \x03(\tR\adeleted\x12\x1c\n" +
-	"\tunchanged\x18\x04 \x03(\tR\tunchanged\"\x9e\x01\n" +
+	"\tunchanged\x18\x04 \x03(\tR\tunchanged\"\xc3\x01\n" +
 	"\x15UpdateBackendsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
 	"\x06upsert\x18\x02 \x03(\v2\x10.vipd.v1.BackendR\x06upsert\x12\x16\n" +
 	"\x06remove\x18\x03 \x03(\tR\x06remove\x12/\n" +
-	"\x13expected_generation\x18\x04 \x01(\x04R\x12expectedGeneration\"D\n" +
+	"\x13expected_generation\x18\x04 \x01(\x04R\x12expectedGeneration\x12#\n" +
+	"\rvalidate_only\x18\x05 \x01(\bR\fvalidateOnly\"\\\n" +
 	"\x16UpdateBackendsResponse\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice2\xe9\x03\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\x12\x16\n" +
+	"\x06absent\x18\x02 \x03(\tR\x06absent*\x83\x01\n" +
+	"\fUpsertResult\x12\x1d\n" +
+	"\x19UPSERT_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15UPSERT_RESULT_CREATED\x10\x01\x12\x1c\n" +
+	"\x18UPSERT_RESULT_CONFIGURED\x10\x02\x12\x1b\n" +
+	"\x17UPSERT_RESULT_UNCHANGED\x10\x032\xe9\x03\n" +
 	"\x13LoadBalancerService\x12N\n" +
 	"\rUpsertService\x12\x1d.vipd.v1.UpsertServiceRequest\x1a\x1e.vipd.v1.UpsertServiceResponse\x12N\n" +
 	"\rDeleteService\x12\x1d.vipd.v1.DeleteServiceRequest\x1a\x1e.vipd.v1.DeleteServiceResponse\x12E\n" +
@@ -700,48 +833,51 @@ func file_vipd_v1_load_balancer_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_load_balancer_service_proto_rawDescData
 }
 
+var file_vipd_v1_load_balancer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_vipd_v1_load_balancer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_vipd_v1_load_balancer_service_proto_goTypes = []any{
-	(*UpsertServiceRequest)(nil),   // 0: vipd.v1.UpsertServiceRequest
-	(*UpsertServiceResponse)(nil),  // 1: vipd.v1.UpsertServiceResponse
-	(*DeleteServiceRequest)(nil),   // 2: vipd.v1.DeleteServiceRequest
-	(*DeleteServiceResponse)(nil),  // 3: vipd.v1.DeleteServiceResponse
-	(*GetServiceRequest)(nil),      // 4: vipd.v1.GetServiceRequest
-	(*GetServiceResponse)(nil),     // 5: vipd.v1.GetServiceResponse
-	(*ListServicesRequest)(nil),    // 6: vipd.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),   // 7: vipd.v1.ListServicesResponse
-	(*SyncServicesRequest)(nil),    // 8: vipd.v1.SyncServicesRequest
-	(*SyncServicesResponse)(nil),   // 9: vipd.v1.SyncServicesResponse
-	(*UpdateBackendsRequest)(nil),  // 10: vipd.v1.UpdateBackendsRequest
-	(*UpdateBackendsResponse)(nil), // 11: vipd.v1.UpdateBackendsResponse
-	(*Service)(nil),                // 12: vipd.v1.Service
-	(*Backend)(nil),                // 13: vipd.v1.Backend
+	(UpsertResult)(0),              // 0: vipd.v1.UpsertResult
+	(*UpsertServiceRequest)(nil),   // 1: vipd.v1.UpsertServiceRequest
+	(*UpsertServiceResponse)(nil),  // 2: vipd.v1.UpsertServiceResponse
+	(*DeleteServiceRequest)(nil),   // 3: vipd.v1.DeleteServiceRequest
+	(*DeleteServiceResponse)(nil),  // 4: vipd.v1.DeleteServiceResponse
+	(*GetServiceRequest)(nil),      // 5: vipd.v1.GetServiceRequest
+	(*GetServiceResponse)(nil),     // 6: vipd.v1.GetServiceResponse
+	(*ListServicesRequest)(nil),    // 7: vipd.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),   // 8: vipd.v1.ListServicesResponse
+	(*SyncServicesRequest)(nil),    // 9: vipd.v1.SyncServicesRequest
+	(*SyncServicesResponse)(nil),   // 10: vipd.v1.SyncServicesResponse
+	(*UpdateBackendsRequest)(nil),  // 11: vipd.v1.UpdateBackendsRequest
+	(*UpdateBackendsResponse)(nil), // 12: vipd.v1.UpdateBackendsResponse
+	(*Service)(nil),                // 13: vipd.v1.Service
+	(*Backend)(nil),                // 14: vipd.v1.Backend
 }
 var file_vipd_v1_load_balancer_service_proto_depIdxs = []int32{
-	12, // 0: vipd.v1.UpsertServiceRequest.service:type_name -> vipd.v1.Service
-	12, // 1: vipd.v1.UpsertServiceResponse.service:type_name -> vipd.v1.Service
-	12, // 2: vipd.v1.GetServiceResponse.service:type_name -> vipd.v1.Service
-	12, // 3: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
-	12, // 4: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
-	13, // 5: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
-	12, // 6: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
-	0,  // 7: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
-	2,  // 8: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
-	4,  // 9: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
-	6,  // 10: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
-	8,  // 11: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
-	10, // 12: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
-	1,  // 13: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
-	3,  // 14: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
-	5,  // 15: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
-	7,  // 16: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
-	9,  // 17: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
-	11, // 18: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	13, // 0: vipd.v1.UpsertServiceRequest.service:type_name -> vipd.v1.Service
+	13, // 1: vipd.v1.UpsertServiceResponse.service:type_name -> vipd.v1.Service
+	0,  // 2: vipd.v1.UpsertServiceResponse.result:type_name -> vipd.v1.UpsertResult
+	13, // 3: vipd.v1.GetServiceResponse.service:type_name -> vipd.v1.Service
+	13, // 4: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
+	13, // 5: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
+	14, // 6: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
+	13, // 7: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
+	1,  // 8: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
+	3,  // 9: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
+	5,  // 10: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
+	7,  // 11: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
+	9,  // 12: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
+	11, // 13: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
+	2,  // 14: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
+	4,  // 15: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
+	6,  // 16: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
+	8,  // 17: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
+	10, // 18: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
+	12, // 19: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_load_balancer_service_proto_init() }
@@ -755,13 +891,14 @@ func file_vipd_v1_load_balancer_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_load_balancer_service_proto_rawDesc), len(file_vipd_v1_load_balancer_service_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_vipd_v1_load_balancer_service_proto_goTypes,
 		DependencyIndexes: file_vipd_v1_load_balancer_service_proto_depIdxs,
+		EnumInfos:         file_vipd_v1_load_balancer_service_proto_enumTypes,
 		MessageInfos:      file_vipd_v1_load_balancer_service_proto_msgTypes,
 	}.Build()
 	File_vipd_v1_load_balancer_service_proto = out.File

@@ -83,8 +83,13 @@ type GetStatusResponse struct {
 	SupportedLoadBalancing []LoadBalancing `protobuf:"varint,10,rep,packed,name=supported_load_balancing,json=supportedLoadBalancing,proto3,enum=vipd.v1.LoadBalancing" json:"supported_load_balancing,omitempty"`
 	// supported_protocols lists the protocols the dataplane forwards.
 	SupportedProtocols []Protocol `protobuf:"varint,11,rep,packed,name=supported_protocols,json=supportedProtocols,proto3,enum=vipd.v1.Protocol" json:"supported_protocols,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// warnings lists what vipd found wrong around it that can stop traffic
+	// even though the dataplane is programmed: an unmet node prerequisite
+	// (a sysctl, a route), a services-directory file it could not use.
+	// Each names what to change.
+	Warnings      []*StatusWarning `protobuf:"bytes,12,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetStatusResponse) Reset() {
@@ -194,6 +199,88 @@ func (x *GetStatusResponse) GetSupportedProtocols() []Protocol {
 	return nil
 }
 
+func (x *GetStatusResponse) GetWarnings() []*StatusWarning {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+// StatusWarning is one problem found outside the dataplane's own objects.
+type StatusWarning struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// check is a short, stable identifier of what was checked, such as
+	// "sysctl/net.ipv4.ip_forward" or "route/198.19.0.10".
+	Check string `protobuf:"bytes,1,opt,name=check,proto3" json:"check,omitempty"`
+	// message says what is wrong.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// remedy says exactly what to change, such as
+	// "sysctl -w net.ipv4.ip_forward=1".
+	Remedy string `protobuf:"bytes,3,opt,name=remedy,proto3" json:"remedy,omitempty"`
+	// since is when the problem was first seen.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusWarning) Reset() {
+	*x = StatusWarning{}
+	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusWarning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusWarning) ProtoMessage() {}
+
+func (x *StatusWarning) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusWarning.ProtoReflect.Descriptor instead.
+func (*StatusWarning) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StatusWarning) GetCheck() string {
+	if x != nil {
+		return x.Check
+	}
+	return ""
+}
+
+func (x *StatusWarning) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *StatusWarning) GetRemedy() string {
+	if x != nil {
+		return x.Remedy
+	}
+	return ""
+}
+
+func (x *StatusWarning) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 type ExplainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// client_ip is the client's address; its family must be the VIP's.
@@ -212,7 +299,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +311,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_status_service_proto_msgTypes[2]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +324,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{2}
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExplainRequest) GetClientIp() string {
@@ -302,7 +389,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +401,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_status_service_proto_msgTypes[3]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +414,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{3}
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExplainResponse) GetService() string {
@@ -418,7 +505,7 @@ type ExplainedBackend struct {
 
 func (x *ExplainedBackend) Reset() {
 	*x = ExplainedBackend{}
-	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +517,7 @@ func (x *ExplainedBackend) String() string {
 func (*ExplainedBackend) ProtoMessage() {}
 
 func (x *ExplainedBackend) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_status_service_proto_msgTypes[4]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +530,7 @@ func (x *ExplainedBackend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainedBackend.ProtoReflect.Descriptor instead.
 func (*ExplainedBackend) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{4}
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExplainedBackend) GetIp() string {
@@ -517,7 +604,7 @@ type ExplainedAffinity struct {
 
 func (x *ExplainedAffinity) Reset() {
 	*x = ExplainedAffinity{}
-	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +616,7 @@ func (x *ExplainedAffinity) String() string {
 func (*ExplainedAffinity) ProtoMessage() {}
 
 func (x *ExplainedAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_status_service_proto_msgTypes[5]
+	mi := &file_vipd_v1_status_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +629,7 @@ func (x *ExplainedAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainedAffinity.ProtoReflect.Descriptor instead.
 func (*ExplainedAffinity) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{5}
+	return file_vipd_v1_status_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExplainedAffinity) GetPresent() bool {
@@ -571,7 +658,7 @@ var File_vipd_v1_status_service_proto protoreflect.FileDescriptor
 const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1cvipd/v1/status_service.proto\x12\avipd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15vipd/v1/service.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\x88\x04\n" +
+	"\x10GetStatusRequest\"\xbc\x04\n" +
 	"\x11GetStatusResponse\x12\x1c\n" +
 	"\tdataplane\x18\x01 \x01(\tR\tdataplane\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1a\n" +
@@ -585,7 +672,13 @@ const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"last_error\x18\t \x01(\tR\tlastError\x12P\n" +
 	"\x18supported_load_balancing\x18\n" +
 	" \x03(\x0e2\x16.vipd.v1.LoadBalancingR\x16supportedLoadBalancing\x12B\n" +
-	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols\"\xa3\x01\n" +
+	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols\x122\n" +
+	"\bwarnings\x18\f \x03(\v2\x16.vipd.v1.StatusWarningR\bwarnings\"\x89\x01\n" +
+	"\rStatusWarning\x12\x14\n" +
+	"\x05check\x18\x01 \x01(\tR\x05check\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06remedy\x18\x03 \x01(\tR\x06remedy\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\xa3\x01\n" +
 	"\x0eExplainRequest\x12\x1b\n" +
 	"\tclient_ip\x18\x01 \x01(\tR\bclientIp\x12\x1f\n" +
 	"\vclient_port\x18\x02 \x01(\rR\n" +
@@ -635,49 +728,52 @@ func file_vipd_v1_status_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_status_service_proto_rawDescData
 }
 
-var file_vipd_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vipd_v1_status_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vipd_v1_status_service_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: vipd.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: vipd.v1.GetStatusResponse
-	(*ExplainRequest)(nil),        // 2: vipd.v1.ExplainRequest
-	(*ExplainResponse)(nil),       // 3: vipd.v1.ExplainResponse
-	(*ExplainedBackend)(nil),      // 4: vipd.v1.ExplainedBackend
-	(*ExplainedAffinity)(nil),     // 5: vipd.v1.ExplainedAffinity
-	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(LoadBalancing)(0),            // 8: vipd.v1.LoadBalancing
-	(Protocol)(0),                 // 9: vipd.v1.Protocol
-	(*Port)(nil),                  // 10: vipd.v1.Port
-	(*SessionAffinityConfig)(nil), // 11: vipd.v1.SessionAffinityConfig
-	(TrafficPolicy)(0),            // 12: vipd.v1.TrafficPolicy
-	(*Endpoint)(nil),              // 13: vipd.v1.Endpoint
-	(BackendState)(0),             // 14: vipd.v1.BackendState
+	(*StatusWarning)(nil),         // 2: vipd.v1.StatusWarning
+	(*ExplainRequest)(nil),        // 3: vipd.v1.ExplainRequest
+	(*ExplainResponse)(nil),       // 4: vipd.v1.ExplainResponse
+	(*ExplainedBackend)(nil),      // 5: vipd.v1.ExplainedBackend
+	(*ExplainedAffinity)(nil),     // 6: vipd.v1.ExplainedAffinity
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(LoadBalancing)(0),            // 9: vipd.v1.LoadBalancing
+	(Protocol)(0),                 // 10: vipd.v1.Protocol
+	(*Port)(nil),                  // 11: vipd.v1.Port
+	(*SessionAffinityConfig)(nil), // 12: vipd.v1.SessionAffinityConfig
+	(TrafficPolicy)(0),            // 13: vipd.v1.TrafficPolicy
+	(*Endpoint)(nil),              // 14: vipd.v1.Endpoint
+	(BackendState)(0),             // 15: vipd.v1.BackendState
 }
 var file_vipd_v1_status_service_proto_depIdxs = []int32{
-	6,  // 0: vipd.v1.GetStatusResponse.last_sync_duration:type_name -> google.protobuf.Duration
-	7,  // 1: vipd.v1.GetStatusResponse.last_sync_time:type_name -> google.protobuf.Timestamp
-	8,  // 2: vipd.v1.GetStatusResponse.supported_load_balancing:type_name -> vipd.v1.LoadBalancing
-	9,  // 3: vipd.v1.GetStatusResponse.supported_protocols:type_name -> vipd.v1.Protocol
-	9,  // 4: vipd.v1.ExplainRequest.protocol:type_name -> vipd.v1.Protocol
-	10, // 5: vipd.v1.ExplainResponse.port:type_name -> vipd.v1.Port
-	8,  // 6: vipd.v1.ExplainResponse.load_balancing:type_name -> vipd.v1.LoadBalancing
-	11, // 7: vipd.v1.ExplainResponse.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
-	12, // 8: vipd.v1.ExplainResponse.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
-	4,  // 9: vipd.v1.ExplainResponse.backends:type_name -> vipd.v1.ExplainedBackend
-	5,  // 10: vipd.v1.ExplainResponse.affinity:type_name -> vipd.v1.ExplainedAffinity
-	13, // 11: vipd.v1.ExplainResponse.would_pick:type_name -> vipd.v1.Endpoint
-	14, // 12: vipd.v1.ExplainedBackend.state:type_name -> vipd.v1.BackendState
-	13, // 13: vipd.v1.ExplainedAffinity.backend:type_name -> vipd.v1.Endpoint
-	6,  // 14: vipd.v1.ExplainedAffinity.remaining:type_name -> google.protobuf.Duration
-	0,  // 15: vipd.v1.StatusService.GetStatus:input_type -> vipd.v1.GetStatusRequest
-	2,  // 16: vipd.v1.StatusService.Explain:input_type -> vipd.v1.ExplainRequest
-	1,  // 17: vipd.v1.StatusService.GetStatus:output_type -> vipd.v1.GetStatusResponse
-	3,  // 18: vipd.v1.StatusService.Explain:output_type -> vipd.v1.ExplainResponse
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 0: vipd.v1.GetStatusResponse.last_sync_duration:type_name -> google.protobuf.Duration
+	8,  // 1: vipd.v1.GetStatusResponse.last_sync_time:type_name -> google.protobuf.Timestamp
+	9,  // 2: vipd.v1.GetStatusResponse.supported_load_balancing:type_name -> vipd.v1.LoadBalancing
+	10, // 3: vipd.v1.GetStatusResponse.supported_protocols:type_name -> vipd.v1.Protocol
+	2,  // 4: vipd.v1.GetStatusResponse.warnings:type_name -> vipd.v1.StatusWarning
+	8,  // 5: vipd.v1.StatusWarning.since:type_name -> google.protobuf.Timestamp
+	10, // 6: vipd.v1.ExplainRequest.protocol:type_name -> vipd.v1.Protocol
+	11, // 7: vipd.v1.ExplainResponse.port:type_name -> vipd.v1.Port
+	9,  // 8: vipd.v1.ExplainResponse.load_balancing:type_name -> vipd.v1.LoadBalancing
+	12, // 9: vipd.v1.ExplainResponse.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
+	13, // 10: vipd.v1.ExplainResponse.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
+	5,  // 11: vipd.v1.ExplainResponse.backends:type_name -> vipd.v1.ExplainedBackend
+	6,  // 12: vipd.v1.ExplainResponse.affinity:type_name -> vipd.v1.ExplainedAffinity
+	14, // 13: vipd.v1.ExplainResponse.would_pick:type_name -> vipd.v1.Endpoint
+	15, // 14: vipd.v1.ExplainedBackend.state:type_name -> vipd.v1.BackendState
+	14, // 15: vipd.v1.ExplainedAffinity.backend:type_name -> vipd.v1.Endpoint
+	7,  // 16: vipd.v1.ExplainedAffinity.remaining:type_name -> google.protobuf.Duration
+	0,  // 17: vipd.v1.StatusService.GetStatus:input_type -> vipd.v1.GetStatusRequest
+	3,  // 18: vipd.v1.StatusService.Explain:input_type -> vipd.v1.ExplainRequest
+	1,  // 19: vipd.v1.StatusService.GetStatus:output_type -> vipd.v1.GetStatusResponse
+	4,  // 20: vipd.v1.StatusService.Explain:output_type -> vipd.v1.ExplainResponse
+	19, // [19:21] is the sub-list for method output_type
+	17, // [17:19] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_status_service_proto_init() }
@@ -692,7 +788,7 @@ func file_vipd_v1_status_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_status_service_proto_rawDesc), len(file_vipd_v1_status_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
