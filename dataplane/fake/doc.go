@@ -4,5 +4,6 @@
 // declared capabilities like a real dataplane, and lets tests inject failures
 // or block an Apply to observe batching. As a FlowSource and Explainer it
 // reports only what tests script: flow events (Emit), kernel losses (Lose),
-// live flows (SetFlows) and explanations (SetExplain).
+// live flows (SetFlows) and explanations (SetExplain). As a DriftDetector
+// it reports the drift a test sets (SetDrift) until a full Apply repairs it.
 package fake

@@ -42,6 +42,10 @@ type Dataplane struct {
 	needFull bool
 	closed   bool
 	flow     flowState
+	// drift is what DetectDrift reports until the next successful full
+	// Apply; driftChecks counts DetectDrift calls.
+	drift       []dataplane.Drift
+	driftChecks int
 }
 
 // Option configures a fake Dataplane.
@@ -126,7 +130,36 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.applied = rec.State.Services
 	d.gen = s.Generation
 	d.needFull = false
+	if s.Changed == nil {
+		// A full Apply rebuilds everything, which is what repairs drift.
+		d.drift = nil
+	}
 	return nil
+}
+
+// SetDrift makes DetectDrift report drift, as if another tool had removed
+// what it names, until the next successful full Apply (one with a nil
+// State.Changed), which repairs it. A partial Apply leaves it.
+func (d *Dataplane) SetDrift(drift []dataplane.Drift) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.drift = slices.Clone(drift)
+}
+
+// DetectDrift implements dataplane.DriftDetector: it reports what SetDrift
+// set, if no full Apply has repaired it since.
+func (d *Dataplane) DetectDrift(context.Context) ([]dataplane.Drift, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.driftChecks++
+	return slices.Clone(d.drift), nil
+}
+
+// DriftChecks returns how many times DetectDrift has been called.
+func (d *Dataplane) DriftChecks() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.driftChecks
 }
 
 func (d *Dataplane) check(s *dataplane.State) error {
@@ -160,4 +193,7 @@ func (d *Dataplane) Close() error {
 	return nil
 }
 
-var _ dataplane.Dataplane = (*Dataplane)(nil)
+var (
+	_ dataplane.Dataplane     = (*Dataplane)(nil)
+	_ dataplane.DriftDetector = (*Dataplane)(nil)
+)

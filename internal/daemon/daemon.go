@@ -239,7 +239,9 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
 
 	m := metrics.New()
-	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m)}
+	m.InitDataplane(dp.Name())
+	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m),
+		reconcile.WithDriftCheck(cfg.DriftCheckPeriod)}
 	if holdReason != "" {
 		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
 		recOpts = append(recOpts, reconcile.WithHold(holdReason))

@@ -51,6 +51,7 @@ type Metrics struct {
 	flows        *prometheus.CounterVec
 	lost         *prometheus.CounterVec
 	active       *prometheus.GaugeVec
+	driftRepairs *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
 
 	// activeCount mirrors vipd_active_flows so that a CLOSED event whose
@@ -100,6 +101,10 @@ func New() *Metrics {
 			Name: "vipd_active_flows",
 			Help: "Flows through a VIP that vipd saw open and not yet closed, by service.",
 		}, []string{"service"}),
+		driftRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_dataplane_drift_repairs_total",
+			Help: "Full syncs that repaired the dataplane after its drift check found something missing or altered in the kernel (another tool removed a hook, chain, program or map), by dataplane and what was found (one increment per kind per repair).",
+		}, []string{"dataplane", "what"}),
 		grpc:        grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 		activeCount: map[string]int64{},
 	}
@@ -111,7 +116,7 @@ func New() *Metrics {
 	buildInfo.Set(1)
 	m.reg.MustRegister(
 		m.syncDuration, m.programming, m.services, m.backends, m.syncErrors,
-		m.flows, m.lost, m.active, m.grpc, buildInfo,
+		m.flows, m.lost, m.active, m.driftRepairs, m.grpc, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -122,6 +127,23 @@ func New() *Metrics {
 	m.lost.WithLabelValues(LostKernel)
 	m.lost.WithLabelValues(LostSubscriber)
 	return m
+}
+
+// driftKinds are the Drift.What values each dataplane reports, as
+// dataplane.Drift documents them; InitDataplane creates their series.
+var driftKinds = map[string][]string{
+	"iptables": {"hook", "chain"},
+	"ebpf":     {"tc-link", "cgroup-link", "map"},
+}
+
+// InitDataplane creates the zero-valued vipd_dataplane_drift_repairs_total
+// series of the dataplane named name, one per kind of drift it is known to
+// report, so that increase() and alerts work before the first repair.
+// Kinds it reports beyond those get their series at their first repair.
+func (m *Metrics) InitDataplane(name string) {
+	for _, what := range driftKinds[name] {
+		m.driftRepairs.WithLabelValues(name, what)
+	}
 }
 
 // Registry returns the registry that holds every metric, for tests and for
@@ -154,6 +176,12 @@ func (m *Metrics) ObserveProgramming(d time.Duration) {
 func (m *Metrics) SetState(services, backends int) {
 	m.services.Set(float64(services))
 	m.backends.Set(float64(backends))
+}
+
+// ObserveDriftRepair counts one repair of drift of kind what in the
+// dataplane named dp. It implements reconcile.Observer.
+func (m *Metrics) ObserveDriftRepair(dp, what string) {
+	m.driftRepairs.WithLabelValues(dp, what).Inc()
 }
 
 // Flow counts one flow event of service and keeps vipd_active_flows: +1 on

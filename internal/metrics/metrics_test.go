@@ -557,3 +557,32 @@ func TestPprof(t *testing.T) {
 		t.Errorf("/metrics with WithPprof: %d, want 200", code)
 	}
 }
+
+// TestDriftRepairs checks vipd_dataplane_drift_repairs_total: InitDataplane
+// exports the dataplane's known kinds at zero, and each ObserveDriftRepair
+// counts one repair of one kind.
+func TestDriftRepairs(t *testing.T) {
+	m := metrics.New()
+	m.InitDataplane("iptables")
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	f := scrape(t, srv.URL)
+	for _, what := range []string{"hook", "chain"} {
+		if v := f.value(t, "vipd_dataplane_drift_repairs_total", "dataplane=iptables", "what="+what); v != 0 {
+			t.Errorf("iptables %s repairs: %v before any", what, v)
+		}
+	}
+	m.ObserveDriftRepair("iptables", "hook")
+	m.ObserveDriftRepair("iptables", "hook")
+	m.ObserveDriftRepair("iptables", "chain")
+	m.ObserveDriftRepair("ebpf", "map")
+	f = scrape(t, srv.URL)
+	for _, c := range []struct {
+		dp, what string
+		want     float64
+	}{{"iptables", "hook", 2}, {"iptables", "chain", 1}, {"ebpf", "map", 1}} {
+		if v := f.value(t, "vipd_dataplane_drift_repairs_total", "dataplane="+c.dp, "what="+c.what); v != c.want {
+			t.Errorf("%s %s repairs = %v, want %v", c.dp, c.what, v, c.want)
+		}
+	}
+}

@@ -11,6 +11,11 @@
 // programming time of each change, and the applied state's size to an
 // optional Observer (WithObserver), which internal/metrics implements.
 //
+// WithDriftCheck makes it ask a dataplane that is a
+// dataplane.DriftDetector, on a short period, whether the kernel still
+// holds what it programmed, and repair any loss at once with a full sync,
+// from the same goroutine that runs every other apply.
+//
 // WithHold starts it holding: nothing reaches the dataplane, and only
 // changes submitted with Release are accepted, until one of them has been
 // applied as a full sync. vipd --recover uses it so that an empty desired

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +94,10 @@ type Observer interface {
 	// SetState reports the size of the state the dataplane now has, after
 	// every successful Apply.
 	SetState(services, backends int)
+	// ObserveDriftRepair reports one successful repair of drift of kind
+	// what (a dataplane.Drift's What) in the dataplane named dp: once per
+	// distinct What a repairing full sync fixed.
+	ObserveDriftRepair(dp, what string)
 }
 
 type nopObserver struct{}
@@ -100,6 +105,7 @@ type nopObserver struct{}
 func (nopObserver) ObserveSync(string, time.Duration, error) {}
 func (nopObserver) ObserveProgramming(time.Duration)         {}
 func (nopObserver) SetState(int, int)                        {}
+func (nopObserver) ObserveDriftRepair(string, string)        {}
 
 // Reconciler serializes changes into dataplane applies. Create it with New
 // and start it with Run.
@@ -108,6 +114,7 @@ type Reconciler struct {
 	dp       dataplane.Dataplane
 	persist  Persister
 	resync   time.Duration
+	drift    time.Duration
 	maxBatch int
 	observer Observer
 
@@ -145,6 +152,15 @@ type Option func(*Reconciler)
 // WithResyncPeriod re-applies the whole state every d, telling the dataplane
 // to diff everything (State.Changed is nil). Zero disables it.
 func WithResyncPeriod(d time.Duration) Option { return func(r *Reconciler) { r.resync = d } }
+
+// WithDriftCheck asks the dataplane every d, if it is a
+// dataplane.DriftDetector, whether the kernel still holds what it
+// programmed, and runs a full sync at once when it does not. Drift is
+// logged at warn level, the repair at info level (error when the full sync
+// fails; the next check retries), and each repair is reported to the
+// Observer. There is no check before the initial apply nor while the
+// reconciler holds (WithHold). Zero disables it.
+func WithDriftCheck(d time.Duration) Option { return func(r *Reconciler) { r.drift = d } }
 
 // WithMaxBatch bounds how many queued changes are merged into one apply.
 func WithMaxBatch(n int) Option { return func(r *Reconciler) { r.maxBatch = n } }
@@ -263,12 +279,21 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		defer t.Stop()
 		tick = t.C
 	}
+	var driftTick <-chan time.Time
+	det, ok := r.dp.(dataplane.DriftDetector)
+	if ok && r.drift > 0 {
+		t := time.NewTicker(r.drift)
+		defer t.Stop()
+		driftTick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick:
 			r.resyncAll(ctx)
+		case <-driftTick:
+			r.repairDrift(ctx, det)
 		case q := <-r.queue:
 			batch := []*request{q}
 		drain:
@@ -314,6 +339,42 @@ func (r *Reconciler) resyncAll(ctx context.Context) {
 	if _, err := r.apply(ctx, snap, nil); err != nil {
 		r.log.Error("periodic resync", "error", err)
 	}
+}
+
+// repairDrift asks det for drift and, when it reports any, repairs it with
+// a full sync of the current snapshot. A failed check or repair is logged
+// and left to the next tick.
+func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetector) {
+	if r.held {
+		// Nothing was applied yet that could have drifted, and a full sync
+		// would remove what the kernel still has for the control plane.
+		return
+	}
+	drift, err := det.DetectDrift(ctx)
+	if err != nil {
+		r.log.Warn("dataplane drift check failed", "error", err)
+		return
+	}
+	if len(drift) == 0 {
+		return
+	}
+	var whats []string
+	for _, d := range drift {
+		r.log.Warn("dataplane drift: "+d.Detail+"; repairing with a full sync", "what", d.What)
+		if !slices.Contains(whats, d.What) {
+			whats = append(whats, d.What)
+		}
+	}
+	snap := r.current.Load()
+	start := time.Now()
+	if _, err := r.apply(ctx, snap, nil); err != nil {
+		r.log.Error("dataplane drift repair failed; retrying at the next check", "what", whats, "error", err)
+		return
+	}
+	for _, w := range whats {
+		r.observer.ObserveDriftRepair(r.dp.Name(), w)
+	}
+	r.log.Info("dataplane drift repaired with a full sync", "what", whats, "generation", snap.Revision(), "elapsed", time.Since(start))
 }
 
 // apply hands snap to the dataplane, records the outcome in the status and

@@ -29,6 +29,7 @@ type observer struct {
 	syncs       []syncEvent
 	programming []time.Duration
 	states      [][2]int
+	repairs     []string // dataplane/what
 }
 
 func (o *observer) ObserveSync(kind string, d time.Duration, err error) {
@@ -47,6 +48,18 @@ func (o *observer) SetState(services, backends int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.states = append(o.states, [2]int{services, backends})
+}
+
+func (o *observer) ObserveDriftRepair(dp, what string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.repairs = append(o.repairs, dp+"/"+what)
+}
+
+func (o *observer) driftRepairs() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.repairs)
 }
 
 func (o *observer) get() ([]syncEvent, []time.Duration, [][2]int) {
