@@ -54,6 +54,7 @@ type API struct {
 	version   string
 	flows     *flows.Hub
 	explainer dataplane.Explainer
+	warnings  func() []*vipdv1.StatusWarning
 }
 
 // APIOption configures an API.
@@ -67,6 +68,13 @@ func WithFlows(h *flows.Hub) APIOption { return func(a *API) { a.flows = h } }
 // for a client's session-affinity entry and deterministic pick. Without
 // it, Explain answers from the desired state alone.
 func WithExplainer(e dataplane.Explainer) APIOption { return func(a *API) { a.explainer = e } }
+
+// WithStatusWarnings makes GetStatus report what f returns, such as the
+// node prerequisites found unmet. f is called once per GetStatus, from the
+// call's goroutine, and must not block.
+func WithStatusWarnings(f func() []*vipdv1.StatusWarning) APIOption {
+	return func(a *API) { a.warnings = f }
+}
 
 // NewAPI returns the API over rec, for a dataplane named dpName with caps.
 func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dataplane.Capabilities, limits validation.Limits, version string, opts ...APIOption) *API {
@@ -476,6 +484,9 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 			msg += "; last apply: " + resp.LastError
 		}
 		resp.LastError = msg
+	}
+	if a.warnings != nil {
+		resp.Warnings = a.warnings()
 	}
 	for _, lb := range a.caps.LoadBalancing {
 		resp.SupportedLoadBalancing = append(resp.SupportedLoadBalancing, loadBalancingToProto[lb])

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/version"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -25,6 +27,28 @@ func (a *App) statusCommand() *cobra.Command {
 				return a.printer().show(st, statusView(st))
 			})
 		}),
+	}
+}
+
+// warningsView ends the status view with a "Warnings:" block when vipd
+// reports any: per warning, a line with its check, message and since when,
+// and an indented line with the remedy. Without warnings it prints
+// nothing, so that the key/value lines above stay the whole output.
+func warningsView(t *table, ws []*vipdv1.StatusWarning) {
+	if len(ws) == 0 {
+		return
+	}
+	t.section()
+	fmt.Fprintln(t.tw, "Warnings:")
+	for _, w := range ws {
+		since := ""
+		if w.GetSince() != nil {
+			since = " (since " + w.GetSince().AsTime().UTC().Format(time.RFC3339) + ")"
+		}
+		fmt.Fprintf(t.tw, "  %s: %s%s\n", w.GetCheck(), w.GetMessage(), since)
+		if w.GetRemedy() != "" {
+			fmt.Fprintf(t.tw, "    fix: %s\n", w.GetRemedy())
+		}
 	}
 }
 

@@ -130,6 +130,7 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 		t.field("Last error", st.GetLastError())
 		t.field("Load balancing", strings.Join(lb, ", "))
 		t.field("Protocols", strings.Join(protocols, ", "))
+		warningsView(t, st.GetWarnings())
 	}
 }
 

@@ -64,10 +64,12 @@ type Config struct {
 	// ResyncPeriod re-applies the whole state periodically; zero disables it.
 	ResyncPeriod time.Duration
 	// DriftCheckPeriod is how often the dataplane's own objects and the
-	// node's prerequisites are checked; zero disables the checks.
+	// node's prerequisites are checked; zero disables the periodic checks
+	// (the node's prerequisites are still checked once at start).
 	DriftCheckPeriod time.Duration
 	// SetSysctls lets vipd set the sysctls it needs (forwarding, conntrack
-	// accounting) instead of only warning that they are unset.
+	// accounting) in NetNS, at start and at every check, instead of only
+	// warning that they are unset.
 	SetSysctls bool
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
@@ -270,6 +272,11 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	if ex, ok := dp.(dataplane.Explainer); ok {
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
+	}
+	checker, stopNodeCheck := startNodeCheck(ctx, log.Named("nodecheck"), cfg, dp.Name(), rec.Snapshot)
+	defer stopNodeCheck()
+	if checker != nil {
+		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(checker)))
 	}
 	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
 	srvOpts := []server.Option{

@@ -85,10 +85,10 @@ func (c *Checker) Warnings() []Warning {
 	return out
 }
 
-// Run checks at once and then every period until ctx ends, each time
-// against the VIPs vips returns. A zero period checks once.
+// Run checks every period until ctx ends, each time against the VIPs vips
+// returns. A zero period returns at once. Call Check first for a check at
+// start.
 func (c *Checker) Run(ctx context.Context, period time.Duration, vips func() []netip.Addr) {
-	c.Check(vips())
 	if period <= 0 {
 		return
 	}

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane/ebpf"
+	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/nodecheck"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/store"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// nodeNeeds is what the dataplane named dp relies on in the node besides
+// IP forwarding; ok is false for a dataplane that programs nothing.
+func nodeNeeds(dp string) (needs nodecheck.Needs, ok bool) {
+	switch dp {
+	case iptables.Name:
+		// Its REJECT for services without backends comes after routing,
+		// and its flow source reads netfilter conntrack.
+		return nodecheck.Needs{VIPRoutes: true, Conntrack: true}, true
+	case ebpf.Name:
+		// It translates before routing, rejects in its programs, and
+		// tracks connections in its own maps.
+		return nodecheck.Needs{}, true
+	}
+	return nodecheck.Needs{}, false
+}
+
+// startNodeCheck checks the node prerequisites of dp once, then every
+// cfg.DriftCheckPeriod until the returned stop is called, against the VIPs
+// of the current snapshot. It returns nil checks for a dataplane that
+// programs nothing.
+func startNodeCheck(ctx context.Context, log hclog.Logger, cfg Config, dp string, snapshot func() *store.Snapshot) (*nodecheck.Checker, func()) {
+	needs, ok := nodeNeeds(dp)
+	if !ok {
+		return nil, func() {}
+	}
+	c := nodecheck.New(log, nodecheck.Config{NetNS: cfg.NetNS, Needs: needs, SetSysctls: cfg.SetSysctls})
+	vips := snapshotVIPs(snapshot)
+	c.Check(vips())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Run(ctx, cfg.DriftCheckPeriod, vips)
+	}()
+	return c, func() { cancel(); <-done }
+}
+
+// snapshotVIPs returns a func that lists the VIPs of the current snapshot,
+// listing them anew only when the snapshot's revision changed.
+func snapshotVIPs(snapshot func() *store.Snapshot) func() []netip.Addr {
+	var (
+		rev  uint64
+		vips []netip.Addr
+		done bool
+	)
+	return func() []netip.Addr {
+		snap := snapshot()
+		if done && snap.Revision() == rev {
+			return vips
+		}
+		vips = vips[:0:0]
+		for _, e := range snap.All() {
+			vips = append(vips, e.Dataplane.VIPs...)
+		}
+		rev, done = snap.Revision(), true
+		return vips
+	}
+}
+
+// statusWarnings is c's warnings for GetStatus.
+func statusWarnings(c *nodecheck.Checker) func() []*vipdv1.StatusWarning {
+	return func() []*vipdv1.StatusWarning {
+		var out []*vipdv1.StatusWarning
+		for _, w := range c.Warnings() {
+			out = append(out, &vipdv1.StatusWarning{Check: w.Check, Message: w.Message, Remedy: w.Remedy, Since: timestamppb.New(w.Since)})
+		}
+		return out
+	}
+}
