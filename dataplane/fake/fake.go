@@ -45,6 +45,7 @@ type Dataplane struct {
 	// drift is what DetectDrift reports until the next successful full
 	// Apply; driftChecks counts DetectDrift calls.
 	drift       []dataplane.Drift
+	driftErr    error
 	driftChecks int
 }
 
@@ -146,12 +147,24 @@ func (d *Dataplane) SetDrift(drift []dataplane.Drift) {
 	d.drift = slices.Clone(drift)
 }
 
-// DetectDrift implements dataplane.DriftDetector: it reports what SetDrift
-// set, if no full Apply has repaired it since.
+// SetDriftError makes every DetectDrift fail with err, as when the kernel
+// cannot be read; nil ends that.
+func (d *Dataplane) SetDriftError(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.driftErr = err
+}
+
+// DetectDrift implements dataplane.DriftDetector: it fails as SetDriftError
+// said, or reports what SetDrift set, if no full Apply has repaired it
+// since.
 func (d *Dataplane) DetectDrift(context.Context) ([]dataplane.Drift, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.driftChecks++
+	if d.driftErr != nil {
+		return nil, d.driftErr
+	}
 	return slices.Clone(d.drift), nil
 }
 

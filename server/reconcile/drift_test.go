@@ -188,3 +188,27 @@ func TestNoDriftCheckBeforeInitialApply(t *testing.T) {
 	<-h.rec.Ready()
 	waitFor(t, "a drift check after the initial apply", func() bool { return dp.DriftChecks() > 0 })
 }
+
+// TestDriftCheckErrorLoggedOnce checks that a drift check that cannot run
+// applies nothing and is logged at warn level once, not every period, and
+// that its recovery is logged.
+func TestDriftCheckErrorLoggedOnce(t *testing.T) {
+	dp := fake.New()
+	dp.SetDriftError(errors.New("iptables-save: exit status 1"))
+	h, logs := runLogged(t, dp, store.Empty(), reconcile.WithDriftCheck(driftPeriod))
+	<-h.rec.Ready()
+	waitFor(t, "five checks", func() bool { return dp.DriftChecks() >= 5 })
+	dp.SetDriftError(nil)
+	n := dp.DriftChecks()
+	waitFor(t, "a check that works", func() bool { return dp.DriftChecks() > n+1 })
+	out := logs.String()
+	if c := strings.Count(out, "[WARN]  dataplane drift check failed; retrying every period: error=\"iptables-save: exit status 1\""); c != 1 {
+		t.Errorf("the failing check was logged %d times, want once:\n%s", c, out)
+	}
+	if !strings.Contains(out, "[INFO]  dataplane drift check works again") {
+		t.Errorf("no info line when the check worked again:\n%s", out)
+	}
+	if len(dp.Records()) != 1 {
+		t.Errorf("%d applies; want only the initial one", len(dp.Records()))
+	}
+}

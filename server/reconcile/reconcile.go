@@ -125,6 +125,9 @@ type Reconciler struct {
 	// held is set by WithHold and cleared, by Run's goroutine only, when a
 	// Release change has been applied.
 	held bool
+	// driftErr is the error of the last drift check, "" if it worked; Run's
+	// goroutine only.
+	driftErr string
 
 	mu     sync.Mutex
 	status Status
@@ -352,8 +355,18 @@ func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetecto
 	}
 	drift, err := det.DetectDrift(ctx)
 	if err != nil {
-		r.log.Warn("dataplane drift check failed", "error", err)
+		// Logged at warn level when it starts or changes, not every tick.
+		if err.Error() != r.driftErr {
+			r.log.Warn("dataplane drift check failed; retrying every period", "error", err)
+		} else {
+			r.log.Debug("dataplane drift check failed", "error", err)
+		}
+		r.driftErr = err.Error()
 		return
+	}
+	if r.driftErr != "" {
+		r.log.Info("dataplane drift check works again")
+		r.driftErr = ""
 	}
 	if len(drift) == 0 {
 		return
