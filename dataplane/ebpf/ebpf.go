@@ -189,7 +189,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err := Supported(); err != nil {
 		return nil, err
 	}
-	mounted, err := ensureBPFFS(cfg.BPFFS)
+	mounted, err := ensureBPFFS(log, cfg.BPFFS, hostMountNS)
 	if err != nil {
 		return nil, err
 	}

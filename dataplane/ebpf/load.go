@@ -59,7 +59,15 @@ const (
 
 // ensureBPFFS makes dir a directory on a bpffs, mounting one there when it
 // is on another file system. It reports whether it mounted.
-func ensureBPFFS(dir string) (bool, error) {
+//
+// It refuses to mount when vipd runs in a mount namespace other than init's
+// (ns.self and ns.init name the two): a bpffs mounted there lives only as
+// long as that namespace, which `ip netns exec` or a unit with private
+// mounts creates for vipd alone. The pins would vanish when vipd exits,
+// and with them the links, so that traffic to VIPs stops on a crash. When
+// it cannot tell (init's namespace is unreadable, as in some containers),
+// it mounts and logs a warning.
+func ensureBPFFS(log hclog.Logger, dir string, ns mountNSFiles) (bool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, fmt.Errorf("create bpffs directory %s: %w", dir, err)
 	}
@@ -70,10 +78,41 @@ func ensureBPFFS(dir string) (bool, error) {
 	if uint32(st.Type) == bpffsMagic {
 		return false, nil
 	}
+	private, err := ns.private()
+	if err != nil {
+		log.Warn("cannot tell whether vipd runs in the host's mount namespace: if it does not, the bpffs it mounts, "+
+			"and the pins in it, vanish when vipd exits", "bpffs", dir, "error", err)
+	}
+	if private {
+		return false, fmt.Errorf("%s is not on a bpffs, and vipd runs in a mount namespace of its own (not init's, "+
+			"as under `ip netns exec`): a bpffs that vipd mounted there would vanish with every pin when vipd exits, "+
+			"and traffic to VIPs would stop on a crash. Mount a bpffs in the host's mount namespace before starting vipd, "+
+			"outside /sys (which `ip netns exec` replaces), e.g. `mkdir -p /run/vipd/bpffs && mount -t bpf bpf /run/vipd/bpffs`, "+
+			"and pass --bpffs /run/vipd/bpffs; or run vipd in the host's mount namespace with --netns /run/netns/NAME "+
+			"instead of `ip netns exec NAME`", dir)
+	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return false, fmt.Errorf("mount bpffs at %s: %w", dir, err)
 	}
 	return true, nil
+}
+
+// mountNSFiles name two mount namespaces: vipd's and init's.
+type mountNSFiles struct{ self, init string }
+
+// hostMountNS compares the calling thread's mount namespace with init's.
+var hostMountNS = mountNSFiles{self: "/proc/thread-self/ns/mnt", init: "/proc/1/ns/mnt"}
+
+// private reports whether ns.self names another namespace than ns.init.
+func (ns mountNSFiles) private() (bool, error) {
+	var self, init unix.Stat_t
+	if err := unix.Stat(ns.self, &self); err != nil {
+		return false, fmt.Errorf("stat %s: %w", ns.self, err)
+	}
+	if err := unix.Stat(ns.init, &init); err != nil {
+		return false, fmt.Errorf("stat %s: %w", ns.init, err)
+	}
+	return self.Dev != init.Dev || self.Ino != init.Ino, nil
 }
 
 // UnmountBPFFS detaches the bpffs mounted at dir, if any (each of them,
