@@ -310,6 +310,28 @@ func TestDriftMapEntries(t *testing.T) {
 		"vipd_members=\"added=0 fixed=0 removed=1\"", "vipd_revnat=\"added=0 fixed=0 removed=1\"")
 	dpWantSnap(t, "the maps after the repair", dpSnapshot(t, m), want)
 	e.expectBroken(false, "tcp", dpVIPC, "after the repair")
+
+	// What vipd itself writes is no drift: a changed backend set, and a
+	// deleted service whose master drains while a connection uses it.
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(dpVIPA))
+	if err != nil {
+		t.Fatalf("dial %s: %v", dpVIPA, err)
+	}
+	defer c.Close()
+	connRequest(t, c, "before the service is deleted")
+	udp2 := e.service("test/udp", dpVIPB, dataplane.UDP, dpReady("be2"))
+	udp2.Generation = 2
+	e.gen++
+	e.apply(dpState(e.gen, []string{udp2.Name}, e.svcs[0], udp2))
+	e.expectNoDrift("after an incremental apply")
+	e.gen++
+	e.apply(dpState(e.gen, []string{e.svcs[0].Name}, udp2))
+	if len(e.dp.prog.draining) != 1 {
+		t.Fatalf("draining frontends %v, want the deleted TCP one", e.dp.prog.draining)
+	}
+	e.expectNoDrift("with a deleted service draining")
 }
 
 // TestDriftMapPinReplaced: a pin that names another map than vipd's (a map
