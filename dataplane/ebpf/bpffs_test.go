@@ -16,11 +16,15 @@ import (
 
 // TestBPFFSRefusedInPrivateMountNamespace: in a mount namespace of its own
 // (what `ip netns exec` gives vipd), vipd refuses to mount a bpffs that
-// would vanish with it, saying how to mount one beforehand; a bpffs
-// mounted from the host's namespace is used as it is.
+// would vanish with it, and to use one mounted in that namespace alone,
+// saying how to mount one beforehand; a bpffs mounted from the host's
+// namespace is used as it is.
 func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 	netlab.RequireRoot(t)
 	bare := filepath.Join(t.TempDir(), "bpf")
+	ownMount := filepath.Join(t.TempDir(), "bpf")
+	// What init's mountinfo would say: the test's (the host's) mounts.
+	hostMountinfo := filepath.Join(t.TempDir(), "mountinfo")
 	premounted := filepath.Join(t.TempDir(), "bpf")
 	if err := os.Mkdir(premounted, 0o700); err != nil {
 		t.Fatal(err)
@@ -35,8 +39,8 @@ func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 	})
 
 	type result struct {
-		bareMounted, preMounted bool
-		bareErr, preErr, setup  error
+		bareMounted, preMounted, ownMounted bool
+		bareErr, preErr, ownErr, setup      error
 	}
 	done := make(chan result)
 	go func() {
@@ -51,6 +55,14 @@ func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 			return
 		}
 		defer host.Close()
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err == nil {
+			err = os.WriteFile(hostMountinfo, mi, 0o600)
+		}
+		if err != nil {
+			r.setup = err
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			r.setup = fmt.Errorf("unshare the mount namespace: %w", err)
 			return
@@ -60,13 +72,23 @@ func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 			r.setup = fmt.Errorf("make mounts private: %w", err)
 			return
 		}
-		ns := mountNSFiles{self: "/proc/thread-self/ns/mnt", init: fmt.Sprintf("/proc/self/fd/%d", host.Fd())}
+		ns := mountNSFiles{self: "/proc/thread-self/ns/mnt", init: fmt.Sprintf("/proc/self/fd/%d", host.Fd()), initMountinfo: hostMountinfo}
 		if private, err := ns.private(); err != nil || !private {
 			r.setup = fmt.Errorf("the unshared namespace does not look private: %v, %v", private, err)
 			return
 		}
 		r.bareMounted, r.bareErr = ensureBPFFS(hclog.NewNullLogger(), bare, ns)
 		r.preMounted, r.preErr = ensureBPFFS(hclog.NewNullLogger(), premounted, ns)
+		// Mounted in this namespace only: it goes with the thread.
+		if err := os.Mkdir(ownMount, 0o700); err != nil {
+			r.setup = err
+			return
+		}
+		if err := unix.Mount("bpf", ownMount, "bpf", 0, "mode=0700"); err != nil {
+			r.setup = fmt.Errorf("mount a bpffs in the private namespace: %w", err)
+			return
+		}
+		r.ownMounted, r.ownErr = ensureBPFFS(hclog.NewNullLogger(), ownMount, ns)
 	}()
 	r := <-done
 	if r.setup != nil {
@@ -80,12 +102,16 @@ func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 			t.Errorf("the refusal %q does not say %q", r.bareErr, want)
 		}
 	}
+	if r.ownErr == nil || !strings.Contains(r.ownErr.Error(), "mounted only in vipd's own mount namespace") ||
+		!strings.Contains(r.ownErr.Error(), "mount -t bpf bpf /run/vipd/bpffs") {
+		t.Errorf("in a private mount namespace, ensureBPFFS(%s) of a bpffs mounted there alone: mounted %v, err %v; want a refusal", ownMount, r.ownMounted, r.ownErr)
+	}
 	if r.preErr != nil || r.preMounted {
 		t.Fatalf("in a private mount namespace, ensureBPFFS(%s) of a bpffs mounted beforehand: mounted %v, err %v; want it used as it is", premounted, r.preMounted, r.preErr)
 	}
 
 	// In the host's namespace, vipd mounts the bpffs itself.
-	same := mountNSFiles{self: "/proc/thread-self/ns/mnt", init: "/proc/thread-self/ns/mnt"}
+	same := mountNSFiles{self: "/proc/thread-self/ns/mnt", init: "/proc/thread-self/ns/mnt", initMountinfo: "/proc/thread-self/mountinfo"}
 	mounted, err := ensureBPFFS(hclog.NewNullLogger(), bare, same)
 	t.Cleanup(func() { UnmountBPFFS(bare) })
 	if err != nil || !mounted {

@@ -260,7 +260,6 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	}
 	var au *audit
 	if prune {
-		p.changed = entryCounts{}
 		if !p.clean {
 			if au, err = p.auditMaps(changes, next, offs, nids, gone); err != nil {
 				return p.fail(fmt.Errorf("read maps: %w", err))
