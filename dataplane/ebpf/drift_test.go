@@ -180,7 +180,7 @@ func TestDriftTCLinkDetached(t *testing.T) {
 	e.expectBroken(false, "tcp", dpVIPA, "with the tcx link detached")
 	e.expectBroken(false, "udp", dpVIPB, "with the tcx link detached")
 	e.expectDrift(driftTCLink, veth+" ingress: vipd_from_pod not attached")
-	e.repairAndCheck(veth + " ingress: vipd_from_pod not attached")
+	e.repairAndCheck("links_reattached=1", veth+" ingress: vipd_from_pod not attached")
 
 	// An unpinned link goes with its last reference.
 	if err := unpinLink(e.dp.tc.pinPath(ifindex, "egress")); err != nil {
@@ -243,7 +243,7 @@ func TestDriftCgroupHookDetached(t *testing.T) {
 	e.expectBroken(true, "udp", dpVIPB, "with the sendmsg4 hook detached")
 	e.expectDrift(driftCgroupLink, "connect4: vipd_sock_connect4 not attached")
 	e.expectDrift(driftCgroupLink, "sendmsg4: vipd_sock_sendmsg4 not attached")
-	e.repairAndCheck("connect4: vipd_sock_connect4 not attached", "sendmsg4")
+	e.repairAndCheck("links_reattached=2", "connect4: vipd_sock_connect4 not attached", "sendmsg4")
 	if got := e.cgroupPrograms(); len(got) != len(dpCgroupHooks) || slices.ContainsFunc(dpCgroupHooks, func(a ebpf.AttachType) bool { return got[a] != 1 }) {
 		t.Fatalf("after the repair, socket hooks on the cgroup %v, want one of each of %v", got, dpCgroupHooks)
 	}
@@ -365,7 +365,7 @@ func TestDriftMapPinReplaced(t *testing.T) {
 	e.expectWorks("with vipd_services replaced")
 	e.expectDrift(driftMap, "vipd_services: pin "+svcPin+" names map")
 	e.expectDrift(driftMap, "vipd_ct: pin "+filepath.Join(e.bpffs, "vipd_ct")+" removed")
-	e.repairAndCheck("vipd_services: pin", "vipd_ct: pin")
+	e.repairAndCheck("maps_repinned=2", "vipd_services: pin", "vipd_ct: pin")
 	for name, want := range e.dp.mapIDs {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpffs, name), nil)
 		if err != nil {

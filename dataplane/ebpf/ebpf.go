@@ -359,11 +359,17 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	if full && (d.prog.changed.any() || len(repaired) > 0) {
 		args := d.prog.changed.logArgs()
 		if len(repaired) > 0 {
+			links, pins := 0, 0
 			details := make([]string, len(repaired))
 			for i, r := range repaired {
 				details[i] = r.Detail
+				if r.What == driftMap {
+					pins++
+				} else {
+					links++
+				}
 			}
-			args = append(args, "repaired", details)
+			args = append(args, "links_reattached", links, "maps_repinned", pins, "repaired", details)
 		}
 		d.log.Info("full apply changed the dataplane", append(args, "elapsed", time.Since(start))...)
 	}
