@@ -153,7 +153,9 @@ func expectRepairLog(t *testing.T, logged string, want ...string) {
 // that no drift is left, and that a further full apply logs nothing.
 func (e *driftEnv) repairAndCheck(logWants ...string) {
 	e.t.Helper()
-	expectRepairLog(e.t, e.fullApply(), logWants...)
+	logged := e.fullApply()
+	e.t.Logf("the repairing full apply logged: %s", logged)
+	expectRepairLog(e.t, logged, logWants...)
 	e.expectWorks("after the repairing full apply")
 	e.expectNoDrift("after the repairing full apply")
 	if logged := e.fullApply(); logged != "" {
