@@ -67,8 +67,8 @@ func TestRestartAuditRepairs(t *testing.T) {
 	dp = e.open(nil)
 	e.apply(dpState(2, nil, a, b))
 	dpWantSnap(t, "the maps after the audited full apply", dpSnapshot(t, &dp.objs.bpfMaps), want)
-	if !dp.prog.clean {
-		t.Error("the maps are not marked clean after an audited full apply")
+	if c, err := dp.prog.check(); err != nil || c.any() {
+		t.Errorf("after the audited full apply, the maps differ from the state: %v (err %v)", c, err)
 	}
 	if _, ok := dp.prog.revNatIDs[absent]; ok {
 		t.Errorf("the absent frontend %s keeps its reverse-NAT ID", absent)

@@ -11,6 +11,9 @@
 //     while vipd is down and a restarted vipd picks up where it left off;
 //   - the translation of a dataplane.State into map entries, written in
 //     make-before-break order (see programmer.go);
+//   - drift (drift.go): DetectDrift finds programs detached, pins replaced
+//     and map entries written by another tool, and every full Apply
+//     repairs them;
 //   - conntrack garbage collection and the destruction of node-local UDP
 //     sockets stuck on removed backends;
 //   - flows (flows.go): the programs' flow events (vipd_events ring buffer,

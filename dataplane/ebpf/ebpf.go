@@ -129,6 +129,14 @@ type Dataplane struct {
 	attached bool
 	tc       *tcAttacher
 
+	// mapIDs are the kernel IDs of the maps, by name: DetectDrift compares
+	// them with those of the maps pinned in the bpffs.
+	mapIDs map[string]ebpf.MapID
+	// entriesChecked is when DetectDrift last compared the service maps'
+	// entries with the state, and entryCheckCost how long that took.
+	entriesChecked time.Time
+	entryCheckCost time.Duration
+
 	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
 	// bpf_ktime_get_ns), in nanoseconds, taken once by New.
 	monoOffset int64
@@ -181,7 +189,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err := Supported(); err != nil {
 		return nil, err
 	}
-	mounted, err := ensureBPFFS(cfg.BPFFS)
+	mounted, err := ensureBPFFS(log, cfg.BPFFS, hostMountNS)
 	if err != nil {
 		return nil, err
 	}
@@ -207,6 +215,10 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	}
 	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset()}
 	if err := writeConfig(&objs.bpfMaps, cookie, cfg.ConntrackTimeouts); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if d.mapIDs, err = mapIDs(&objs.bpfMaps); err != nil {
 		objs.Close()
 		return nil, err
 	}
@@ -242,10 +254,14 @@ func (d *Dataplane) Capabilities() dataplane.Capabilities {
 }
 
 // Apply implements dataplane.Dataplane. Only the frontends of changed
-// services are rewritten, each in make-before-break order; a full Apply
-// (the first one, and the one after an error) rewrites every entry and
-// prunes what no service accounts for. A failed Apply rolls the maps back
-// to the previously applied state.
+// services are rewritten, each in make-before-break order. A full Apply
+// (the first one, the one after an error, and any with a nil s.Changed)
+// reads the maps, rewrites the entries that are missing or wrong, deletes
+// what no service accounts for, pins vipd's maps again where another map
+// took their place, and attaches the programs again where they are
+// missing: it repairs whatever DetectDrift reports. It logs what it
+// changed, at INFO, when it changed anything. A failed Apply rolls the
+// maps back to the previously applied state.
 func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
@@ -322,12 +338,40 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		return err
 	}
 	d.needFull = false
+	var repaired []dataplane.Drift
 	if !d.attached {
 		if err := d.attach(); err != nil {
 			d.needFull = true
 			return err
 		}
 		d.attached = true
+	} else if full {
+		drifts, gaps, err := d.checkAttachments()
+		if err == nil && gaps.any() {
+			err = d.repair(gaps)
+		}
+		if err != nil {
+			d.needFull = true
+			return fmt.Errorf("repair attachments: %w", err)
+		}
+		repaired = drifts
+	}
+	if full && (d.prog.changed.any() || len(repaired) > 0) {
+		args := d.prog.changed.logArgs()
+		if len(repaired) > 0 {
+			links, pins := 0, 0
+			details := make([]string, len(repaired))
+			for i, r := range repaired {
+				details[i] = r.Detail
+				if r.What == driftMap {
+					pins++
+				} else {
+					links++
+				}
+			}
+			args = append(args, "links_reattached", links, "maps_repinned", pins, "repaired", details)
+		}
+		d.log.Info("full apply changed the dataplane", append(args, "elapsed", time.Since(start))...)
 	}
 	d.log.Debug("applied", "full", full, "frontends_changed", len(changes), "elapsed", time.Since(start))
 	return nil

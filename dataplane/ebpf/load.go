@@ -59,7 +59,16 @@ const (
 
 // ensureBPFFS makes dir a directory on a bpffs, mounting one there when it
 // is on another file system. It reports whether it mounted.
-func ensureBPFFS(dir string) (bool, error) {
+//
+// The bpffs must outlive vipd: its pins hold the maps and links that keep
+// traffic flowing while vipd is down. So when vipd runs in a mount
+// namespace other than init's (ns names the two), as `ip netns exec` or a
+// unit with private mounts gives it, ensureBPFFS refuses to mount one
+// there, and refuses a bpffs that init's namespace has no mount of (one
+// mounted in vipd's namespace alone): either would vanish, with every pin,
+// when vipd exits. When it cannot tell (init's namespace is unreadable, as
+// in some containers), it goes on, with a warning if it mounts.
+func ensureBPFFS(log hclog.Logger, dir string, ns mountNSFiles) (bool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, fmt.Errorf("create bpffs directory %s: %w", dir, err)
 	}
@@ -67,13 +76,79 @@ func ensureBPFFS(dir string) (bool, error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return false, fmt.Errorf("statfs %s: %w", dir, err)
 	}
+	private, privErr := ns.private()
 	if uint32(st.Type) == bpffsMagic {
+		if !private {
+			return false, nil
+		}
+		if shared, err := ns.initHasBPFFS(dir); err == nil && !shared {
+			return false, fmt.Errorf("the bpffs at %s is mounted only in vipd's own mount namespace (not init's, "+
+				"as under `ip netns exec`): it would vanish with every pin when vipd exits, and traffic to VIPs "+
+				"would stop on a crash. %s", dir, bpffsFix)
+		}
 		return false, nil
+	}
+	if private {
+		return false, fmt.Errorf("%s is not on a bpffs, and vipd runs in a mount namespace of its own (not init's, "+
+			"as under `ip netns exec`): a bpffs that vipd mounted there would vanish with every pin when vipd exits, "+
+			"and traffic to VIPs would stop on a crash. %s", dir, bpffsFix)
+	}
+	if privErr != nil {
+		log.Warn("cannot tell whether vipd runs in the host's mount namespace: if it does not, the bpffs it mounts, "+
+			"and the pins in it, vanish when vipd exits", "bpffs", dir, "error", privErr)
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return false, fmt.Errorf("mount bpffs at %s: %w", dir, err)
 	}
 	return true, nil
+}
+
+// bpffsFix says how to give vipd a bpffs that outlives it.
+const bpffsFix = "Mount a bpffs in the host's mount namespace before starting vipd, outside /sys " +
+	"(which `ip netns exec` replaces), e.g. `mkdir -p /run/vipd/bpffs && mount -t bpf bpf /run/vipd/bpffs`, " +
+	"and pass --bpffs /run/vipd/bpffs; or run vipd in the host's mount namespace with --netns /run/netns/NAME " +
+	"instead of `ip netns exec NAME`"
+
+// mountNSFiles name vipd's mount namespace and init's, and init's
+// mountinfo.
+type mountNSFiles struct{ self, init, initMountinfo string }
+
+// hostMountNS compares the calling thread's mount namespace with init's.
+var hostMountNS = mountNSFiles{self: "/proc/thread-self/ns/mnt", init: "/proc/1/ns/mnt", initMountinfo: "/proc/1/mountinfo"}
+
+// private reports whether ns.self names another namespace than ns.init.
+func (ns mountNSFiles) private() (bool, error) {
+	var self, init unix.Stat_t
+	if err := unix.Stat(ns.self, &self); err != nil {
+		return false, fmt.Errorf("stat %s: %w", ns.self, err)
+	}
+	if err := unix.Stat(ns.init, &init); err != nil {
+		return false, fmt.Errorf("stat %s: %w", ns.init, err)
+	}
+	return self.Dev != init.Dev || self.Ino != init.Ino, nil
+}
+
+// initHasBPFFS reports whether init's mount namespace has a mount of the
+// bpffs that dir is on: every mount of a bpffs instance shares its device
+// number, and the instance (with its pins) lives while any mount of it does.
+func (ns mountNSFiles) initHasBPFFS(dir string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	b, err := os.ReadFile(ns.initMountinfo)
+	if err != nil {
+		return false, err
+	}
+	// Fields: mount ID, parent ID, major:minor, root, mount point, ...
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == dev && strings.Contains(line, " - bpf ") {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // UnmountBPFFS detaches the bpffs mounted at dir, if any (each of them,

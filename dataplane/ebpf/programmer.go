@@ -43,10 +43,13 @@ type programmer struct {
 	// batch-sized slices are allocated once.
 	w writes
 
-	// clean is true while the maps hold nothing but what applies wrote:
-	// vipd found them empty, or an audited full apply made them so, and no
-	// apply failed since. A full apply of clean maps needs no audit.
+	// clean is true while vipd has found the maps empty and written nothing
+	// yet: the first full apply of clean maps needs no audit. Every other
+	// full apply audits, since another tool may have written the maps.
 	clean bool
+
+	// changed is what the last full apply changed in the maps.
+	changed entryCounts
 
 	// Entry counts, for capacity checks before any write.
 	svcEntries, memberEntries int
@@ -256,11 +259,15 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		}
 	}
 	var au *audit
-	if prune && !p.clean {
-		if au, err = p.auditMaps(changes, next, offs, nids, gone); err != nil {
-			return p.fail(fmt.Errorf("read maps: %w", err))
+	if prune {
+		if !p.clean {
+			if au, err = p.auditMaps(changes, next, offs, nids, gone); err != nil {
+				return p.fail(fmt.Errorf("read maps: %w", err))
+			}
+			leaving.append(&au.absent)
 		}
-		leaving.append(&au.absent)
+		p.clean = false
+		p.changed = au.counts(next, &p.backendIDs)
 	}
 	if err := leaving.flush(p.maps); err != nil {
 		return p.fail(err)
@@ -381,13 +388,8 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 		// entries no packet can reach (their masters are gone), for the
 		// next full apply to remove.
 		p.forget()
-		if n := au.stale.len() + au.absent.len(); n > 0 {
-			p.log.Info("pruned entries no service accounts for", "entries", n)
-		}
 		if err := au.stale.flush(p.maps); err != nil {
 			p.log.Warn("prune stale entries; the next full apply retries", "error", err)
-		} else {
-			p.clean = true // the maps hold exactly what this apply wrote
 		}
 	}
 	for _, f := range udpGone {
@@ -743,6 +745,87 @@ type audit struct {
 	// members and slots by their index in the apply's ID slab; backends
 	// by ID (nil when IDs run too high for a bitset).
 	revNatOK, masterOK, entryOK, backendOK bitset
+	// ok and wrong count, by map, the desired entries found correct and
+	// those found holding another value.
+	ok, wrong [numServiceMaps]int
+	// used is the number of backends the desired frontends reference.
+	used int
+}
+
+// The maps that hold the services, as indexes of entryCounts.
+const (
+	mapServices = iota
+	mapMembers
+	mapRevNat
+	mapBackends
+	mapMaglev
+	numServiceMaps
+)
+
+var serviceMapNames = [numServiceMaps]string{"vipd_services", "vipd_members", "vipd_revnat", "vipd_backends", "vipd_maglev"}
+
+// entryCounts counts, map by map, the entries a full apply adds (they
+// were missing), fixes (they held another value) and removes (no service
+// accounts for them).
+type entryCounts [numServiceMaps]struct{ added, fixed, removed int }
+
+// any reports whether c counts any entry.
+func (c *entryCounts) any() bool { return *c != entryCounts{} }
+
+// logArgs renders the maps with changes as key-value pairs for the log,
+// such as "vipd_services", "added=1 fixed=0 removed=2".
+func (c *entryCounts) logArgs() []any {
+	var args []any
+	for i, n := range c {
+		if n.added+n.fixed+n.removed > 0 {
+			args = append(args, serviceMapNames[i], fmt.Sprintf("added=%d fixed=%d removed=%d", n.added, n.fixed, n.removed))
+		}
+	}
+	return args
+}
+
+// counts computes what a full apply of next changes in the maps, given
+// what au found in them (au nil: the maps were empty). backends is the
+// backend table after the apply's references were counted.
+func (au *audit) counts(next []*programmed, backends *backendTable) entryCounts {
+	var want [numServiceMaps]int
+	for _, pr := range next {
+		if pr == nil {
+			continue
+		}
+		want[mapServices] += 1 + len(pr.slotIDs)
+		want[mapMembers] += len(pr.memberIDs)
+		want[mapRevNat]++
+		if pr.fe.flags&svcFlagMaglev != 0 {
+			want[mapMaglev]++
+		}
+	}
+	if au != nil {
+		want[mapBackends] = au.used
+	} else {
+		for _, ref := range backends.all() {
+			if ref.refs > 0 {
+				want[mapBackends]++
+			}
+		}
+	}
+	var c entryCounts
+	for i := range c {
+		c[i].added = want[i]
+	}
+	if au == nil {
+		return c
+	}
+	for i := range c {
+		c[i].added -= au.ok[i] + au.wrong[i]
+		c[i].fixed = au.wrong[i]
+	}
+	c[mapServices].removed = len(au.absent.svcDeletes) + len(au.stale.svcDeletes)
+	c[mapMembers].removed = len(au.absent.memberDeletes) + len(au.stale.memberDeletes)
+	c[mapRevNat].removed = len(au.absent.revNatDeletes)
+	c[mapMaglev].removed = len(au.absent.maglevDeletes) + len(au.stale.maglevDeletes)
+	c[mapBackends].removed = len(au.stale.backendDeletes)
+	return c
 }
 
 // bitset is a set of small non-negative integers.
@@ -802,8 +885,11 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 		if i, ok := byRevNat[id]; ok {
 			if j, ok := at[k]; ok && j == i {
 				au.revNatOK.set(i)
+				au.ok[mapRevNat]++
+			} else {
+				au.wrong[mapRevNat]++ // rewritten
 			}
-			return // else rewritten
+			return
 		}
 		if d, ok := drains[k]; ok && d == id {
 			return
@@ -829,11 +915,17 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 		case sk.Slot == 0:
 			if sv == masterVal(next[i]) {
 				au.masterOK.set(i)
+				au.ok[mapServices]++
+			} else {
+				au.wrong[mapServices]++
 			}
 		case int(sk.Slot) <= len(next[i].slotIDs):
 			j := int(sk.Slot) - 1
 			if sv == (bpfSvcVal{BackendId: next[i].slotIDs[j], Weight: next[i].fe.slots[j].cum}) {
 				au.entryOK.set(int(offs[i]) + len(next[i].memberIDs) + j)
+				au.ok[mapServices]++
+			} else {
+				au.wrong[mapServices]++
 			}
 		default:
 			au.stale.svcDeletes = append(au.stale.svcDeletes, sk)
@@ -877,6 +969,9 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 			au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
 		case next[i].fe.members[j].flags == flags:
 			au.entryOK.set(int(offs[i]) + j)
+			au.ok[mapMembers]++
+		default:
+			au.wrong[mapMembers]++
 		}
 	})
 	if err != nil {
@@ -889,6 +984,8 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 			au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
 		} else if next[i].fe.flags&svcFlagMaglev == 0 {
 			au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
+		} else {
+			au.ok[mapMaglev]++
 		}
 	})
 	if err != nil {
@@ -902,12 +999,18 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 		}
 	}
 	slices.Sort(used)
+	au.used = len(used)
 	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
 		if _, ok := slices.BinarySearch(used, id); !ok {
 			au.stale.backendDeletes = append(au.stale.backendDeletes, id)
 			return
 		}
-		if ref, _ := p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id == id && au.backendOK != nil {
+		if ref, _ := p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
+			au.wrong[mapBackends]++
+			return
+		}
+		au.ok[mapBackends]++
+		if au.backendOK != nil {
 			au.backendOK.set(int(id))
 		}
 	})
