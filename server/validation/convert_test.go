@@ -126,3 +126,24 @@ func TestConvertServiceUnmaps(t *testing.T) {
 		t.Errorf("converted to %v and %+v", in, dp)
 	}
 }
+
+// TestUpdatedBackends: a stored service whose backends changed is held to
+// --max-backends, and to nothing else of the policy.
+func TestUpdatedBackends(t *testing.T) {
+	in := valid()
+	in.Labels = map[string]string{"note": "a\tb"}
+	in.Backends = backends(3)
+	lim := validation.Limits{MaxBackends: 3}
+	out, dp, v := validation.UpdatedBackends(proto.Clone(in).(*vipdv1.Service), lim, "service")
+	if len(v) > 0 || out.Labels["note"] != "a\tb" || len(dp.Backends) != 3 {
+		t.Errorf("UpdatedBackends = %v, %+v, %v", out, dp, v)
+	}
+	in.Backends = backends(4)
+	if _, _, v := validation.UpdatedBackends(in, lim, "service"); !slices.Equal(fields(v), []string{"service.backends"}) {
+		t.Errorf("4 backends over a limit of 3: %v", v)
+	}
+	in.Backends[0].Weight = 1 << 16
+	if _, _, v := validation.UpdatedBackends(in, validation.Limits{}, "service"); !slices.Equal(fields(v), []string{"service.backends[0].weight"}) {
+		t.Errorf("weight out of range: %v", v)
+	}
+}

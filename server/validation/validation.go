@@ -174,6 +174,28 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	return in, dp, nil
 }
 
+// UpdatedBackends admits svc, a stored service whose backends a request
+// changed, each new backend admitted by Backend already. The backend
+// count is all that is new, so only --max-backends is checked; the rest
+// was admitted when it was stored, under the policy of that time (which
+// may have been looser), and is only converted. It normalizes svc in place
+// and returns it, as ServiceInPlace does.
+func UpdatedBackends(svc *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
+	var v Violations
+	if svc != nil && lim.MaxBackends > 0 && len(svc.Backends) > lim.MaxBackends {
+		v.add(field+".backends", "has %d backends; at most %d are allowed (--max-backends)", len(svc.Backends), lim.MaxBackends)
+		return nil, nil, v
+	}
+	if svc != nil {
+		svc.Generation = 0
+	}
+	dp, v := ConvertService(svc, field)
+	if len(v) > 0 {
+		return nil, nil, v
+	}
+	return svc, dp, nil
+}
+
 // and returns v with the violations of structural, the conversion's, of
 // fields that v has none for: where the policy already rejects a field
 // (an address that does not parse, say), the conversion's complaint about
