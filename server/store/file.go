@@ -66,12 +66,12 @@ type Dir struct {
 }
 
 // DirOption configures OpenDir.
-type DirOption func(*journal)
+type DirOption func(*Dir)
 
 // WithLogger makes Load log what it repairs, such as a torn journal record
 // it cuts off, to log. Without it nothing is logged.
 func WithLogger(log hclog.Logger) DirOption {
-	return func(j *journal) { j.log = log }
+	return func(d *Dir) { d.j.log = log }
 }
 
 // OpenDir creates path if needed and locks it for this process. Close releases it.
@@ -89,7 +89,7 @@ func OpenDir(path string, opts ...DirOption) (*Dir, error) {
 	}
 	d := &Dir{path: path, lock: f, j: journal{path: filepath.Join(path, journalFileName), log: hclog.NewNullLogger()}}
 	for _, o := range opts {
-		o(&d.j)
+		o(d)
 	}
 	return d, nil
 }
