@@ -167,7 +167,7 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	labels(&v, in, field)
 
 	dp, cv := convertService(in, field, badVIPs)
-	v = v.and(cv)
+	v = v.withConversion(cv)
 	if len(v) > 0 {
 		return nil, nil, v
 	}
@@ -196,11 +196,11 @@ func UpdatedBackends(svc *vipdv1.Service, lim Limits, field string) (*vipdv1.Ser
 	return svc, dp, nil
 }
 
-// and returns v with the violations of structural, the conversion's, of
-// fields that v has none for: where the policy already rejects a field
-// (an address that does not parse, say), the conversion's complaint about
-// it says nothing new.
-func (v Violations) and(structural Violations) Violations {
+// withConversion returns v, the policy's violations, with those of
+// structural, the conversion's, for fields that v has none for: where the
+// policy rejects a field already (an address that does not parse, say),
+// the conversion's complaint about it says nothing new.
+func (v Violations) withConversion(structural Violations) Violations {
 	for _, s := range structural {
 		if !slices.ContainsFunc(v, func(p Violation) bool { return p.Field == s.Field }) {
 			v = append(v, s)
@@ -284,7 +284,7 @@ func Backend(b *vipdv1.Backend, ctx BackendContext, field string) (dataplane.Bac
 	var v Violations
 	backend(&v, b, field)
 	db, cv := ConvertBackend(b, ctx, field)
-	if v = v.and(cv); len(v) > 0 {
+	if v = v.withConversion(cv); len(v) > 0 {
 		return dataplane.Backend{}, v
 	}
 	return db, nil
