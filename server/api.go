@@ -96,7 +96,11 @@ func (a *API) Register(s grpc.ServiceRegistrar) {
 // validService validates svc, named field in the request, and checks that the
 // dataplane can honour it.
 func (a *API) validService(svc *vipdv1.Service, field string) (*vipdv1.Service, *dataplane.Service, error) {
-	out, dp, v := validation.Service(svc, a.limits, field)
+	return a.honoured(validation.Service(svc, a.limits, field))
+}
+
+// honoured passes on what validation admitted if the dataplane can honour it.
+func (a *API) honoured(out *vipdv1.Service, dp *dataplane.Service, v validation.Violations) (*vipdv1.Service, *dataplane.Service, error) {
 	if len(v) > 0 {
 		return nil, nil, v
 	}
@@ -398,7 +402,9 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 		if err != nil {
 			return nil, err
 		}
-		svc, dp, err := a.validService(merged, "service")
+		// Only the backends are new: the rest of the service keeps the
+		// policy it was stored under (an earlier vipd's, perhaps).
+		svc, dp, err := a.honoured(validation.UpdatedBackends(merged, a.limits, "service"))
 		var v validation.Violations
 		if errors.As(err, &v) {
 			// The request has no field "service": the merged backend set

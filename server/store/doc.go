@@ -8,4 +8,9 @@
 // The store never talks to a dataplane: the reconciler decides when a
 // Snapshot is applied and saved. It enforces the totals that only it can
 // see (Snapshot.WithLimits): a Put past them fails and stages nothing.
+//
+// Load turns stored records into entries by validation's structural
+// conversion alone, never its admission policy, so that a state directory
+// written by any earlier vipd loads (testdata/formats holds one of each
+// on-disk format).
 package store

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/hashicorp/go-hclog"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/validation"
 	"golang.org/x/sys/unix"
@@ -64,8 +65,17 @@ type Dir struct {
 	j    journal
 }
 
+// DirOption configures OpenDir.
+type DirOption func(*Dir)
+
+// WithLogger makes Load log what it repairs, such as a torn journal record
+// it cuts off, to log. Without it nothing is logged.
+func WithLogger(log hclog.Logger) DirOption {
+	return func(d *Dir) { d.j.log = log }
+}
+
 // OpenDir creates path if needed and locks it for this process. Close releases it.
-func OpenDir(path string) (*Dir, error) {
+func OpenDir(path string, opts ...DirOption) (*Dir, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
@@ -77,7 +87,11 @@ func OpenDir(path string) (*Dir, error) {
 		f.Close()
 		return nil, fmt.Errorf("lock state dir %s (is another vipd using it?): %w", path, err)
 	}
-	return &Dir{path: path, lock: f, j: journal{path: filepath.Join(path, journalFileName)}}, nil
+	d := &Dir{path: path, lock: f, j: journal{path: filepath.Join(path, journalFileName), log: hclog.NewNullLogger()}}
+	for _, o := range opts {
+		o(d)
+	}
+	return d, nil
 }
 
 // Path is the state file's path.
@@ -90,10 +104,12 @@ func (d *Dir) Close() error {
 
 // Load reads the state file and replays the journal over it. A missing file
 // is an empty store. A file that is truncated, corrupt, of an unknown
-// version, or whose services do not validate is an error wrapping
+// version, or whose services have no dataplane form is an error wrapping
 // ErrCorrupt; so is a journal that is damaged anywhere but in its last,
 // torn record (a crash in the middle of an append, which was never
-// acknowledged: it is cut off).
+// acknowledged: it is cut off, with a WARN line giving its offset and
+// size). Services load by the structural conversion alone (see
+// decodeEntry), so a state written by any earlier vipd loads.
 func (d *Dir) Load() (*Snapshot, error) {
 	s := Empty()
 	data, err := os.ReadFile(d.Path())
@@ -155,25 +171,26 @@ func decode(data []byte) (*Snapshot, error) {
 	return build(revision, entries)
 }
 
-// noLimits are the validation limits of a stored service: none.
-var noLimits = validation.Limits{MaxPorts: -1}
-
+// decodeEntry turns a stored record into an entry by the structural
+// conversion alone (validation.ConvertService), never the admission
+// policy: limits, character sets and address rules may have tightened since
+// an earlier vipd wrote the record, and refusing to start over that would
+// break running traffic. Only a record that has no dataplane form fails.
 func decodeEntry(rec []byte) (*Entry, error) {
 	stored := &vipdv1.Service{}
 	if err := proto.Unmarshal(rec, stored); err != nil {
 		return nil, fmt.Errorf("decode service: %w", err)
 	}
 	gen := stored.Generation
-	// Limits are not applied: flags may have changed since the state was
-	// written, and refusing to start over that would break running traffic.
-	svc, dp, v := validation.ServiceInPlace(stored, noLimits, "service")
+	stored.Generation = 0
+	dp, v := validation.ConvertService(stored, "service")
 	if len(v) > 0 {
-		return nil, fmt.Errorf("service %q does not validate: %w", stored.Name, v)
+		return nil, fmt.Errorf("service %q does not convert: %w", stored.Name, v)
 	}
 	if gen == 0 {
-		return nil, fmt.Errorf("service %s has no generation", svc.Name)
+		return nil, fmt.Errorf("service %s has no generation", stored.Name)
 	}
-	return NewEntry(svc, dp, gen)
+	return NewEntry(stored, dp, gen)
 }
 
 // Save makes s durable before it returns. When s was committed on the

@@ -436,8 +436,10 @@ func TestLoadInvalidContent(t *testing.T) {
 	a := stored(t, svc("a", "10.96.0.1", 1, tcp(80)), 1)
 	b := stored(t, svc("b", "10.96.0.2", 1, tcp(80)), 2)
 	bOnA := stored(t, svc("b", "10.96.0.1", 1, tcp(80)), 2)
+	// A VIP that does not parse has no dataplane form. (A name that the
+	// admission policy rejects today still loads: see TestLoadFormats.)
 	invalid := stored(t, svc("a", "10.96.0.1", 1, tcp(80)), 1)
-	invalid.Name = "A"
+	invalid.Vips[0] = "10.96.0.300"
 	noGen := stored(t, svc("a", "10.96.0.1", 1, tcp(80)), 0)
 	cat := func(parts ...[]byte) []byte { return slices.Concat(parts...) }
 
@@ -459,7 +461,7 @@ func TestLoadInvalidContent(t *testing.T) {
 		{"overlong uvarint", encodeFile(1, 2, 1, bytes.Repeat([]byte{0xff}, 11)), "record 0"},
 		{"not a protobuf", encodeFile(1, 2, 1, cat(binary.AppendUvarint(nil, 3), []byte{0xff, 0xff, 0xff})), "record 0"},
 		{"empty record", encodeFile(1, 2, 1, []byte{0}), "record 0"},
-		{"service that does not validate", encodeFile(1, 1, 1, record(t, invalid)), "validate"},
+		{"service that does not convert", encodeFile(1, 1, 1, record(t, invalid)), "service.vips[0]"},
 		{"service without generation", encodeFile(1, 1, 1, record(t, noGen)), "generation"},
 		{"generation above the revision", encodeFile(1, 1, 2, cat(record(t, a), record(t, b))), "revision"},
 		{"same service twice", encodeFile(1, 2, 2, cat(record(t, a), record(t, a))), "twice"},

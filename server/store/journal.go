@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/internal/pmap"
 	"golang.org/x/sys/unix"
 )
@@ -46,6 +47,7 @@ var journalMinCompact int64 = 4 << 20
 
 // journal is the open journal of a Dir.
 type journal struct {
+	log      hclog.Logger
 	f        *os.File
 	path     string
 	size     int64  // bytes of whole records
@@ -75,6 +77,8 @@ func (j *journal) open(path string, base *Snapshot, fileSize int) (*Snapshot, er
 	}
 	if good < len(data) {
 		// A torn last record: the append it belonged to never returned.
+		j.log.Warn("journal: cutting off a torn last record, a change whose save never returned",
+			"path", path, "offset", good, "size", len(data)-good)
 		if err := f.Truncate(int64(good)); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("cut the torn end of the journal: %w", err)
@@ -84,7 +88,7 @@ func (j *journal) open(path string, base *Snapshot, fileSize int) (*Snapshot, er
 			return nil, fmt.Errorf("sync journal: %w", err)
 		}
 	}
-	*j = journal{f: f, path: path, size: int64(good), fileSize: fileSize, saved: s.revision, known: true}
+	*j = journal{log: j.log, f: f, path: path, size: int64(good), fileSize: fileSize, saved: s.revision, known: true}
 	return s, nil
 }
 

@@ -43,9 +43,6 @@ var fuzzLimits = validation.Limits{
 	},
 }
 
-// storedLimits are the limits the store decodes its state file with.
-var storedLimits = validation.Limits{MaxPorts: -1}
-
 var dpCmp = []cmp.Option{addrCmp, cmpopts.EquateEmpty(), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })}
 
 // sameDataplane reports whether a and b are the same dataplane service. It
@@ -180,7 +177,9 @@ func checkAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service, lim
 	if err := proto.Unmarshal(wire, decoded); err != nil {
 		t.Fatalf("unmarshal an accepted service: %v", err)
 	}
-	reloaded, dpReloaded, v := validation.ServiceInPlace(decoded, storedLimits, "service")
+	// The store loads it by the conversion alone, as it loads the state file.
+	reloaded := decoded
+	dpReloaded, v := validation.ConvertService(reloaded, "service")
 	if len(v) > 0 {
 		t.Fatalf("an accepted service does not reload: %v", v)
 	}

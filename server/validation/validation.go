@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"time"
 	"unicode"
 
 	"github.com/vipd/vipd/dataplane"
@@ -47,17 +46,17 @@ const (
 	DefaultMaxTotalBackends = 2000000
 )
 
-// Limits are the limits an operator may configure. Service checks the
+// Limits are the limits an operator may configure. They are admission
+// policy: the store loads its state without them. Service checks the
 // per-service ones; the store enforces the totals (MaxServices and
 // MaxTotalBackends) when a change is staged, because only it sees every
 // service.
 type Limits struct {
 	// MaxBackends is the most backends one service may have; 0 means no
-	// limit, which is how the store reads its state file.
+	// limit.
 	MaxBackends int
 	// MaxPorts is the most ports one service may have; 0 means
-	// DefaultMaxPorts, and a negative value means no limit, which is how
-	// the store reads its state file.
+	// DefaultMaxPorts, and a negative value means no limit.
 	MaxPorts int
 	// MaxServices is the most services the store may hold; 0 means no limit.
 	MaxServices int
@@ -126,8 +125,9 @@ func checkName(v *Violations, name, field string) {
 	}
 }
 
-// Service validates in, which is named field in the request. On success it
-// returns a normalized copy (defaults filled in, addresses canonical, backends
+// Service admits in, which is named field in the request: it checks the
+// admission policy and converts it (ConvertService). On success it returns
+// a normalized copy (defaults filled in, addresses canonical, backends
 // sorted by IP, generation zero) and its dataplane form. in is not modified.
 func Service(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
 	if in == nil {
@@ -145,115 +145,68 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 		v.add(field, "is required")
 		return nil, nil, v
 	}
-	out := in
-	out.Generation = 0
-	dp := &dataplane.Service{}
-
-	checkName(&v, out.Name, field+".name")
-	dp.Name = out.Name
-	if out.Owner == "" {
-		out.Owner = DefaultOwner
+	in.Generation = 0
+	checkName(&v, in.Name, field+".name")
+	if in.Owner != "" { // ConvertService fills in DefaultOwner
+		checkName(&v, in.Owner, field+".owner")
 	}
-	checkName(&v, out.Owner, field+".owner")
-	dp.Owner = out.Owner
-
-	dp.VIPs = vips(&v, out, lim, field)
-	dp.Ports = ports(&v, out, lim, field)
-
-	ctx := NewBackendContext(dp)
-	if lim.MaxBackends > 0 && len(out.Backends) > lim.MaxBackends {
-		v.add(field+".backends", "has %d backends; at most %d are allowed (--max-backends)", len(out.Backends), lim.MaxBackends)
+	badVIPs := !vips(&v, in, lim, field)
+	ports(&v, in, lim, field)
+	if lim.MaxBackends > 0 && len(in.Backends) > lim.MaxBackends {
+		v.add(field+".backends", "has %d backends; at most %d are allowed (--max-backends)", len(in.Backends), lim.MaxBackends)
 	}
-	if len(out.Backends) > 0 {
-		dp.Backends = make([]dataplane.Backend, 0, len(out.Backends))
-	}
-	// Duplicates are found by a scan of the backends so far while they are
-	// few, which is much cheaper than a map for the usual handful.
-	var seen map[netip.Addr]int
-	var indexBuf [16]int
-	index := indexBuf[:0] // index[k]: where dp.Backends[k] is in out.Backends
-	for i, b := range out.Backends {
+	for i, b := range in.Backends {
 		// The field's name is built only for a violation: a big SyncServices
 		// validates millions of valid backends.
 		var probe Violations
-		db, ok := backend(&probe, b, ctx, "")
-		if !ok {
-			backend(&v, b, ctx, fmt.Sprintf("%s.backends[%d]", field, i))
-			continue
+		if !backend(&probe, b, "") {
+			backend(&v, b, fmt.Sprintf("%s.backends[%d]", field, i))
 		}
-		j, dup := -1, false
-		if seen == nil {
-			for k := range dp.Backends {
-				if dp.Backends[k].IP == db.IP {
-					j, dup = index[k], true
-					break
-				}
-			}
-			if len(dp.Backends) == len(indexBuf) {
-				seen = make(map[netip.Addr]int, len(out.Backends))
-				for k := range dp.Backends {
-					seen[dp.Backends[k].IP] = index[k]
-				}
-			}
-		} else {
-			j, dup = seen[db.IP]
-		}
-		if dup {
-			v.add(fmt.Sprintf("%s.backends[%d].ip", field, i), "%s is also backends[%d]; each backend IP may appear once", db.IP, j)
-			continue
-		}
-		if seen != nil {
-			seen[db.IP] = i
-		} else {
-			index = append(index, i)
-		}
-		dp.Backends = append(dp.Backends, db)
 	}
-	if len(v) == 0 {
-		// Every backend is valid, so out.Backends[i] is dp.Backends[i]:
-		// sort both by the parsed address at once.
-		sortBackends(out.Backends, dp.Backends)
-	}
+	affinityPolicy(&v, in, field)
+	labels(&v, in, field)
 
-	dp.Affinity = affinity(&v, out, field)
-	dp.TrafficPolicy = trafficPolicy(&v, out, field)
-	dp.LoadBalancing = loadBalancing(&v, out, field)
-	labels(&v, out, field)
-
+	dp, cv := convertService(in, field, badVIPs)
+	v = v.withConversion(cv)
 	if len(v) > 0 {
 		return nil, nil, v
 	}
-	return out, dp, nil
+	return in, dp, nil
 }
 
-// sortBackends sorts dp by IP, and api (its API form, index for index)
-// the same way.
-func sortBackends(api []*vipdv1.Backend, dp []dataplane.Backend) {
-	cmpIP := func(a, b dataplane.Backend) int { return a.IP.Compare(b.IP) }
-	if slices.IsSortedFunc(dp, cmpIP) {
-		return
+// UpdatedBackends admits svc, a stored service whose backends a request
+// changed, each new backend admitted by Backend already. The backend
+// count is all that is new, so only --max-backends is checked; the rest
+// was admitted when it was stored, under the policy of that time (which
+// may have been looser), and is only converted. It normalizes svc in place
+// and returns it, as ServiceInPlace does.
+func UpdatedBackends(svc *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
+	var v Violations
+	if svc != nil && lim.MaxBackends > 0 && len(svc.Backends) > lim.MaxBackends {
+		v.add(field+".backends", "has %d backends; at most %d are allowed (--max-backends)", len(svc.Backends), lim.MaxBackends)
+		return nil, nil, v
 	}
-	type pair struct {
-		api *vipdv1.Backend
-		dp  dataplane.Backend
+	if svc != nil {
+		svc.Generation = 0
 	}
-	pairs := make([]pair, len(dp))
-	for i := range dp {
-		pairs[i] = pair{api[i], dp[i]}
+	dp, v := ConvertService(svc, field)
+	if len(v) > 0 {
+		return nil, nil, v
 	}
-	slices.SortFunc(pairs, func(a, b pair) int { return cmpIP(a.dp, b.dp) })
-	for i, p := range pairs {
-		api[i], dp[i] = p.api, p.dp
-	}
+	return svc, dp, nil
 }
 
-// canonical returns a's text, reusing s when s is that text already.
-func canonical(a netip.Addr, s string) string {
-	var buf [64]byte
-	if b := a.AppendTo(buf[:0]); string(b) != s {
-		return string(b)
+// withConversion returns v, the policy's violations, with those of
+// structural, the conversion's, for fields that v has none for: where the
+// policy rejects a field already (an address that does not parse, say),
+// the conversion's complaint about it says nothing new.
+func (v Violations) withConversion(structural Violations) Violations {
+	for _, s := range structural {
+		if !slices.ContainsFunc(v, func(p Violation) bool { return p.Field == s.Field }) {
+			v = append(v, s)
+		}
 	}
-	return s
+	return v
 }
 
 // unicast parses s as a unicast address that may be used for a VIP or a
@@ -283,271 +236,92 @@ func unicast(v *Violations, s, field string) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-func vips(v *Violations, out *vipdv1.Service, lim Limits, field string) []netip.Addr {
-	if n := len(out.Vips); n == 0 || n > MaxVIPs {
+// vips checks the VIPs, and reports whether each one passes.
+func vips(v *Violations, in *vipdv1.Service, lim Limits, field string) bool {
+	ok := true
+	if n := len(in.Vips); n == 0 || n > MaxVIPs {
 		v.add(field+".vips", "has %d addresses; 1 to %d are required", n, MaxVIPs)
 	}
-	var addrs []netip.Addr
-	for i, s := range out.Vips {
+	for i, s := range in.Vips {
 		f := fmt.Sprintf("%s.vips[%d]", field, i)
-		a, ok := unicast(v, s, f)
-		if !ok {
-			continue
-		}
-		if slices.Contains(addrs, a) {
-			v.add(f, "%s is listed twice", a)
-			continue
-		}
-		if len(lim.ServiceCIDRs) > 0 && !slices.ContainsFunc(lim.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		a, valid := unicast(v, s, f)
+		switch {
+		case !valid:
+			ok = false
+		case len(lim.ServiceCIDRs) > 0 && !slices.ContainsFunc(lim.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
 			v.add(f, "%s is outside the service CIDRs %v (--service-cidr)", a, lim.ServiceCIDRs)
-			continue
+			ok = false
 		}
-		out.Vips[i] = canonical(a, s)
-		addrs = append(addrs, a)
 	}
-	return addrs
+	return ok
 }
 
-func ports(v *Violations, out *vipdv1.Service, lim Limits, field string) []dataplane.Port {
-	switch n, most := len(out.Ports), lim.maxPorts(); {
+func ports(v *Violations, in *vipdv1.Service, lim Limits, field string) {
+	switch n, most := len(in.Ports), lim.maxPorts(); {
 	case n == 0:
 		v.add(field+".ports", "has no ports; at least 1 is required")
 	case most >= 0 && n > most:
 		v.add(field+".ports", "has %d ports; at most %d are allowed (--max-ports)", n, most)
 	}
-	type key struct {
-		proto dataplane.Protocol
-		port  uint32
-	}
-	seen := map[key]int{}
-	names := map[string]int{}
-	var res []dataplane.Port
-	for i, p := range out.Ports {
-		f := fmt.Sprintf("%s.ports[%d]", field, i)
-		ok := true
+	for i, p := range in.Ports {
 		if p == nil {
-			v.add(f, "is empty")
-			continue
+			continue // ConvertService reports it
 		}
+		f := fmt.Sprintf("%s.ports[%d]", field, i)
 		switch {
-		case p.Name == "" && len(out.Ports) > 1:
+		case p.Name == "" && len(in.Ports) > 1:
 			v.add(f+".name", "is required when a service has more than one port")
-			ok = false
 		case p.Name != "" && (len(p.Name) > MaxPortNameLength || !portNamePattern.MatchString(p.Name)):
 			v.add(f+".name", "%q must be 1-%d lowercase letters, digits and '-', starting and ending with a letter or digit", p.Name, MaxPortNameLength)
-			ok = false
-		case p.Name != "":
-			if j, dup := names[p.Name]; dup {
-				v.add(f+".name", "%q is also the name of ports[%d]", p.Name, j)
-				ok = false
-			}
-			names[p.Name] = i
 		}
-		if p.Protocol == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
-			p.Protocol = vipdv1.Protocol_PROTOCOL_TCP
-		}
-		proto, known := protocols[p.Protocol]
-		if !known {
-			v.add(f+".protocol", "%d is not a known protocol", p.Protocol)
-			ok = false
-		}
-		if p.Port == 0 || p.Port > 65535 {
-			v.add(f+".port", "%d is out of range; 1 to 65535 are allowed", p.Port)
-			ok = false
-		}
-		explicitTarget := p.TargetPort != 0
-		if !explicitTarget {
-			p.TargetPort = p.Port
-		}
-		if explicitTarget && p.TargetPort > 65535 {
-			v.add(f+".target_port", "%d is out of range; 1 to 65535 are allowed, or 0 for the same as port", p.TargetPort)
-			ok = false
-		}
-		if !ok {
-			continue
-		}
-		k := key{proto, p.Port}
-		if j, dup := seen[k]; dup {
-			v.add(f, "%d/%s is also ports[%d]; each protocol and port may appear once", p.Port, proto, j)
-			continue
-		}
-		seen[k] = i
-		res = append(res, dataplane.Port{Name: p.Name, Protocol: proto, Port: uint16(p.Port), TargetPort: uint16(p.TargetPort)})
 	}
-	return res
 }
 
-var protocols = map[vipdv1.Protocol]dataplane.Protocol{
-	vipdv1.Protocol_PROTOCOL_TCP:  dataplane.TCP,
-	vipdv1.Protocol_PROTOCOL_UDP:  dataplane.UDP,
-	vipdv1.Protocol_PROTOCOL_SCTP: dataplane.SCTP,
-}
-
-// BackendContext is what a backend is checked against: the service's address
-// families and ports.
-type BackendContext struct {
-	has4, has6 bool
-	ports      []dataplane.Port
-}
-
-// names reports whether a backend's ports key name names a port of the
-// service: a port's name, or "" for the service's only port when that port
-// has no name (as a Kubernetes EndpointSlice names it).
-func (ctx BackendContext) names(name string) bool {
-	if name == "" {
-		return len(ctx.ports) == 1 && ctx.ports[0].Name == ""
-	}
-	return slices.ContainsFunc(ctx.ports, func(p dataplane.Port) bool { return p.Name == name })
-}
-
-// NewBackendContext returns the context that backends of svc are validated in.
-func NewBackendContext(svc *dataplane.Service) BackendContext {
-	ctx := BackendContext{ports: svc.Ports}
-	for _, a := range svc.VIPs {
-		ctx.has4 = ctx.has4 || a.Is4()
-		ctx.has6 = ctx.has6 || a.Is6()
-	}
-	return ctx
-}
-
-// Backend validates and normalizes b in place for a service with context ctx,
-// and returns its dataplane form.
+// Backend admits b, for a service with context ctx: it checks the
+// admission policy and converts it (ConvertBackend), normalizing b in
+// place, and returns its dataplane form.
 func Backend(b *vipdv1.Backend, ctx BackendContext, field string) (dataplane.Backend, Violations) {
 	var v Violations
-	db, _ := backend(&v, b, ctx, field)
-	return db, v
+	backend(&v, b, field)
+	db, cv := ConvertBackend(b, ctx, field)
+	if v = v.withConversion(cv); len(v) > 0 {
+		return dataplane.Backend{}, v
+	}
+	return db, nil
 }
 
-var backendStates = map[vipdv1.BackendState]dataplane.BackendState{
-	vipdv1.BackendState_BACKEND_STATE_READY:       dataplane.BackendReady,
-	vipdv1.BackendState_BACKEND_STATE_TERMINATING: dataplane.BackendTerminating,
-	vipdv1.BackendState_BACKEND_STATE_NOT_SERVING: dataplane.BackendNotServing,
-}
-
-func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string) (dataplane.Backend, bool) {
+// backend checks the admission policy of b, and reports whether b passes.
+func backend(v *Violations, b *vipdv1.Backend, field string) bool {
 	if b == nil {
-		v.add(field, "is empty")
-		return dataplane.Backend{}, false
+		return true // ConvertBackend reports it
 	}
 	before := len(*v)
-	ip, ok := unicast(v, b.Ip, field+".ip")
-	if ok {
-		b.Ip = canonical(ip, b.Ip)
-		// Without a valid VIP the family is unknown; the VIP violation says enough.
-		if (ctx.has4 || ctx.has6) && (ip.Is4() && !ctx.has4 || ip.Is6() && !ctx.has6) {
-			v.add(field+".ip", "%s is %s, but the service has no VIP of that family", ip, family(ip))
-		}
-	}
-	var ports map[string]uint16
-	// Sorted, so that the same input always gives the same violations.
-	var names []string
-	if len(b.Ports) > 0 {
-		names = slices.Sorted(maps.Keys(b.Ports))
-	}
-	for _, name := range names {
-		port := b.Ports[name]
-		f := fmt.Sprintf("%s.ports[%q]", field, name)
-		if !ctx.names(name) {
-			switch {
-			case name != "":
-				v.add(f, "names no port of the service")
-			case len(ctx.ports) == 1:
-				v.add(f, "the empty name stands for a service's only port when that port has no name, but this service's port is named %q", ctx.ports[0].Name)
-			default:
-				v.add(f, "the empty name stands for a service's only port when that port has no name, but this service has %d ports", len(ctx.ports))
-			}
-			continue
-		}
-		if port == 0 || port > 65535 {
-			v.add(f, "%d is out of range; 1 to 65535 are allowed", port)
-			continue
-		}
-		if ports == nil {
-			ports = map[string]uint16{}
-		}
-		ports[name] = uint16(port)
-	}
-	if b.State == vipdv1.BackendState_BACKEND_STATE_UNSPECIFIED {
-		b.State = vipdv1.BackendState_BACKEND_STATE_READY
-	}
-	state, known := backendStates[b.State]
-	if !known {
-		v.add(field+".state", "%d is not a known backend state", b.State)
-	}
-	if b.Weight == 0 {
-		b.Weight = 1
-	}
-	if b.Weight > MaxWeight {
-		v.add(field+".weight", "%d is out of range; 1 to %d are allowed, or 0 for 1", b.Weight, MaxWeight)
-	}
+	unicast(v, b.Ip, field+".ip")
 	if len(b.Zone) > MaxZoneLength {
 		v.add(field+".zone", "is %d characters long; at most %d are allowed", len(b.Zone), MaxZoneLength)
 	} else if hasControl(b.Zone) {
 		v.add(field+".zone", "%q has control characters", b.Zone)
 	}
-	if len(*v) > before {
-		return dataplane.Backend{}, false
-	}
-	return dataplane.Backend{IP: ip, Ports: ports, OnlyNamedPorts: b.OnlyNamedPorts, State: state, Weight: uint16(b.Weight),
-		NodeLocal: b.NodeLocal, Zone: b.Zone}, true
+	return len(*v) == before
 }
 
-func family(a netip.Addr) string {
-	if a.Is4() {
-		return "IPv4"
+// affinityPolicy checks the session affinity's timeout.
+func affinityPolicy(v *Violations, in *vipdv1.Service, field string) {
+	a := in.SessionAffinity
+	if a == nil {
+		return
 	}
-	return "IPv6"
-}
-
-func affinity(v *Violations, out *vipdv1.Service, field string) dataplane.SessionAffinity {
-	if out.SessionAffinity == nil {
-		out.SessionAffinity = &vipdv1.SessionAffinityConfig{}
-	}
-	a := out.SessionAffinity
-	f := field + ".session_affinity"
+	f := field + ".session_affinity.timeout_seconds"
 	switch a.Mode {
 	case vipdv1.SessionAffinity_SESSION_AFFINITY_UNSPECIFIED, vipdv1.SessionAffinity_SESSION_AFFINITY_NONE:
-		a.Mode = vipdv1.SessionAffinity_SESSION_AFFINITY_NONE
 		if a.TimeoutSeconds != 0 {
-			v.add(f+".timeout_seconds", "may be set only with SESSION_AFFINITY_CLIENT_IP")
+			v.add(f, "may be set only with SESSION_AFFINITY_CLIENT_IP")
 		}
-		return dataplane.SessionAffinity{}
 	case vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP:
-		if a.TimeoutSeconds == 0 {
-			a.TimeoutSeconds = DefaultAffinityTimeout
-		}
 		if a.TimeoutSeconds > MaxAffinityTimeout {
-			v.add(f+".timeout_seconds", "%d is out of range; 1 to %d are allowed, or 0 for %d", a.TimeoutSeconds, MaxAffinityTimeout, DefaultAffinityTimeout)
+			v.add(f, "%d is out of range; 1 to %d are allowed, or 0 for %d", a.TimeoutSeconds, MaxAffinityTimeout, DefaultAffinityTimeout)
 		}
-		return dataplane.SessionAffinity{ClientIP: true, Timeout: time.Duration(a.TimeoutSeconds) * time.Second}
-	default:
-		v.add(f+".mode", "%d is not a known session affinity mode", a.Mode)
-		return dataplane.SessionAffinity{}
 	}
-}
-
-func trafficPolicy(v *Violations, out *vipdv1.Service, field string) dataplane.TrafficPolicy {
-	switch out.InternalTrafficPolicy {
-	case vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED, vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER:
-		out.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER
-		return dataplane.TrafficPolicyCluster
-	case vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL:
-		return dataplane.TrafficPolicyLocal
-	}
-	v.add(field+".internal_traffic_policy", "%d is not a known traffic policy", out.InternalTrafficPolicy)
-	return 0
-}
-
-func loadBalancing(v *Violations, out *vipdv1.Service, field string) dataplane.LoadBalancing {
-	switch out.LoadBalancing {
-	case vipdv1.LoadBalancing_LOAD_BALANCING_UNSPECIFIED, vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM:
-		out.LoadBalancing = vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM
-		return dataplane.LoadBalancingRandom
-	case vipdv1.LoadBalancing_LOAD_BALANCING_MAGLEV:
-		return dataplane.LoadBalancingMaglev
-	}
-	v.add(field+".load_balancing", "%d is not a known load-balancing algorithm", out.LoadBalancing)
-	return 0
 }
 
 func labels(v *Violations, out *vipdv1.Service, field string) {
