@@ -196,9 +196,13 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	}
 	updates := Payload(old, next, false, nil)
 	var hooksAdded [2][]string
-	if full {
-		for f := range updates {
-			updates[f].Restore, hooksAdded[f] = withHooks(updates[f].Restore, Family(f), saves[Family(f)])
+	for f := range updates {
+		u := &updates[f]
+		if d.cfg.Mode == ModeNFT && u.ChainsRewritten >= bulkChains {
+			u.Restore = withChainListFetch(u.Restore)
+		}
+		if full {
+			u.Restore, hooksAdded[f] = withHooks(u.Restore, u.Family, saves[u.Family])
 		}
 	}
 
@@ -208,11 +212,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		if u.Restore == nil {
 			continue
 		}
-		payload := u.Restore
-		if d.cfg.Mode == ModeNFT && u.ChainsRewritten >= bulkChains {
-			payload = withChainListFetch(payload)
-		}
-		if err := d.run.restore(ctx, u.Family, payload); err != nil {
+		if err := d.run.restore(ctx, u.Family, u.Restore); err != nil {
 			d.rollback(ctx, done, next, old)
 			return fmt.Errorf("apply %s rules: %w", u.Family, err)
 		}
@@ -310,32 +310,48 @@ func (d *Dataplane) logFullSync(updates []Update, hooksAdded [2][]string) {
 	}
 }
 
-// withHooks adds to a payload the hook rules that save lacks, each at the top
-// of its builtin chain, after the chains it jumps to exist. It also returns
-// the hooks it adds, as "nat PREROUTING -> VIPD-SERVICES".
+// withHooks adds to a payload the hook rules that save lacks, each inserted
+// at the top of its builtin chain. It also returns the hooks it adds, as
+// "nat PREROUTING -> VIPD-SERVICES".
+//
+// The hooks go first in their table's section, after declarations of the
+// chains they jump to that the section declares (creates or rewrites)
+// anyway; those it does not declare exist already. They must come before a
+// leading -S (withChainListFetch): in a table that does not exist yet, the
+// listing makes iptables-nft 1.8.9 cache builtin chains that are not there,
+// and a hook inserted after it fails with "RULE_INSERT failed (No such file
+// or directory)". A chain declared twice is flushed twice, in one
+// transaction.
 func withHooks(payload []byte, f Family, save []byte) ([]byte, []string) {
 	present := lineSet(save)
 	text := string(payload)
 	var added []string
 	for _, t := range tables {
-		var insert strings.Builder
+		header := "*" + string(t) + "\n"
+		section := ""
+		if i := strings.Index(text, header); i >= 0 {
+			section = text[i : i+strings.Index(text[i:], "COMMIT\n")]
+		}
+		var declare, insert strings.Builder
 		for _, h := range Hooks(f) {
-			if h.Table == t && !present[hookLine("-A", h)] {
-				insert.WriteString(hookLine("-I", h) + "\n")
-				added = append(added, string(h.Table)+" "+h.Chain+" -> "+h.Target())
+			if h.Table != t || present[hookLine("-A", h)] {
+				continue
 			}
+			decl := ":" + h.Target() + " - [0:0]\n"
+			if strings.Contains(section, "\n"+decl) && !strings.Contains(declare.String(), decl) {
+				declare.WriteString(decl)
+			}
+			insert.WriteString(hookLine("-I", h) + "\n")
+			added = append(added, string(h.Table)+" "+h.Chain+" -> "+h.Target())
 		}
 		if insert.Len() == 0 {
 			continue
 		}
-		header := "*" + string(t) + "\n"
-		i := strings.Index(text, header)
-		if i < 0 {
+		if section == "" {
 			text += header + insert.String() + "COMMIT\n"
 			continue
 		}
-		end := i + strings.Index(text[i:], "COMMIT\n")
-		text = text[:end] + insert.String() + text[end:]
+		text = strings.Replace(text, header, header+declare.String()+insert.String(), 1)
 	}
 	if text == "" {
 		return nil, nil
