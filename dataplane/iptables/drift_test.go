@@ -173,6 +173,26 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 			}
 			repair("VIPD-SERVICES flushed")
 			works("VIPD-SERVICES repaired", "tcp", "udp", "tcp6")
+
+			if mode != iptables.ModeNFT {
+				return
+			}
+			// `nft flush ruleset`: every table gone, builtin chains too.
+			nftFlushRuleset(t, node)
+			fails("ruleset flushed", "tcp", "udp", "tcp6")
+			kinds := map[string]int{}
+			for _, d := range detect() {
+				kinds[d.What]++
+			}
+			// Per family: two canaries, six hooks, three hook targets.
+			if diff := cmp.Diff(map[string]int{"canary": 4, "hook": 12, "chain": 6}, kinds); diff != "" {
+				t.Fatalf("ruleset flushed: drift kinds (-want +got):\n%s", diff)
+			}
+			repair("ruleset flushed")
+			works("ruleset repaired", "tcp", "udp", "tcp6")
+			if !refused() {
+				t.Fatal("the backendless IPv6 service does not refuse after the ruleset was repaired")
+			}
 		})
 	}
 }

@@ -128,3 +128,40 @@ func nftTables(t *testing.T, node *netlab.Node) []string {
 	}
 	return tables
 }
+
+// nftFlushRuleset deletes every nf_tables table in node, as `nft flush
+// ruleset` does: one batch with a table delete that names no table and no
+// family.
+func nftFlushRuleset(t *testing.T, node *netlab.Node) {
+	t.Helper()
+	ns, err := netns.GetFromPath(node.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// struct nfgenmsg; batch messages carry the subsystem in res_id.
+	batch := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
+	msgs := []netlink.Message{
+		{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request}, Data: batch},
+		{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_DELTABLE), Flags: netlink.Request | netlink.Acknowledge},
+			Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+		},
+		{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_END, Flags: netlink.Request}, Data: batch},
+	}
+	sent, err := c.SendMessages(msgs)
+	if err != nil {
+		t.Fatalf("flush nf_tables ruleset: %v", err)
+	}
+	if _, err := c.Receive(); err != nil {
+		t.Fatalf("flush nf_tables ruleset: %v (request %d)", err, sent[1].Header.Sequence)
+	}
+	if left := nftTables(t, node); len(left) > 0 {
+		t.Fatalf("tables left after flushing the ruleset: %v", left)
+	}
+}
