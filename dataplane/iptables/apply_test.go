@@ -3,6 +3,7 @@ package iptables_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -203,4 +204,40 @@ func stripCounters(save string) string {
 		b.WriteString(line)
 	}
 	return b.String()
+}
+
+// TestBulkApplyInFreshNode loads more chains at once than bulkChains, the
+// size from which an nft-mode restore first lists the table's chains, into
+// a node whose nat table does not exist yet (a fresh node, or one after `nft
+// flush ruleset`): the hooks must be installed with everything else.
+func TestBulkApplyInFreshNode(t *testing.T) {
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
+	node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
+	if _, err := web1.StartEcho("web1", 7000); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeNFT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	svcs := []*dataplane.Service{service("web", "198.19.0.10", 80, web1.IPv4())}
+	for i := range 1200 {
+		vip := netip.AddrFrom4([4]byte{198, 19, byte(1 + i/250), byte(1 + i%250)})
+		svcs = append(svcs, service(fmt.Sprintf("filler-%d", i), vip.String(), 80, netip.MustParseAddr("198.18.9.9")))
+	}
+	if err := dp.Apply(ctx, state(nil, svcs...)); err != nil {
+		t.Fatal(err)
+	}
+	if st := dp.LastSync(); st.ChainsRewritten < 1000 {
+		t.Fatalf("the apply rewrote %d chains; the test needs a bulk load", st.ChainsRewritten)
+	}
+	if r, err := client.Request(ctx, "tcp", "198.19.0.10:80"); err != nil || r.Backend != "web1" {
+		t.Fatalf("request through the VIP: %+v %v", r, err)
+	}
+	if drift, err := dp.DetectDrift(ctx); err != nil || drift != nil {
+		t.Fatalf("drift after a bulk apply: %v %v", drift, err)
+	}
 }

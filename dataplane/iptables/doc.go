@@ -8,8 +8,9 @@
 // runs iptables-restore/ip6tables-restore, installs the Hooks and deletes
 // conntrack entries is a thin layer on top of these functions, and so are
 // the flow source (flows.go: conntrack events and dumps of the connections
-// that carry FlowMark, filtered by the kernel) and the explainer
-// (explain.go: the xt_recent affinity lists).
+// that carry FlowMark, filtered by the kernel), the explainer (explain.go:
+// the xt_recent affinity lists) and the drift detector (drift.go: one
+// `iptables -S` per canary, hooked builtin chain and hook target).
 //
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //
@@ -27,6 +28,8 @@
 //	filter INPUT, FORWARD, OUTPUT (ctstate NEW) -> VIPD-REJECT
 //	                                              prefix trie (VIPD-R4-*/VIPD-R6-*) over
 //	                                              ports of services without backends
+//	nat, filter       VIPD-CANARY                 empty, nothing jumps to it: its loss
+//	                                              shows DetectDrift a flushed table
 //
 // Chains are what iptables-nft-restore pays for, more than rules, so a
 // service costs one chain per port and family unless it needs affinity.

@@ -3,9 +3,14 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
 	"strings"
+
+	"github.com/vipd/vipd/internal/nsdo"
 )
 
 // Mode is the iptables backend: the nf_tables-based binaries or the legacy
@@ -35,6 +40,15 @@ func (m Mode) tool(f Family, kind string) string {
 		prefix = "ip6tables"
 	}
 	return fmt.Sprintf("%s-%s-%s", prefix, m, kind)
+}
+
+// command names the binary of a mode and family that runs one command, such
+// as iptables-nft or ip6tables-legacy.
+func (m Mode) command(f Family) string {
+	if f == IPv6 {
+		return "ip6tables-" + string(m)
+	}
+	return "iptables-" + string(m)
 }
 
 // runner runs the iptables tools inside one network namespace.
@@ -71,6 +85,63 @@ func (r runner) save(ctx context.Context, f Family) ([]byte, error) {
 // saveTable returns iptables-save output of one table of family f.
 func (r runner) saveTable(ctx context.Context, f Family, table string) ([]byte, error) {
 	return r.run(ctx, nil, r.mode.tool(f, "save"), "-t", table)
+}
+
+// listChain returns the rules of one chain of table t in family f, each as
+// iptables-save prints what follows "-A <chain> ", and whether the chain
+// exists. It asks for that chain alone (`iptables -S <chain>`), which
+// iptables-nft reads without the rest of the table, so its cost does not
+// grow with the number of services.
+func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) (rules []string, exists bool, err error) {
+	out, err := r.run(ctx, nil, r.mode.command(f), "--wait", "-t", string(t), "-S", chain)
+	if err != nil {
+		var e *execError
+		if errors.As(err, &e) && noSuchChain(e.stderr) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	prefix := "-A " + chain + " "
+	for line := range strings.Lines(string(out)) {
+		if rule, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), prefix); ok {
+			rules = append(rules, rule)
+		}
+	}
+	return rules, true, nil
+}
+
+// noSuchChain tells from an iptables command's stderr that the chain it
+// named does not exist. iptables-nft 1.8.9 calls a missing chain
+// "incompatible"; legacy and later versions say "No chain/target/match".
+func noSuchChain(stderr string) bool {
+	return strings.Contains(stderr, "No chain/target/match by that name") ||
+		strings.Contains(stderr, "is incompatible, use 'nft' tool")
+}
+
+// legacyTables lists the x_tables tables of family f that exist in the
+// namespace, from /proc/net/ip_tables_names (ip6_tables_names), without
+// touching them: x_tables creates a table in a namespace the first time a
+// tool asks for it by name, even to list it.
+func (r runner) legacyTables(f Family) ([]string, error) {
+	// thread-self: /proc/self/net shows the main thread's namespace, not
+	// the one this thread entered.
+	path := "/proc/thread-self/net/ip_tables_names"
+	if f == IPv6 {
+		path = "/proc/thread-self/net/ip6_tables_names"
+	}
+	var names []byte
+	err := nsdo.Do(r.netns, func() error {
+		var err error
+		names, err = os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // the module is not loaded: no tables
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list legacy %s tables: %w", f, err)
+	}
+	return strings.Fields(string(names)), nil
 }
 
 // restore feeds payload to iptables-restore --noflush for family f.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -103,9 +104,12 @@ func (d *Dataplane) enableFlowAccounting() {
 // always keeps its reject chain: the nat table can hold millions of rules,
 // and iptables-nft-save 1.8.9 crashes on some of those (it did on 100,000
 // services × 10 backends), which must not make auto pick the wrong mode.
+//
+// Neither creates a table: the mode not chosen must be left as it was
+// found (see filterSave).
 func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode) (Mode, error) {
 	works := func(m Mode) ([]byte, error) {
-		return runner{netns: netns, mode: m}.saveTable(ctx, IPv4, string(Filter))
+		return runner{netns: netns, mode: m}.filterSave(ctx)
 	}
 	if want != ModeAuto {
 		if _, err := works(want); err != nil {
@@ -131,6 +135,25 @@ func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode)
 	}
 	log.Info("iptables mode chosen", "mode", usable[0], "usable", usable)
 	return usable[0], nil
+}
+
+// filterSave returns iptables-save output of the IPv4 filter table, and
+// fails when the mode's tools do not work. It creates nothing:
+// iptables-nft-save only reads, but iptables-legacy-save -t filter would
+// create an empty legacy filter table, so in legacy mode a filter table the
+// namespace lacks reads as empty, after a check that the tool runs.
+func (r runner) filterSave(ctx context.Context) ([]byte, error) {
+	if r.mode == ModeLegacy {
+		names, err := r.legacyTables(IPv4)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(names, string(Filter)) {
+			_, err := r.run(ctx, nil, r.mode.tool(IPv4, "save"), "--version")
+			return nil, err
+		}
+	}
+	return r.saveTable(ctx, IPv4, string(Filter))
 }
 
 // Name implements dataplane.Dataplane.
@@ -172,9 +195,14 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		old = RulesetFromSave(saves)
 	}
 	updates := Payload(old, next, false, nil)
-	if full {
-		for f := range updates {
-			updates[f].Restore = withHooks(updates[f].Restore, Family(f), saves[Family(f)])
+	var hooksAdded [2][]string
+	for f := range updates {
+		u := &updates[f]
+		if d.cfg.Mode == ModeNFT && u.ChainsRewritten >= bulkChains {
+			u.Restore = withChainListFetch(u.Restore)
+		}
+		if full {
+			u.Restore, hooksAdded[f] = withHooks(u.Restore, u.Family, saves[u.Family])
 		}
 	}
 
@@ -184,11 +212,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		if u.Restore == nil {
 			continue
 		}
-		payload := u.Restore
-		if d.cfg.Mode == ModeNFT && u.ChainsRewritten >= bulkChains {
-			payload = withChainListFetch(payload)
-		}
-		if err := d.run.restore(ctx, u.Family, payload); err != nil {
+		if err := d.run.restore(ctx, u.Family, u.Restore); err != nil {
 			d.rollback(ctx, done, next, old)
 			return fmt.Errorf("apply %s rules: %w", u.Family, err)
 		}
@@ -204,6 +228,9 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.applied, d.state, d.needFull = next, svcs, false
 	d.last = SyncStats{Stats: stats, Full: full}
 	d.enableFlowAccounting()
+	if full {
+		d.logFullSync(updates, hooksAdded)
+	}
 	d.log.Debug("applied", "full", full, "services", len(svcs), "chains_rewritten", stats.ChainsRewritten,
 		"rules_written", stats.RulesWritten, "chains_deleted", stats.ChainsDeleted, "elapsed", time.Since(start))
 	return nil
@@ -254,34 +281,82 @@ func (d *Dataplane) saveAll(ctx context.Context) (map[Family][]byte, error) {
 	return saves, nil
 }
 
-// withHooks adds to a payload the hook rules that save lacks, each at the top
-// of its builtin chain, after the chains it jumps to exist.
-func withHooks(payload []byte, f Family, save []byte) []byte {
+// maxLoggedChains is the most chain names a full sync's log line lists.
+const maxLoggedChains = 10
+
+// logFullSync logs, at INFO and per family, what a successful full sync
+// changed: a full sync that finds the kernel as it should be logs nothing,
+// so each line is news (a restart with changes, or repaired drift).
+func (d *Dataplane) logFullSync(updates []Update, hooksAdded [2][]string) {
+	for _, u := range updates {
+		if u.Restore == nil {
+			continue
+		}
+		args := []any{"family", u.Family, "chains_rewritten", u.ChainsRewritten, "rules_written", u.RulesWritten,
+			"chains_deleted", u.ChainsDeleted}
+		if hooks := hooksAdded[u.Family]; len(hooks) > 0 {
+			args = append(args, "hooks_added", hooks)
+		}
+		var names []string
+		for i, t := range tables {
+			for _, c := range slices.Concat(u.Rewritten[i], u.Deleted[i]) {
+				names = append(names, string(t)+" "+c)
+			}
+		}
+		if len(names) <= maxLoggedChains {
+			args = append(args, "chains", names)
+		}
+		d.log.Info("full sync changed the rules", args...)
+	}
+}
+
+// withHooks adds to a payload the hook rules that save lacks, each inserted
+// at the top of its builtin chain. It also returns the hooks it adds, as
+// "nat PREROUTING -> VIPD-SERVICES".
+//
+// The hooks go first in their table's section, after declarations of the
+// chains they jump to that the section declares (creates or rewrites)
+// anyway; those it does not declare exist already. They must come before a
+// leading -S (withChainListFetch): in a table that does not exist yet, the
+// listing makes iptables-nft 1.8.9 cache builtin chains that are not there,
+// and a hook inserted after it fails with "RULE_INSERT failed (No such file
+// or directory)". A chain declared twice is flushed twice, in one
+// transaction.
+func withHooks(payload []byte, f Family, save []byte) ([]byte, []string) {
 	present := lineSet(save)
 	text := string(payload)
+	var added []string
 	for _, t := range tables {
-		var insert strings.Builder
+		header := "*" + string(t) + "\n"
+		section := ""
+		if i := strings.Index(text, header); i >= 0 {
+			section = text[i : i+strings.Index(text[i:], "COMMIT\n")]
+		}
+		var declare, insert strings.Builder
 		for _, h := range Hooks(f) {
-			if h.Table == t && !present[hookLine("-A", h)] {
-				insert.WriteString(hookLine("-I", h) + "\n")
+			if h.Table != t || present[hookLine("-A", h)] {
+				continue
 			}
+			decl := ":" + h.Target() + " - [0:0]\n"
+			if strings.Contains(section, "\n"+decl) && !strings.Contains(declare.String(), decl) {
+				declare.WriteString(decl)
+			}
+			insert.WriteString(hookLine("-I", h) + "\n")
+			added = append(added, string(h.Table)+" "+h.Chain+" -> "+h.Target())
 		}
 		if insert.Len() == 0 {
 			continue
 		}
-		header := "*" + string(t) + "\n"
-		i := strings.Index(text, header)
-		if i < 0 {
+		if section == "" {
 			text += header + insert.String() + "COMMIT\n"
 			continue
 		}
-		end := i + strings.Index(text[i:], "COMMIT\n")
-		text = text[:end] + insert.String() + text[end:]
+		text = strings.Replace(text, header, header+declare.String()+insert.String(), 1)
 	}
 	if text == "" {
-		return nil
+		return nil, nil
 	}
-	return []byte(text)
+	return []byte(text), added
 }
 
 func lineSet(save []byte) map[string]bool {
@@ -293,18 +368,23 @@ func lineSet(save []byte) map[string]bool {
 }
 
 // hookLine is h as an iptables-save line for op (-A, -D or -I, which inserts
-// at the top), quoted the way iptables-save prints it, such as
+// at the top), such as
 // `-A PREROUTING -m comment --comment "vipd service VIPs" -j VIPD-SERVICES`.
 func hookLine(op string, h HookRule) string {
-	parts := []string{op, h.Chain}
 	if op == "-I" {
-		parts = append(parts, "1")
+		return op + " " + h.Chain + " 1 " + h.rule()
 	}
-	for _, a := range h.Args {
+	return op + " " + h.Chain + " " + h.rule()
+}
+
+// rule is h's rule specification quoted the way iptables-save prints it.
+func (h HookRule) rule() string {
+	parts := make([]string, len(h.Args))
+	for i, a := range h.Args {
 		if strings.ContainsAny(a, " \t") {
 			a = `"` + a + `"`
 		}
-		parts = append(parts, a)
+		parts[i] = a
 	}
 	return strings.Join(parts, " ")
 }

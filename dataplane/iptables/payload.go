@@ -25,6 +25,9 @@ type Update struct {
 	// the family needs no change, and the restore can be skipped.
 	Restore []byte
 	Stats
+	// Rewritten and Deleted name the chains the payload rewrites and
+	// deletes, sorted, indexed like tables (nat, then filter).
+	Rewritten, Deleted [2][]string
 }
 
 // ExistingChains lists the vipd chains that one family's tables hold in the
@@ -104,6 +107,7 @@ func Payload(old, next *Ruleset, full bool, existing map[Family]ExistingChains) 
 			st.ChainsRewritten += len(rewrite[i])
 			st.ChainsDeleted += len(del[i])
 		}
+		out[f].Rewritten, out[f].Deleted = rewrite, del
 		out[f].Restore = b.Bytes()
 	}
 	return out

@@ -357,8 +357,9 @@ COMMIT
 	if diff := cmp.Diff(map[Table][]string(existing), deleted); diff != "" {
 		t.Errorf("cleanup deleted (-want +got):\n%s", diff)
 	}
-	// Full mode writes IPv6 too, even without IPv6 services: the base chains.
-	if u[IPv6].Restore == nil || u[IPv6].ChainsRewritten != 4 {
+	// Full mode writes IPv6 too, even without IPv6 services: the base
+	// chains and the canaries.
+	if u[IPv6].Restore == nil || u[IPv6].ChainsRewritten != 6 {
 		t.Errorf("IPv6: %+v", u[IPv6])
 	}
 }

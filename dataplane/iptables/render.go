@@ -88,6 +88,11 @@ const (
 	chainReject      = "VIPD-REJECT"
 	chainPostrouting = "VIPD-POSTROUTING"
 	chainHairpin     = "VIPD-HAIRPIN"
+	// chainCanary is an empty chain in every table and family vipd writes
+	// to. Nothing jumps to it: it only tells DetectDrift that the table still
+	// holds vipd's chains, as kube-proxy's KUBE-PROXY-CANARY does. A firewall
+	// reload that deletes foreign chains deletes it too.
+	chainCanary = "VIPD-CANARY"
 )
 
 // FlowMark is the connmark bit that vipd sets on every connection it DNATs
@@ -141,9 +146,10 @@ func Capabilities() dataplane.Capabilities {
 }
 
 // HookRule is a rule in a builtin chain that sends packets into vipd's chains.
-// The applier ensures each one, for both families, at the top of its chain
-// (`-C`, else `-I <Chain> 1`) after the first restore has created the vipd
-// chains, and removes them before it deletes the chains.
+// Every full sync inserts the ones missing, for both families, at the top of
+// their chains, in the restore that creates the chains they jump to;
+// DetectDrift looks for each one; Cleanup removes them before it deletes
+// the chains.
 type HookRule struct {
 	Table Table
 	// Chain is the builtin chain, such as PREROUTING.
@@ -151,6 +157,9 @@ type HookRule struct {
 	// Args is the rule specification as separate arguments, ready for exec.
 	Args []string
 }
+
+// Target is the vipd chain that h jumps to.
+func (h HookRule) Target() string { return h.Args[len(h.Args)-1] }
 
 // Hooks lists the hook rules of family f. They are the same for both
 // families today.
@@ -315,6 +324,9 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		// Rules are spelled the way iptables-save prints them, so that a sync
 		// after a restart finds them equal and leaves them alone.
 		r.add(f, NAT, chainPostrouting, "-m conntrack --ctstate DNAT -j "+chainHairpin)
+		for _, t := range tables {
+			r.add(f, t, chainCanary)
+		}
 	}
 	return r, nil
 }

@@ -1,0 +1,95 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// DetectDrift implements dataplane.DriftDetector. In each family and table
+// it checks that:
+//
+//   - the canary chain VIPD-CANARY exists (What "canary"): a firewall reload
+//     or `iptables -t nat -X` deletes it with every other chain;
+//   - each hook rule is still in its builtin chain (What "hook"): `iptables
+//     -t nat -F PREROUTING` removes the jumps and leaves the chains;
+//   - each chain a hook jumps to exists and holds the rules last applied
+//     (What "chain"): `iptables -t nat -F VIPD-SERVICES` empties one.
+//
+// It lists only those chains, one `iptables -S <chain>` each (eleven per
+// family), and never the whole table, so its cost does not grow with the
+// number of services. The chains below the hook targets (tries, services,
+// backends) are not checked; a full Apply rewrites any of them that differ.
+// Before the first successful Apply there is nothing to check and it
+// returns nil.
+func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.applied == nil {
+		return nil, nil
+	}
+	var found []dataplane.Drift
+	for _, f := range families {
+		for _, t := range tables {
+			drift, err := d.tableDrift(ctx, f, t)
+			if err != nil {
+				return nil, fmt.Errorf("detect %s %s drift: %w", f, t, err)
+			}
+			found = append(found, drift...)
+		}
+	}
+	return found, nil
+}
+
+// tableDrift checks the canary, hooks and hook targets of one table.
+func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]dataplane.Drift, error) {
+	var found []dataplane.Drift
+	report := func(what, chain, format string, args ...any) {
+		found = append(found, dataplane.Drift{What: what, Detail: fmt.Sprintf("%s %s %s: ", f, t, chain) + fmt.Sprintf(format, args...)})
+	}
+	if _, ok, err := d.run.listChain(ctx, f, t, chainCanary); err != nil {
+		return nil, err
+	} else if !ok {
+		report("canary", chainCanary, "missing")
+	}
+
+	var builtins, targets []string
+	for _, h := range Hooks(f) {
+		if h.Table != t {
+			continue
+		}
+		if !slices.Contains(builtins, h.Chain) {
+			builtins = append(builtins, h.Chain)
+		}
+		if !slices.Contains(targets, h.Target()) {
+			targets = append(targets, h.Target())
+		}
+	}
+	for _, builtin := range builtins {
+		rules, _, err := d.run.listChain(ctx, f, t, builtin)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range Hooks(f) {
+			if h.Table == t && h.Chain == builtin && !slices.Contains(rules, h.rule()) {
+				report("hook", builtin, "no jump to %s", h.Target())
+			}
+		}
+	}
+	for _, chain := range targets {
+		rules, ok, err := d.run.listChain(ctx, f, t, chain)
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			report("chain", chain, "missing")
+		case !slices.Equal(rules, d.applied.Rules(f, t, chain)):
+			report("chain", chain, "rules differ from those applied (%d found, %d applied)", len(rules), len(d.applied.Rules(f, t, chain)))
+		}
+	}
+	return found, nil
+}
+
+var _ dataplane.DriftDetector = (*Dataplane)(nil)

@@ -1,0 +1,198 @@
+package iptables_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/netlab"
+)
+
+// TestDriftDetectedAndRepaired breaks vipd's rules the way other tools do,
+// inside a lab node, and checks with real traffic that DetectDrift names
+// each loss and that a full Apply repairs it and says so in the log.
+func TestDriftDetectedAndRepaired(t *testing.T) {
+	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
+		t.Run(string(mode), func(t *testing.T) {
+			lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
+			node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
+			if _, err := web1.StartEcho("web1", 7000); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var logs bytes.Buffer
+			log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})
+			dp, err := iptables.New(ctx, log, iptables.Config{NetNS: node.Path(), Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dp.Close()
+
+			web := service("web", "198.19.0.10", 80, web1.IPv4())
+			dns := service("dns", "198.19.0.13", 53, web1.IPv4())
+			dns.Ports[0].Protocol = dataplane.UDP
+			v6 := service("v6", "fd00:198:ff::10", 80, web1.IPv6())
+			empty6 := service("empty6", "fd00:198:ff::11", 80)
+			all := state(nil, web, dns, v6, empty6)
+			if err := dp.Apply(ctx, all); err != nil {
+				t.Fatal(err)
+			}
+			traffic := map[string][2]string{ // name: network, address
+				"tcp": {"tcp", "198.19.0.10:80"}, "udp": {"udp", "198.19.0.13:53"}, "tcp6": {"tcp", "[fd00:198:ff::10]:80"},
+			}
+			works := func(what string, names ...string) {
+				t.Helper()
+				for _, n := range names {
+					if r, err := client.Request(ctx, traffic[n][0], traffic[n][1]); err != nil || r.Backend != "web1" {
+						t.Fatalf("%s: %s request to %s: %+v %v", what, n, traffic[n][1], r, err)
+					}
+				}
+			}
+			fails := func(what string, names ...string) {
+				t.Helper()
+				for _, n := range names {
+					rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					r, err := client.Request(rctx, traffic[n][0], traffic[n][1])
+					cancel()
+					if err == nil {
+						t.Fatalf("%s: %s request to %s reached %s", what, n, traffic[n][1], r.Backend)
+					}
+				}
+			}
+			refused := func() bool {
+				_, err := client.Request(ctx, "tcp", "[fd00:198:ff::11]:80")
+				return errors.Is(err, syscall.ECONNREFUSED)
+			}
+			detect := func() []dataplane.Drift {
+				t.Helper()
+				drift, err := dp.DetectDrift(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return drift
+			}
+			repair := func(what string) string {
+				t.Helper()
+				logs.Reset()
+				if err := dp.Apply(ctx, all); err != nil {
+					t.Fatalf("full apply after %s: %v", what, err)
+				}
+				if drift := detect(); drift != nil {
+					t.Fatalf("after %s and a full apply: drift %v", what, drift)
+				}
+				return logs.String()
+			}
+			run := func(cmd string, args ...string) {
+				t.Helper()
+				if _, err := node.Exec(ctx, cmd+"-"+string(mode), args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			works("after the first apply", "tcp", "udp", "tcp6")
+			if drift := detect(); drift != nil {
+				t.Fatalf("drift right after a full apply: %v", drift)
+			}
+			if log := repair("nothing"); strings.Contains(log, "[INFO]") {
+				t.Errorf("a full apply that changed nothing logged at INFO:\n%s", log)
+			}
+
+			// The issue's reproduction: a firewall reload flushes PREROUTING.
+			run("iptables", "-t", "nat", "-F", "PREROUTING")
+			fails("PREROUTING flushed", "tcp", "udp")
+			want := []dataplane.Drift{{What: "hook", Detail: "ipv4 nat PREROUTING: no jump to VIPD-SERVICES"}}
+			if diff := cmp.Diff(want, detect()); diff != "" {
+				t.Fatalf("PREROUTING flushed: drift (-want +got):\n%s", diff)
+			}
+			if log := repair("PREROUTING flushed"); !strings.Contains(log, "[INFO]  full sync changed the rules: family=ipv4") ||
+				!strings.Contains(log, `hooks_added=["nat PREROUTING -> VIPD-SERVICES"]`) {
+				t.Errorf("the repair of PREROUTING logged no INFO line naming the hook:\n%s", log)
+			}
+			works("PREROUTING repaired", "tcp", "udp", "tcp6")
+
+			// The same in IPv6.
+			run("ip6tables", "-t", "nat", "-F", "PREROUTING")
+			fails("IPv6 PREROUTING flushed", "tcp6")
+			want = []dataplane.Drift{{What: "hook", Detail: "ipv6 nat PREROUTING: no jump to VIPD-SERVICES"}}
+			if diff := cmp.Diff(want, detect()); diff != "" {
+				t.Fatalf("IPv6 PREROUTING flushed: drift (-want +got):\n%s", diff)
+			}
+			repair("IPv6 PREROUTING flushed")
+			works("IPv6 PREROUTING repaired", "tcp", "udp", "tcp6")
+
+			// A canary deleted on its own: nothing else is lost.
+			run("iptables", "-t", "nat", "-X", "VIPD-CANARY")
+			want = []dataplane.Drift{{What: "canary", Detail: "ipv4 nat VIPD-CANARY: missing"}}
+			if diff := cmp.Diff(want, detect()); diff != "" {
+				t.Fatalf("canary deleted: drift (-want +got):\n%s", diff)
+			}
+			if log := repair("canary deleted"); !strings.Contains(log, `chains=["nat VIPD-CANARY"]`) {
+				t.Errorf("the repair of the canary logged no INFO line naming it:\n%s", log)
+			}
+
+			// A whole table flushed and its chains deleted (firewalld): the
+			// backendless IPv6 service is no longer refused.
+			if !refused() {
+				t.Fatal("the backendless IPv6 service does not refuse")
+			}
+			run("ip6tables", "-t", "filter", "-F")
+			run("ip6tables", "-t", "filter", "-X")
+			if refused() {
+				t.Fatal("the backendless IPv6 service still refuses after the filter table was flushed")
+			}
+			want = []dataplane.Drift{
+				{What: "canary", Detail: "ipv6 filter VIPD-CANARY: missing"},
+				{What: "hook", Detail: "ipv6 filter INPUT: no jump to VIPD-REJECT"},
+				{What: "hook", Detail: "ipv6 filter FORWARD: no jump to VIPD-REJECT"},
+				{What: "hook", Detail: "ipv6 filter OUTPUT: no jump to VIPD-REJECT"},
+				{What: "chain", Detail: "ipv6 filter VIPD-REJECT: missing"},
+			}
+			if diff := cmp.Diff(want, detect()); diff != "" {
+				t.Fatalf("IPv6 filter flushed: drift (-want +got):\n%s", diff)
+			}
+			repair("IPv6 filter flushed")
+			if !refused() {
+				t.Fatal("the backendless IPv6 service does not refuse after the repair")
+			}
+
+			// A hook target flushed: the hooks are there, the rules are not.
+			run("iptables", "-t", "nat", "-F", "VIPD-SERVICES")
+			fails("VIPD-SERVICES flushed", "tcp", "udp")
+			drift := detect()
+			if len(drift) != 1 || drift[0].What != "chain" || !strings.HasPrefix(drift[0].Detail, "ipv4 nat VIPD-SERVICES: rules differ") {
+				t.Fatalf("VIPD-SERVICES flushed: drift %v", drift)
+			}
+			repair("VIPD-SERVICES flushed")
+			works("VIPD-SERVICES repaired", "tcp", "udp", "tcp6")
+
+			if mode != iptables.ModeNFT {
+				return
+			}
+			// `nft flush ruleset`: every table gone, builtin chains too.
+			nftFlushRuleset(t, node)
+			fails("ruleset flushed", "tcp", "udp", "tcp6")
+			kinds := map[string]int{}
+			for _, d := range detect() {
+				kinds[d.What]++
+			}
+			// Per family: two canaries, six hooks, three hook targets.
+			if diff := cmp.Diff(map[string]int{"canary": 4, "hook": 12, "chain": 6}, kinds); diff != "" {
+				t.Fatalf("ruleset flushed: drift kinds (-want +got):\n%s", diff)
+			}
+			repair("ruleset flushed")
+			works("ruleset repaired", "tcp", "udp", "tcp6")
+			if !refused() {
+				t.Fatal("the backendless IPv6 service does not refuse after the ruleset was repaired")
+			}
+		})
+	}
+}
