@@ -102,6 +102,9 @@ func (e *UnsupportedError) Is(target error) bool { return target == ErrUnsupport
 // one at once when drift is found.
 type DriftDetector interface {
 	DetectDrift(ctx context.Context) ([]Drift, error)
+	// DriftKinds lists every Drift.What that DetectDrift may report, so
+	// that metrics can export each kind at zero before its first repair.
+	DriftKinds() []string
 }
 
 // Drift is one piece of a dataplane's programming found missing or altered.

@@ -41,6 +41,11 @@ const (
 // check stays a small share of a CPU, while a small node checks every time.
 const entryCheckShare = 20
 
+// DriftKinds implements dataplane.DriftDetector.
+func (d *Dataplane) DriftKinds() []string {
+	return []string{driftTCLink, driftCgroupLink, driftMap, driftMapEntries}
+}
+
 // DetectDrift implements dataplane.DriftDetector. Every time, it checks
 // that each pod interface has vipd's tc programs, that the cgroup has the
 // socket hooks and their pinned links, and that each map's pin names the

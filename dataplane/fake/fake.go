@@ -168,6 +168,10 @@ func (d *Dataplane) DetectDrift(context.Context) ([]dataplane.Drift, error) {
 	return slices.Clone(d.drift), nil
 }
 
+// DriftKinds implements dataplane.DriftDetector: the fake reports
+// whatever SetDrift was given, so it names no kinds up front.
+func (d *Dataplane) DriftKinds() []string { return nil }
+
 // DriftChecks returns how many times DetectDrift has been called.
 func (d *Dataplane) DriftChecks() int {
 	d.mu.Lock()

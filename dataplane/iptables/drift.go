@@ -8,6 +8,16 @@ import (
 	"github.com/vipd/vipd/dataplane"
 )
 
+// Drift.What values of the iptables dataplane.
+const (
+	driftCanary = "canary"
+	driftHook   = "hook"
+	driftChain  = "chain"
+)
+
+// DriftKinds implements dataplane.DriftDetector.
+func (d *Dataplane) DriftKinds() []string { return []string{driftCanary, driftHook, driftChain} }
+
 // DetectDrift implements dataplane.DriftDetector. In each family and table
 // it checks that:
 //
@@ -52,7 +62,7 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 	if _, ok, err := d.run.listChain(ctx, f, t, chainCanary); err != nil {
 		return nil, err
 	} else if !ok {
-		report("canary", chainCanary, "missing")
+		report(driftCanary, chainCanary, "missing")
 	}
 
 	var builtins, targets []string
@@ -74,7 +84,7 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 		}
 		for _, h := range Hooks(f) {
 			if h.Table == t && h.Chain == builtin && !slices.Contains(rules, h.rule()) {
-				report("hook", builtin, "no jump to %s", h.Target())
+				report(driftHook, builtin, "no jump to %s", h.Target())
 			}
 		}
 	}
@@ -84,9 +94,9 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 		case err != nil:
 			return nil, err
 		case !ok:
-			report("chain", chain, "missing")
+			report(driftChain, chain, "missing")
 		case !slices.Equal(rules, d.applied.Rules(f, t, chain)):
-			report("chain", chain, "rules differ from those applied (%d found, %d applied)", len(rules), len(d.applied.Rules(f, t, chain)))
+			report(driftChain, chain, "rules differ from those applied (%d found, %d applied)", len(rules), len(d.applied.Rules(f, t, chain)))
 		}
 	}
 	return found, nil

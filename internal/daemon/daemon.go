@@ -241,7 +241,9 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
 
 	m := metrics.New()
-	m.InitDataplane(dp.Name())
+	if dd, ok := dp.(dataplane.DriftDetector); ok {
+		m.InitDataplane(dp.Name(), dd.DriftKinds())
+	}
 	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m),
 		reconcile.WithDriftCheck(cfg.DriftCheckPeriod)}
 	if holdReason != "" {

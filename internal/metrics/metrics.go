@@ -129,19 +129,13 @@ func New() *Metrics {
 	return m
 }
 
-// driftKinds are the Drift.What values each dataplane reports, as
-// dataplane.Drift documents them; InitDataplane creates their series.
-var driftKinds = map[string][]string{
-	"iptables": {"hook", "chain"},
-	"ebpf":     {"tc-link", "cgroup-link", "map"},
-}
-
 // InitDataplane creates the zero-valued vipd_dataplane_drift_repairs_total
-// series of the dataplane named name, one per kind of drift it is known to
-// report, so that increase() and alerts work before the first repair.
-// Kinds it reports beyond those get their series at their first repair.
-func (m *Metrics) InitDataplane(name string) {
-	for _, what := range driftKinds[name] {
+// series of the dataplane named name, one per kind of drift it reports
+// (dataplane.DriftDetector.DriftKinds), so that increase() and alerts work
+// before the first repair. Other kinds get their series at their first
+// repair.
+func (m *Metrics) InitDataplane(name string, driftKinds []string) {
+	for _, what := range driftKinds {
 		m.driftRepairs.WithLabelValues(name, what)
 	}
 }

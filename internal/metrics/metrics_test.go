@@ -563,7 +563,7 @@ func TestPprof(t *testing.T) {
 // counts one repair of one kind.
 func TestDriftRepairs(t *testing.T) {
 	m := metrics.New()
-	m.InitDataplane("iptables")
+	m.InitDataplane("iptables", []string{"hook", "chain"})
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 	f := scrape(t, srv.URL)
