@@ -73,6 +73,7 @@ type Server struct {
 	maxInflight     int
 	maxFlowWatchers int
 	tls             credentials.TransportCredentials
+	serving         atomic.Bool
 }
 
 // Option configures a Server.
@@ -276,6 +277,7 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 
 // Serve serves every listener until Shutdown. It returns the first serve error.
 func (s *Server) Serve() error {
+	s.serving.Store(true)
 	errc := make(chan error, len(s.listeners))
 	for _, l := range s.listeners {
 		s.log.Info("serving gRPC", "addr", l.Addr().String())
@@ -303,8 +305,15 @@ func (s *Server) MarkReady() {
 
 // Shutdown turns health to NOT_SERVING, lets calls in flight finish for up
 // to timeout, and then stops the server. It does not touch the dataplane.
+// On a server that never served (a start that failed after New) it only
+// closes the listeners, which removes the Unix socket file.
 func (s *Server) Shutdown(timeout time.Duration) {
 	s.health.Shutdown()
+	if !s.serving.Load() {
+		s.closeListeners()
+		s.grpc.Stop()
+		return
+	}
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
