@@ -1,10 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -145,14 +147,14 @@ func WithAuthorization(policy *authz.Policy) Option {
 
 // WithMaxConcurrentStreams bounds the calls (streams) one client connection
 // may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a client
-// waits for one of its calls to end before it starts another. The default
-// is DefaultMaxConcurrentStreams.
+// waits for one of its calls to end before it starts another. Zero means no
+// limit. The default is DefaultMaxConcurrentStreams.
 func WithMaxConcurrentStreams(n uint32) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max concurrent streams must be at least 1")
-		}
 		s.maxStreams = n
+		if n == 0 {
+			s.maxStreams = math.MaxUint32
+		}
 		return nil
 	}
 }
@@ -160,27 +162,28 @@ func WithMaxConcurrentStreams(n uint32) Option {
 // WithMaxInflightRequests bounds the unary calls in progress at once, over
 // all clients. A call beyond it fails at once with ResourceExhausted; it is
 // never queued. Health checks and GetStatus are not counted and never
-// refused, so that monitoring sees an overloaded vipd. The default is
+// refused, so that monitoring sees an overloaded vipd. Zero means no
+// limit; a negative n is an error. The default is
 // DefaultMaxInflightRequests.
 func WithMaxInflightRequests(n int) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max in-flight requests must be at least 1")
+		if n < 0 {
+			return errors.New("max in-flight requests must not be negative (0: no limit)")
 		}
-		s.maxInflight = n
+		s.maxInflight = cmp.Or(n, math.MaxInt)
 		return nil
 	}
 }
 
 // WithMaxFlowWatchers bounds the WatchFlows streams open at once, over all
-// clients; one more fails at once with ResourceExhausted. The default is
-// DefaultMaxFlowWatchers.
+// clients; one more fails at once with ResourceExhausted. Zero means no
+// limit; a negative n is an error. The default is DefaultMaxFlowWatchers.
 func WithMaxFlowWatchers(n int) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max flow watchers must be at least 1")
+		if n < 0 {
+			return errors.New("max flow watchers must not be negative (0: no limit)")
 		}
-		s.maxFlowWatchers = n
+		s.maxFlowWatchers = cmp.Or(n, math.MaxInt)
 		return nil
 	}
 }
@@ -194,10 +197,15 @@ func WithListener(l net.Listener) Option {
 	}
 }
 
-// WithMaxRecvMsgSize bounds the size of a request; larger ones get ResourceExhausted.
+// WithMaxRecvMsgSize bounds the size of a request in bytes; larger ones
+// get ResourceExhausted. Zero means no limit (gRPC's largest, 2 GiB); a
+// negative n is an error. The default is DefaultMaxRecvMsgSize.
 func WithMaxRecvMsgSize(n int) Option {
 	return func(s *Server) error {
-		s.maxRecv = n
+		if n < 0 {
+			return errors.New("max receive message size must not be negative (0: no limit)")
+		}
+		s.maxRecv = cmp.Or(n, math.MaxInt32)
 		return nil
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
+	"github.com/vipd/vipd/internal/envflag"
 	"github.com/vipd/vipd/internal/logsetup"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
@@ -34,6 +35,10 @@ func main() {
 	}
 }
 
+// envPrefix prefixes the environment variables that set vipd's flags:
+// VIPD_MAX_SERVICES sets --max-services.
+const envPrefix = "VIPD"
+
 func rootCommand() *cobra.Command {
 	run := runCommand()
 	root := &cobra.Command{
@@ -43,7 +48,9 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE:          run.RunE,
+		Version:       version.String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.Flags().AddFlagSet(run.Flags())
 	root.AddCommand(run, cleanupCommand(), &cobra.Command{
 		Use:   "version",
@@ -69,6 +76,9 @@ func runCommand() *cobra.Command {
 		Short: "Run the daemon (the default)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
+				return err
+			}
 			for _, c := range cidrs {
 				p, err := netip.ParsePrefix(c)
 				if err != nil {
@@ -91,14 +101,14 @@ func runCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return daemon.Run(ctx, log, cfg)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", "/run/vipd/vipd.sock", "Unix socket to serve the API on")
-	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal")
+	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal; others may have no permission")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")
 	f.StringVar(&cfg.Remote.Listen, "listen", "", "also serve the API on tcp://HOST:PORT (in vipd's own network namespace); needs --tls-cert, --tls-key and --tls-client-ca")
 	f.StringVar(&cfg.Remote.TLSCert, "tls-cert", "", "--listen: the server's certificate (PEM)")
@@ -106,23 +116,23 @@ func runCommand() *cobra.Command {
 	f.StringVar(&cfg.Remote.TLSClientCA, "tls-client-ca", "", "--listen: CA bundle (PEM) that every client certificate must chain to (mutual TLS)")
 	f.BoolVar(&cfg.Remote.InsecureListen, "insecure-listen", false, "--listen in plaintext, without TLS; refused unless the address is loopback (tests only)")
 	f.StringVar(&cfg.Remote.AuthzFile, "authz-file", "", "YAML map of client identity (certificate URI SAN, else CN) to the owners it may change, or \"*\"; without it every TCP client may change every owner")
-	f.Uint32Var(&cfg.Limits.MaxConcurrentStreams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "calls one client connection may have open at once; more wait for one to end")
-	f.IntVar(&cfg.Limits.MaxInflightRequests, "max-inflight-requests", server.DefaultMaxInflightRequests, "unary calls in progress over all clients; one more gets ResourceExhausted at once (health checks and GetStatus are not counted)")
-	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted")
+	f.Uint32Var(&cfg.Limits.MaxConcurrentStreams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "calls one client connection may have open at once; more wait for one to end (0: no limit)")
+	f.IntVar(&cfg.Limits.MaxInflightRequests, "max-inflight-requests", server.DefaultMaxInflightRequests, "unary calls in progress over all clients; one more gets ResourceExhausted at once (health checks and GetStatus are not counted; 0: no limit)")
+	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted (0: no limit)")
 	f.BoolVar(&cfg.Recover, "recover", false, "start over an unreadable state file: move it aside, keep the kernel's rules, and apply nothing until the first SyncServices")
 	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/vipd", "directory that persists the desired state")
 	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or fake (fake programs nothing; for tests and demos)")
 	f.StringVar(&cfg.NetNS, "netns", "", "program the network namespace at this path instead of the current one")
-	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have")
-	f.IntVar(&cfg.MaxPorts, "max-ports", validation.DefaultMaxPorts, "most ports one service may have")
+	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have (0: no limit)")
+	f.IntVar(&cfg.MaxPorts, "max-ports", validation.DefaultMaxPorts, "most ports one service may have (0: no limit)")
 	f.IntVar(&cfg.MaxServices, "max-services", validation.DefaultMaxServices, "most services in all, of every owner (0: no limit)")
 	f.IntVar(&cfg.MaxTotalBackends, "max-total-backends", validation.DefaultMaxTotalBackends, "most backends in all, summed over every service (0: no limit)")
 	f.StringSliceVar(&cidrs, "service-cidr", nil, "allowed VIP range (repeatable); unset allows any unicast VIP")
-	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
+	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes (0: no limit)")
 	f.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Hour, "diff the whole state against the kernel this often, repairing drift (0 disables)")
 	f.DurationVar(&cfg.DriftCheckPeriod, "drift-check-period", 5*time.Second, "check this often that the kernel still holds vipd's hooks, chains, programs and maps (repairing any loss with a full sync at once) and that the node's prerequisites hold (0 disables)")
 	f.BoolVar(&cfg.SetSysctls, "set-sysctls", false, "set the sysctls vipd needs (IP forwarding, conntrack accounting and events) instead of only warning that they are unset")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight (0: stop at once)")
 	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
 	f.StringVar(&cfg.EBPF.BPFFS, "bpffs", ebpf.DefaultBPFFS, "ebpf: directory for pinned maps and links (a bpffs is mounted there if needed)")
 	f.StringVar(&cfg.EBPF.CgroupPath, "cgroup-path", "", "ebpf: cgroup v2 directory for the socket hooks (default: the root of a cgroup2 mount at "+ebpf.DefaultCgroupMount+", mounted if absent)")
@@ -140,7 +150,7 @@ func runCommand() *cobra.Command {
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.Other, "bpf-ct-timeout-other", ebpf.DefaultConntrackTimeouts.Other, "ebpf: conntrack lifetime of an idle UDP or SCTP flow")
 	f.DurationVar(&cfg.EBPF.GCInterval, "bpf-ct-gc-interval", 30*time.Second, "ebpf: how often expired conntrack entries are collected (and reported closed)")
 	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
-	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber; a slower subscriber loses events and is told how many")
+	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
 	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100)")

@@ -37,8 +37,7 @@ type Remote struct {
 	AuthzFile string
 }
 
-// Limits are the API's concurrency limits; zero values take the server's
-// defaults.
+// Limits are the API's concurrency limits; zero means no limit.
 type Limits struct {
 	// MaxConcurrentStreams bounds the calls open on one client connection.
 	MaxConcurrentStreams uint32
@@ -192,15 +191,9 @@ func LookupGroup(s string) (int, error) {
 }
 
 func (l Limits) serverOptions() []server.Option {
-	var opts []server.Option
-	if l.MaxConcurrentStreams != 0 {
-		opts = append(opts, server.WithMaxConcurrentStreams(l.MaxConcurrentStreams))
+	return []server.Option{
+		server.WithMaxConcurrentStreams(l.MaxConcurrentStreams),
+		server.WithMaxInflightRequests(l.MaxInflightRequests),
+		server.WithMaxFlowWatchers(l.MaxFlowWatchers),
 	}
-	if l.MaxInflightRequests != 0 {
-		opts = append(opts, server.WithMaxInflightRequests(l.MaxInflightRequests))
-	}
-	if l.MaxFlowWatchers != 0 {
-		opts = append(opts, server.WithMaxFlowWatchers(l.MaxFlowWatchers))
-	}
-	return opts
 }
