@@ -4,7 +4,7 @@
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -38,6 +38,10 @@ func main() {
 // envPrefix prefixes the environment variables that set vipd's flags:
 // VIPD_MAX_SERVICES sets --max-services.
 const envPrefix = "VIPD"
+
+// defaultStateDir is where vipd run keeps its state, and where vipd cleanup
+// looks for a running vipd's lock.
+const defaultStateDir = "/var/lib/vipd"
 
 func rootCommand() *cobra.Command {
 	run := runCommand()
@@ -120,7 +124,7 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.Limits.MaxInflightRequests, "max-inflight-requests", server.DefaultMaxInflightRequests, "unary calls in progress over all clients; one more gets ResourceExhausted at once (health checks and GetStatus are not counted; 0: no limit)")
 	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted (0: no limit)")
 	f.BoolVar(&cfg.Recover, "recover", false, "start over an unreadable state file: move it aside, keep the kernel's rules, and apply nothing until the first SyncServices")
-	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/vipd", "directory that persists the desired state")
+	f.StringVar(&cfg.StateDir, "state-dir", defaultStateDir, "directory that persists the desired state")
 	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or fake (fake programs nothing; for tests and demos)")
 	f.StringVar(&cfg.NetNS, "netns", "", "program the network namespace at this path instead of the current one")
 	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have (0: no limit)")
@@ -161,17 +165,35 @@ func runCommand() *cobra.Command {
 }
 
 func cleanupCommand() *cobra.Command {
-	var netnsPath, bpffs string
+	var netnsPath, bpffs, stateDir string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove every rule, hook and chain vipd programmed (vipd itself must be stopped)",
+		Short: "Remove every rule, hook and chain vipd programmed (refused while vipd runs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
+				return err
+			}
 			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
-			return daemon.Cleanup(context.Background(), log, netnsPath, bpffs)
+			release, err := daemon.LockStateDir(stateDir)
+			var inUse *daemon.StateDirInUseError
+			switch {
+			case errors.As(err, &inUse) && force:
+				log.Warn("--force: cleaning up under a running vipd, which keeps serving a dataplane that is gone", "pid", inUse.PID, "state_dir", stateDir)
+			case errors.As(err, &inUse):
+				return fmt.Errorf("refusing to clean up: %w; cleanup would remove the rules it serves. Stop it first, or pass --force", err)
+			case err != nil:
+				return err
+			default:
+				defer release()
+			}
+			return daemon.Cleanup(cmd.Context(), log, netnsPath, bpffs)
 		},
 	}
 	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
 	cmd.Flags().StringVar(&bpffs, "bpffs", ebpf.DefaultBPFFS, "the eBPF dataplane's pin directory to clean")
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock")
+	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock")
 	return cmd
 }
