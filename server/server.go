@@ -68,7 +68,7 @@ type Server struct {
 	unary     []grpc.UnaryServerInterceptor
 	stream    []grpc.StreamServerInterceptor
 
-	policy          *authz.Policy
+	policy          func() *authz.Policy // nil: no policy
 	maxStreams      uint32
 	inflight        *limiter
 	watchers        *limiter
@@ -139,8 +139,17 @@ func WithTCP(addr string, tlsConfig *tls.Config) Option {
 // client may change. Without it, every TCP client that got through the
 // handshake may change every owner's services.
 func WithAuthorization(policy *authz.Policy) Option {
+	return WithAuthorizationFrom(func() *authz.Policy { return policy })
+}
+
+// WithAuthorizationFrom is WithAuthorization with a policy that may
+// change: current is asked at the start of every call, so a new policy
+// (after a reload) applies from the next call on. It must be safe for
+// concurrent use; a nil result lets every client change every owner's
+// services.
+func WithAuthorizationFrom(current func() *authz.Policy) Option {
 	return func(s *Server) error {
-		s.policy = policy
+		s.policy = current
 		return nil
 	}
 }
@@ -510,15 +519,19 @@ func (s *Server) principal(ctx context.Context) *authz.Principal {
 	if !ok {
 		return nil
 	}
+	var policy *authz.Policy
+	if s.policy != nil {
+		policy = s.policy()
+	}
 	switch info := p.AuthInfo.(type) {
 	case credentials.TLSInfo:
 		id := ""
 		if chains := info.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
 			id = authz.Identity(chains[0][0])
 		}
-		return authz.NewPrincipal(id, s.policy)
+		return authz.NewPrincipal(id, policy)
 	case insecureAuthInfo:
-		return authz.NewPrincipal("", s.policy)
+		return authz.NewPrincipal("", policy)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 // Command vipd is the per-node service load-balancer daemon. "vipd run" (the
-// default) serves the vipd.v1 API and programs the kernel; "vipd version"
-// prints the version. This file only parses flags; internal/daemon does the work.
+// default) serves the vipd.v1 API and programs the kernel, and reloads its
+// TLS and authz files on SIGHUP; "vipd version" prints the version. This
+// file only parses flags; internal/daemon does the work.
 package main
 
 import (
@@ -80,6 +81,11 @@ func runCommand() *cobra.Command {
 		Short: "Run the daemon (the default)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// First, so that a SIGHUP during the start does not kill vipd.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			cfg.Reload = hup
 			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
 				return err
 			}

@@ -86,6 +86,9 @@ type Config struct {
 	Pprof bool
 	// Memory tunes the Go runtime's garbage collector; see Memory.
 	Memory Memory
+	// Reload, when not nil, makes vipd read its TLS and authz files again
+	// (Remote) on every signal it receives; cmd/vipd sends SIGHUP there.
+	Reload <-chan os.Signal
 }
 
 // Memory tunes the Go garbage collector for the daemon. The zero value
@@ -181,10 +184,11 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	if cfg.Pprof && cfg.MetricsAddr == "" {
 		return errors.New("pprof is served on the metrics listener: set a metrics address (such as 127.0.0.1:9640) to use it")
 	}
-	remoteOpts, err := cfg.Remote.serverOptions(log)
+	remoteOpts, reload, err := cfg.Remote.serverOptions(log)
 	if err != nil {
 		return err
 	}
+	defer watchReload(ctx, log, cfg.Reload, reload)()
 	gid := -1
 	if cfg.SocketGroup != "" {
 		if gid, err = LookupGroup(cfg.SocketGroup); err != nil {

@@ -158,9 +158,25 @@ func (p *proc) waitLog(want string) {
 	p.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(p.stderr.String(), want) {
+		select {
+		case <-p.done:
+			p.t.Fatalf("vipd exited (%v) before its log said %q:\n%s", p.err, want, p.stderr)
+		default:
+		}
 		if time.Now().After(deadline) {
 			p.t.Fatalf("vipd's log does not say %q:\n%s", want, p.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startServingClient is a client of p's socket, closed at the end of the test.
+func startServingClient(t *testing.T, p *proc) *client.Client {
+	t.Helper()
+	c, err := client.New(p.socket, client.WithMaxAttempts(1), client.WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
