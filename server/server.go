@@ -15,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/hashicorp/go-hclog"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/authz"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -254,10 +254,7 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 		grpcLog.Error("panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error: %v", p)
 	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(callLevel),
-	}
+	calls := &callLogger{log: grpcLog, ownerOf: api.ownerOf}
 	s.inflight = newLimiter(grpcLog, "in-flight requests (--max-inflight-requests)", s.maxInflight)
 	s.watchers = newLimiter(grpcLog, "flow watchers (--max-flow-watchers)", s.maxFlowWatchers)
 	// Order matters: the limits come right after the caller's interceptors
@@ -267,13 +264,13 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 	unary := append(slices.Clip(s.unary),
 		s.limitInflight,
 		s.authenticateUnary,
-		logging.UnaryServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		calls.unary,
 		recovery.UnaryServerInterceptor(recoveryOpt),
 	)
 	stream := append(slices.Clip(s.stream),
 		s.limitWatchers,
 		s.authenticateStream,
-		logging.StreamServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		calls.stream,
 		recovery.StreamServerInterceptor(recoveryOpt),
 	)
 	s.grpc = grpc.NewServer(
@@ -392,34 +389,6 @@ func listenUnixGroup(path string, mode os.FileMode, gid int) (net.Listener, erro
 	return l, nil
 }
 
-// callLevel logs successful calls at debug level and failures louder.
-func callLevel(c codes.Code) logging.Level {
-	switch c {
-	case codes.OK:
-		return logging.LevelDebug
-	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable:
-		return logging.LevelError
-	}
-	return logging.LevelInfo
-}
-
-// hclogAdapter lets go-grpc-middleware log through hclog. Fields carry the
-// method, code and duration; request bodies are never logged.
-func hclogAdapter(log hclog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
-		switch lvl {
-		case logging.LevelDebug:
-			log.Debug(msg, fields...)
-		case logging.LevelInfo:
-			log.Info(msg, fields...)
-		case logging.LevelWarn:
-			log.Warn(msg, fields...)
-		default:
-			log.Error(msg, fields...)
-		}
-	})
-}
-
 // connMode is how a remote listener's connections are secured.
 type connMode int
 
@@ -451,8 +420,12 @@ type remoteConn struct {
 }
 
 // localAuthInfo is the AuthInfo of a trusted local connection (the Unix
-// socket, or a WithListener listener).
-type localAuthInfo struct{ credentials.CommonAuthInfo }
+// socket, or a WithListener listener). cred is the Unix socket client's
+// process (SO_PEERCRED), nil for other listeners.
+type localAuthInfo struct {
+	credentials.CommonAuthInfo
+	cred *unix.Ucred
+}
 
 func (localAuthInfo) AuthType() string { return "local" }
 
@@ -478,7 +451,7 @@ type listenerCreds struct {
 func (c *listenerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	rc, ok := raw.(*remoteConn)
 	if !ok {
-		return raw, localAuthInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+		return raw, localAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, cred: peerCred(raw)}, nil
 	}
 	if rc.mode == modeTLS {
 		conn, info, err := c.tls.ServerHandshake(rc.Conn)
