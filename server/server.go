@@ -318,13 +318,18 @@ func (s *Server) MarkReady() {
 }
 
 // Shutdown turns health to NOT_SERVING, lets calls in flight finish for up
-// to timeout, and then stops the server. It does not touch the dataplane.
-// On a server that never served (a start that failed after New) it only
-// closes the listeners, which removes the Unix socket file.
+// to timeout (none when it is 0), and then stops the server. It does not
+// touch the dataplane. On a server that never served (a start that failed
+// after New) it only closes the listeners, which removes the Unix socket
+// file.
 func (s *Server) Shutdown(timeout time.Duration) {
 	s.health.Shutdown()
 	if !s.serving.Load() {
 		s.closeListeners()
+		s.grpc.Stop()
+		return
+	}
+	if timeout == 0 {
 		s.grpc.Stop()
 		return
 	}

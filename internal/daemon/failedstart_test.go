@@ -4,7 +4,9 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestFailedStartLeavesNoSocket runs vipd with an address another process
@@ -38,5 +40,18 @@ func TestFailedStartLeavesNoSocket(t *testing.T) {
 				t.Errorf("a failed start logs a graceful stop:\n%s", log)
 			}
 		})
+	}
+}
+
+// TestShutdownTimeoutZeroStopsAtOnce checks --shutdown-timeout 0: SIGTERM
+// stops vipd at once, cleanly, without a graceful-stop timeout in the log.
+func TestShutdownTimeoutZeroStopsAtOnce(t *testing.T) {
+	p := startServing(t, "--shutdown-timeout", "0")
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("vipd exited %d:\n%s", code, p.stderr)
+	}
+	if strings.Contains(p.stderr.String(), "graceful stop") {
+		t.Errorf("--shutdown-timeout 0 logs a graceful stop timeout:\n%s", p.stderr)
 	}
 }
