@@ -52,6 +52,10 @@ func TestCallLog(t *testing.T) {
 	if _, err := local.UpsertService(ctxT(t), bad, 0); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("invalid upsert: %v", err)
 	}
+	dry := &vipdv1.UpsertServiceRequest{Service: svc("dry", "team-a", "198.19.0.4"), ValidateOnly: true}
+	if _, err := local.LoadBalancerClient().UpsertService(ctxT(t), dry); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := local.GetService(ctxT(t), "web"); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +74,7 @@ func TestCallLog(t *testing.T) {
 		{"UpsertService", [][]string{
 			{"[INFO]", unixCaller, "owner=team-a service=web", "code=OK"},
 			{"[INFO]", unixCaller, "owner=team-a service=bad", "code=InvalidArgument"},
+			{"[INFO]", unixCaller, "owner=team-a service=dry validate_only=true", "code=OK"},
 		}},
 		{"UpdateBackends", [][]string{{"[INFO]", mtlsCaller, "owner=team-a service=web", "code=OK"}}},
 		{"SyncServices", [][]string{{"[INFO]", mtlsCaller, "owner=team-a services=2 names=[\"web\", \"api\"]", "code=OK"}}},
