@@ -138,7 +138,11 @@ func (rl *reloader) Reload() {
 		return
 	}
 	old := rl.cur.Swap(next)
-	rl.log.Info("reloaded: " + strings.Join(changes(old, next), ", "))
+	if c := changes(old, next); len(c) > 0 {
+		rl.log.Info("reloaded: " + strings.Join(c, ", "))
+		return
+	}
+	rl.log.Info("nothing to reload: the plaintext listener has no TLS files, and there is no --authz-file")
 }
 
 // changes describes, for the log, what differs between old and next.
