@@ -329,16 +329,32 @@ func ctx300(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestLimitOptionsRejectZero checks that a limit below 1 is a
-// configuration error rather than a server that refuses everything.
-func TestLimitOptionsRejectZero(t *testing.T) {
+// TestLimitOptionsRejectNegative checks that a negative limit is a
+// configuration error rather than a server that refuses everything (0
+// means no limit).
+func TestLimitOptionsRejectNegative(t *testing.T) {
 	for name, opt := range map[string]server.Option{
-		"streams":  server.WithMaxConcurrentStreams(0),
-		"inflight": server.WithMaxInflightRequests(0),
+		"inflight": server.WithMaxInflightRequests(-1),
 		"watchers": server.WithMaxFlowWatchers(-1),
+		"recv":     server.WithMaxRecvMsgSize(-1),
 	} {
 		if _, err := testserver.New(testserver.WithServerOptions(opt)); err == nil {
-			t.Errorf("%s: a limit below 1 was accepted", name)
+			t.Errorf("%s: a negative limit was accepted", name)
 		}
+	}
+}
+
+// TestLimitOptionsZeroIsUnlimited checks that 0 means no limit for every
+// limit option, as the --max-* flags document: the server starts, and a
+// call gets through (a zero receive size would refuse every request body).
+func TestLimitOptionsZeroIsUnlimited(t *testing.T) {
+	in := start(t, config{serverOps: []server.Option{
+		server.WithMaxConcurrentStreams(0),
+		server.WithMaxInflightRequests(0),
+		server.WithMaxFlowWatchers(0),
+		server.WithMaxRecvMsgSize(0),
+	}})
+	if _, err := in.lb.UpsertService(ctxT(t), &vipdv1.UpsertServiceRequest{Service: web("s", "198.19.0.1", "198.18.0.1")}); err != nil {
+		t.Fatalf("a call with every limit 0 (no limit): %v", err)
 	}
 }

@@ -1,10 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/hashicorp/go-hclog"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/authz"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -66,13 +68,14 @@ type Server struct {
 	unary     []grpc.UnaryServerInterceptor
 	stream    []grpc.StreamServerInterceptor
 
-	policy          *authz.Policy
+	policy          func() *authz.Policy // nil: no policy
 	maxStreams      uint32
 	inflight        *limiter
 	watchers        *limiter
 	maxInflight     int
 	maxFlowWatchers int
 	tls             credentials.TransportCredentials
+	serving         atomic.Bool
 }
 
 // Option configures a Server.
@@ -136,22 +139,31 @@ func WithTCP(addr string, tlsConfig *tls.Config) Option {
 // client may change. Without it, every TCP client that got through the
 // handshake may change every owner's services.
 func WithAuthorization(policy *authz.Policy) Option {
+	return WithAuthorizationFrom(func() *authz.Policy { return policy })
+}
+
+// WithAuthorizationFrom is WithAuthorization with a policy that may
+// change: current is asked at the start of every call, so a new policy
+// (after a reload) applies from the next call on. It must be safe for
+// concurrent use; a nil result lets every client change every owner's
+// services.
+func WithAuthorizationFrom(current func() *authz.Policy) Option {
 	return func(s *Server) error {
-		s.policy = policy
+		s.policy = current
 		return nil
 	}
 }
 
 // WithMaxConcurrentStreams bounds the calls (streams) one client connection
 // may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a client
-// waits for one of its calls to end before it starts another. The default
-// is DefaultMaxConcurrentStreams.
+// waits for one of its calls to end before it starts another. Zero means no
+// limit. The default is DefaultMaxConcurrentStreams.
 func WithMaxConcurrentStreams(n uint32) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max concurrent streams must be at least 1")
-		}
 		s.maxStreams = n
+		if n == 0 {
+			s.maxStreams = math.MaxUint32
+		}
 		return nil
 	}
 }
@@ -159,27 +171,28 @@ func WithMaxConcurrentStreams(n uint32) Option {
 // WithMaxInflightRequests bounds the unary calls in progress at once, over
 // all clients. A call beyond it fails at once with ResourceExhausted; it is
 // never queued. Health checks and GetStatus are not counted and never
-// refused, so that monitoring sees an overloaded vipd. The default is
+// refused, so that monitoring sees an overloaded vipd. Zero means no
+// limit; a negative n is an error. The default is
 // DefaultMaxInflightRequests.
 func WithMaxInflightRequests(n int) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max in-flight requests must be at least 1")
+		if n < 0 {
+			return errors.New("max in-flight requests must not be negative (0: no limit)")
 		}
-		s.maxInflight = n
+		s.maxInflight = cmp.Or(n, math.MaxInt)
 		return nil
 	}
 }
 
 // WithMaxFlowWatchers bounds the WatchFlows streams open at once, over all
-// clients; one more fails at once with ResourceExhausted. The default is
-// DefaultMaxFlowWatchers.
+// clients; one more fails at once with ResourceExhausted. Zero means no
+// limit; a negative n is an error. The default is DefaultMaxFlowWatchers.
 func WithMaxFlowWatchers(n int) Option {
 	return func(s *Server) error {
-		if n < 1 {
-			return errors.New("max flow watchers must be at least 1")
+		if n < 0 {
+			return errors.New("max flow watchers must not be negative (0: no limit)")
 		}
-		s.maxFlowWatchers = n
+		s.maxFlowWatchers = cmp.Or(n, math.MaxInt)
 		return nil
 	}
 }
@@ -193,10 +206,15 @@ func WithListener(l net.Listener) Option {
 	}
 }
 
-// WithMaxRecvMsgSize bounds the size of a request; larger ones get ResourceExhausted.
+// WithMaxRecvMsgSize bounds the size of a request in bytes; larger ones
+// get ResourceExhausted. Zero means no limit (gRPC's largest, 2 GiB); a
+// negative n is an error. The default is DefaultMaxRecvMsgSize.
 func WithMaxRecvMsgSize(n int) Option {
 	return func(s *Server) error {
-		s.maxRecv = n
+		if n < 0 {
+			return errors.New("max receive message size must not be negative (0: no limit)")
+		}
+		s.maxRecv = cmp.Or(n, math.MaxInt32)
 		return nil
 	}
 }
@@ -236,10 +254,7 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 		grpcLog.Error("panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Errorf(codes.Internal, "internal error: %v", p)
 	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(callLevel),
-	}
+	calls := &callLogger{log: grpcLog, ownerOf: api.ownerOf}
 	s.inflight = newLimiter(grpcLog, "in-flight requests (--max-inflight-requests)", s.maxInflight)
 	s.watchers = newLimiter(grpcLog, "flow watchers (--max-flow-watchers)", s.maxFlowWatchers)
 	// Order matters: the limits come right after the caller's interceptors
@@ -249,13 +264,13 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 	unary := append(slices.Clip(s.unary),
 		s.limitInflight,
 		s.authenticateUnary,
-		logging.UnaryServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		calls.unary,
 		recovery.UnaryServerInterceptor(recoveryOpt),
 	)
 	stream := append(slices.Clip(s.stream),
 		s.limitWatchers,
 		s.authenticateStream,
-		logging.StreamServerInterceptor(hclogAdapter(grpcLog), logOpts...),
+		calls.stream,
 		recovery.StreamServerInterceptor(recoveryOpt),
 	)
 	s.grpc = grpc.NewServer(
@@ -276,6 +291,7 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 
 // Serve serves every listener until Shutdown. It returns the first serve error.
 func (s *Server) Serve() error {
+	s.serving.Store(true)
 	errc := make(chan error, len(s.listeners))
 	for _, l := range s.listeners {
 		s.log.Info("serving gRPC", "addr", l.Addr().String())
@@ -302,9 +318,21 @@ func (s *Server) MarkReady() {
 }
 
 // Shutdown turns health to NOT_SERVING, lets calls in flight finish for up
-// to timeout, and then stops the server. It does not touch the dataplane.
+// to timeout (none when it is 0), and then stops the server. It does not
+// touch the dataplane. On a server that never served (a start that failed
+// after New) it only closes the listeners, which removes the Unix socket
+// file.
 func (s *Server) Shutdown(timeout time.Duration) {
 	s.health.Shutdown()
+	if !s.serving.Load() {
+		s.closeListeners()
+		s.grpc.Stop()
+		return
+	}
+	if timeout == 0 {
+		s.grpc.Stop()
+		return
+	}
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
@@ -366,34 +394,6 @@ func listenUnixGroup(path string, mode os.FileMode, gid int) (net.Listener, erro
 	return l, nil
 }
 
-// callLevel logs successful calls at debug level and failures louder.
-func callLevel(c codes.Code) logging.Level {
-	switch c {
-	case codes.OK:
-		return logging.LevelDebug
-	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unavailable:
-		return logging.LevelError
-	}
-	return logging.LevelInfo
-}
-
-// hclogAdapter lets go-grpc-middleware log through hclog. Fields carry the
-// method, code and duration; request bodies are never logged.
-func hclogAdapter(log hclog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
-		switch lvl {
-		case logging.LevelDebug:
-			log.Debug(msg, fields...)
-		case logging.LevelInfo:
-			log.Info(msg, fields...)
-		case logging.LevelWarn:
-			log.Warn(msg, fields...)
-		default:
-			log.Error(msg, fields...)
-		}
-	})
-}
-
 // connMode is how a remote listener's connections are secured.
 type connMode int
 
@@ -425,8 +425,12 @@ type remoteConn struct {
 }
 
 // localAuthInfo is the AuthInfo of a trusted local connection (the Unix
-// socket, or a WithListener listener).
-type localAuthInfo struct{ credentials.CommonAuthInfo }
+// socket, or a WithListener listener). cred is the Unix socket client's
+// process (SO_PEERCRED), nil for other listeners.
+type localAuthInfo struct {
+	credentials.CommonAuthInfo
+	cred *unix.Ucred
+}
 
 func (localAuthInfo) AuthType() string { return "local" }
 
@@ -452,7 +456,7 @@ type listenerCreds struct {
 func (c *listenerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	rc, ok := raw.(*remoteConn)
 	if !ok {
-		return raw, localAuthInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, nil
+		return raw, localAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, cred: peerCred(raw)}, nil
 	}
 	if rc.mode == modeTLS {
 		conn, info, err := c.tls.ServerHandshake(rc.Conn)
@@ -493,15 +497,19 @@ func (s *Server) principal(ctx context.Context) *authz.Principal {
 	if !ok {
 		return nil
 	}
+	var policy *authz.Policy
+	if s.policy != nil {
+		policy = s.policy()
+	}
 	switch info := p.AuthInfo.(type) {
 	case credentials.TLSInfo:
 		id := ""
 		if chains := info.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
 			id = authz.Identity(chains[0][0])
 		}
-		return authz.NewPrincipal(id, s.policy)
+		return authz.NewPrincipal(id, policy)
 	case insecureAuthInfo:
-		return authz.NewPrincipal("", s.policy)
+		return authz.NewPrincipal("", policy)
 	}
 	return nil
 }

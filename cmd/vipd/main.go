@@ -1,10 +1,11 @@
 // Command vipd is the per-node service load-balancer daemon. "vipd run" (the
-// default) serves the vipd.v1 API and programs the kernel; "vipd version"
-// prints the version. This file only parses flags; internal/daemon does the work.
+// default) serves the vipd.v1 API and programs the kernel, and reloads its
+// TLS and authz files on SIGHUP; "vipd version" prints the version. This
+// file only parses flags; internal/daemon does the work.
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
+	"github.com/vipd/vipd/internal/envflag"
 	"github.com/vipd/vipd/internal/logsetup"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
@@ -34,6 +36,14 @@ func main() {
 	}
 }
 
+// envPrefix prefixes the environment variables that set vipd's flags:
+// VIPD_MAX_SERVICES sets --max-services.
+const envPrefix = "VIPD"
+
+// defaultStateDir is where vipd run keeps its state, and where vipd cleanup
+// looks for a running vipd's lock.
+const defaultStateDir = "/var/lib/vipd"
+
 func rootCommand() *cobra.Command {
 	run := runCommand()
 	root := &cobra.Command{
@@ -43,7 +53,9 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE:          run.RunE,
+		Version:       version.String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.Flags().AddFlagSet(run.Flags())
 	root.AddCommand(run, cleanupCommand(), &cobra.Command{
 		Use:   "version",
@@ -69,6 +81,14 @@ func runCommand() *cobra.Command {
 		Short: "Run the daemon (the default)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// First, so that a SIGHUP during the start does not kill vipd.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			cfg.Reload = hup
+			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
+				return err
+			}
 			for _, c := range cidrs {
 				p, err := netip.ParsePrefix(c)
 				if err != nil {
@@ -91,14 +111,14 @@ func runCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return daemon.Run(ctx, log, cfg)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", "/run/vipd/vipd.sock", "Unix socket to serve the API on")
-	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal")
+	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal; others may have no permission")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")
 	f.StringVar(&cfg.Remote.Listen, "listen", "", "also serve the API on tcp://HOST:PORT (in vipd's own network namespace); needs --tls-cert, --tls-key and --tls-client-ca")
 	f.StringVar(&cfg.Remote.TLSCert, "tls-cert", "", "--listen: the server's certificate (PEM)")
@@ -106,23 +126,23 @@ func runCommand() *cobra.Command {
 	f.StringVar(&cfg.Remote.TLSClientCA, "tls-client-ca", "", "--listen: CA bundle (PEM) that every client certificate must chain to (mutual TLS)")
 	f.BoolVar(&cfg.Remote.InsecureListen, "insecure-listen", false, "--listen in plaintext, without TLS; refused unless the address is loopback (tests only)")
 	f.StringVar(&cfg.Remote.AuthzFile, "authz-file", "", "YAML map of client identity (certificate URI SAN, else CN) to the owners it may change, or \"*\"; without it every TCP client may change every owner")
-	f.Uint32Var(&cfg.Limits.MaxConcurrentStreams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "calls one client connection may have open at once; more wait for one to end")
-	f.IntVar(&cfg.Limits.MaxInflightRequests, "max-inflight-requests", server.DefaultMaxInflightRequests, "unary calls in progress over all clients; one more gets ResourceExhausted at once (health checks and GetStatus are not counted)")
-	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted")
+	f.Uint32Var(&cfg.Limits.MaxConcurrentStreams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "calls one client connection may have open at once; more wait for one to end (0: no limit)")
+	f.IntVar(&cfg.Limits.MaxInflightRequests, "max-inflight-requests", server.DefaultMaxInflightRequests, "unary calls in progress over all clients; one more gets ResourceExhausted at once (health checks and GetStatus are not counted; 0: no limit)")
+	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted (0: no limit)")
 	f.BoolVar(&cfg.Recover, "recover", false, "start over an unreadable state file: move it aside, keep the kernel's rules, and apply nothing until the first SyncServices")
-	f.StringVar(&cfg.StateDir, "state-dir", "/var/lib/vipd", "directory that persists the desired state")
+	f.StringVar(&cfg.StateDir, "state-dir", defaultStateDir, "directory that persists the desired state")
 	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or fake (fake programs nothing; for tests and demos)")
 	f.StringVar(&cfg.NetNS, "netns", "", "program the network namespace at this path instead of the current one")
-	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have")
-	f.IntVar(&cfg.MaxPorts, "max-ports", validation.DefaultMaxPorts, "most ports one service may have")
+	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have (0: no limit)")
+	f.IntVar(&cfg.MaxPorts, "max-ports", validation.DefaultMaxPorts, "most ports one service may have (0: no limit)")
 	f.IntVar(&cfg.MaxServices, "max-services", validation.DefaultMaxServices, "most services in all, of every owner (0: no limit)")
 	f.IntVar(&cfg.MaxTotalBackends, "max-total-backends", validation.DefaultMaxTotalBackends, "most backends in all, summed over every service (0: no limit)")
 	f.StringSliceVar(&cidrs, "service-cidr", nil, "allowed VIP range (repeatable); unset allows any unicast VIP")
-	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes")
+	f.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", server.DefaultMaxRecvMsgSize, "largest request accepted, in bytes (0: no limit)")
 	f.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Hour, "diff the whole state against the kernel this often, repairing drift (0 disables)")
 	f.DurationVar(&cfg.DriftCheckPeriod, "drift-check-period", 5*time.Second, "check this often that the kernel still holds vipd's hooks, chains, programs and maps (repairing any loss with a full sync at once) and that the node's prerequisites hold (0 disables)")
 	f.BoolVar(&cfg.SetSysctls, "set-sysctls", false, "set the sysctls vipd needs (IP forwarding, conntrack accounting and events) instead of only warning that they are unset")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for calls in flight (0: stop at once)")
 	f.StringVar(&iptablesMode, "iptables-mode", "auto", "iptables binaries: auto, nft or legacy (auto logs its choice)")
 	f.StringVar(&cfg.EBPF.BPFFS, "bpffs", ebpf.DefaultBPFFS, "ebpf: directory for pinned maps and links (a bpffs is mounted there if needed)")
 	f.StringVar(&cfg.EBPF.CgroupPath, "cgroup-path", "", "ebpf: cgroup v2 directory for the socket hooks (default: the root of a cgroup2 mount at "+ebpf.DefaultCgroupMount+", mounted if absent)")
@@ -140,7 +160,7 @@ func runCommand() *cobra.Command {
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.Other, "bpf-ct-timeout-other", ebpf.DefaultConntrackTimeouts.Other, "ebpf: conntrack lifetime of an idle UDP or SCTP flow")
 	f.DurationVar(&cfg.EBPF.GCInterval, "bpf-ct-gc-interval", 30*time.Second, "ebpf: how often expired conntrack entries are collected (and reported closed)")
 	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
-	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber; a slower subscriber loses events and is told how many")
+	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
 	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100)")
@@ -151,17 +171,35 @@ func runCommand() *cobra.Command {
 }
 
 func cleanupCommand() *cobra.Command {
-	var netnsPath, bpffs string
+	var netnsPath, bpffs, stateDir string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove every rule, hook and chain vipd programmed (vipd itself must be stopped)",
+		Short: "Remove every rule, hook and chain vipd programmed (refused while vipd runs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
+				return err
+			}
 			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
-			return daemon.Cleanup(context.Background(), log, netnsPath, bpffs)
+			release, err := daemon.LockStateDir(stateDir)
+			var inUse *daemon.StateDirInUseError
+			switch {
+			case errors.As(err, &inUse) && force:
+				log.Warn("--force: cleaning up under a running vipd, which keeps serving a dataplane that is gone", "pid", inUse.PID, "state_dir", stateDir)
+			case errors.As(err, &inUse):
+				return fmt.Errorf("refusing to clean up: %w; cleanup would remove the rules it serves. Stop it first, or pass --force", err)
+			case err != nil:
+				return err
+			default:
+				defer release()
+			}
+			return daemon.Cleanup(cmd.Context(), log, netnsPath, bpffs)
 		},
 	}
 	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
 	cmd.Flags().StringVar(&bpffs, "bpffs", ebpf.DefaultBPFFS, "the eBPF dataplane's pin directory to clean")
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock")
+	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock")
 	return cmd
 }

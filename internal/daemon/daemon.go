@@ -49,9 +49,9 @@ type Config struct {
 	Dataplane string
 	// NetNS, when set, is the network namespace to program instead of the current one.
 	NetNS string
-	// MaxBackends bounds the backends of one service.
+	// MaxBackends bounds the backends of one service (0: no limit).
 	MaxBackends int
-	// MaxPorts bounds the ports of one service (0: validation.DefaultMaxPorts).
+	// MaxPorts bounds the ports of one service (0: no limit).
 	MaxPorts int
 	// MaxServices bounds the services of all owners together (0: no limit).
 	MaxServices int
@@ -59,7 +59,7 @@ type Config struct {
 	MaxTotalBackends int
 	// ServiceCIDRs, when set, are the only ranges VIPs may come from.
 	ServiceCIDRs []netip.Prefix
-	// MaxRecvMsgSize bounds a request's size in bytes.
+	// MaxRecvMsgSize bounds a request's size in bytes (0: no limit).
 	MaxRecvMsgSize int
 	// ResyncPeriod re-applies the whole state periodically; zero disables it.
 	ResyncPeriod time.Duration
@@ -80,13 +80,17 @@ type Config struct {
 	// MetricsAddr is where /metrics, /healthz and /readyz are served;
 	// empty disables the listener.
 	MetricsAddr string
-	// FlowBuffer bounds each WatchFlows subscriber's buffer, in events.
+	// FlowBuffer bounds each WatchFlows subscriber's buffer, in events; at
+	// least 1.
 	FlowBuffer int
 	// Pprof serves the Go runtime's profiles under /debug/pprof/ on
 	// MetricsAddr, which must then be set.
 	Pprof bool
 	// Memory tunes the Go runtime's garbage collector; see Memory.
 	Memory Memory
+	// Reload, when not nil, makes vipd read its TLS and authz files again
+	// (Remote) on every signal it receives; cmd/vipd sends SIGHUP there.
+	Reload <-chan os.Signal
 }
 
 // Memory tunes the Go garbage collector for the daemon. The zero value
@@ -175,13 +179,18 @@ func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
 // keeps a restart during the hold from applying the empty state: without
 // --recover it refuses, with it it holds again.
 func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	cfg.warnUnsafe(log)
 	if cfg.Pprof && cfg.MetricsAddr == "" {
 		return errors.New("pprof is served on the metrics listener: set a metrics address (such as 127.0.0.1:9640) to use it")
 	}
-	remoteOpts, err := cfg.Remote.serverOptions(log)
+	remoteOpts, reload, err := cfg.Remote.serverOptions(log)
 	if err != nil {
 		return err
 	}
+	defer watchReload(ctx, log, cfg.Reload, reload)()
 	gid := -1
 	if cfg.SocketGroup != "" {
 		if gid, err = LookupGroup(cfg.SocketGroup); err != nil {
@@ -250,13 +259,13 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
 		recOpts = append(recOpts, reconcile.WithHold(holdReason))
 	}
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: cfg.MaxPorts, MaxServices: cfg.MaxServices,
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: unlimitedIfZero(cfg.MaxPorts), MaxServices: cfg.MaxServices,
 		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
 	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap.WithLimits(limits), recOpts...)
 	var apiOpts []server.APIOption
 	stopHub := func() {}
 	if src, ok := dp.(dataplane.FlowSource); ok {
-		hub := flows.New(log.Named("flows"), src, flows.WithBuffer(cmp.Or(cfg.FlowBuffer, flows.DefaultBuffer)),
+		hub := flows.New(log.Named("flows"), src, flows.WithBuffer(cfg.FlowBuffer),
 			flows.WithResolver(server.FlowResolver(rec.Snapshot)), flows.WithObserver(m))
 		apiOpts = append(apiOpts, server.WithFlows(hub))
 		hubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -354,6 +363,15 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	stopRec()
 	<-recDone
 	return runErr
+}
+
+// unlimitedIfZero maps a flag's 0 (no limit) to validation's -1 for a limit
+// whose 0 means its default there.
+func unlimitedIfZero(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {

@@ -22,6 +22,7 @@ func config(t *testing.T) daemon.Config {
 		Dataplane:       daemon.DataplaneFake,
 		MaxBackends:     10,
 		MaxRecvMsgSize:  1 << 20,
+		FlowBuffer:      64,
 		ShutdownTimeout: time.Second,
 	}
 }

@@ -30,8 +30,14 @@ type running struct {
 // checks with want. It is stopped at the end of the test.
 func start(t *testing.T, cfg daemon.Config, want healthpb.HealthCheckResponse_ServingStatus) *running {
 	t.Helper()
+	return startAt(t, hclog.Info, cfg, want)
+}
+
+// startAt is start logging at level.
+func startAt(t *testing.T, level hclog.Level, cfg daemon.Config, want healthpb.HealthCheckResponse_ServingStatus) *running {
+	t.Helper()
 	r := &running{t: t, cfg: cfg, log: &syncbuf.Buffer{}, done: make(chan error, 1)}
-	log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Level: hclog.Info, Output: r.log})
+	log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Level: level, Output: r.log})
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- daemon.Run(ctx, log, cfg) }()

@@ -1,13 +1,10 @@
 package daemon
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/user"
 	"strconv"
 	"strings"
@@ -37,8 +34,7 @@ type Remote struct {
 	AuthzFile string
 }
 
-// Limits are the API's concurrency limits; zero values take the server's
-// defaults.
+// Limits are the API's concurrency limits; zero means no limit.
 type Limits struct {
 	// MaxConcurrentStreams bounds the calls open on one client connection.
 	MaxConcurrentStreams uint32
@@ -49,42 +45,42 @@ type Limits struct {
 	MaxFlowWatchers int
 }
 
-// serverOptions checks r and returns the gRPC shell options it asks for.
-// It refuses an incomplete or unsafe configuration before anything has
-// been opened, with a message naming the flags.
-func (r Remote) serverOptions(log hclog.Logger) ([]server.Option, error) {
+var errNoListen = errors.New("--tls-cert, --tls-key, --tls-client-ca and --insecure-listen configure --listen, which is not set")
+
+// serverOptions checks r and returns the gRPC shell options it asks for,
+// and the reloader of its files (nil without Listen). It refuses an
+// incomplete or unsafe configuration before anything has been opened, with
+// a message naming the flags.
+func (r Remote) serverOptions(log hclog.Logger) ([]server.Option, *reloader, error) {
 	if r.Listen == "" {
 		if r.TLSCert != "" || r.TLSKey != "" || r.TLSClientCA != "" || r.InsecureListen {
-			return nil, errors.New("--tls-cert, --tls-key, --tls-client-ca and --insecure-listen configure --listen, which is not set")
+			return nil, nil, errNoListen
 		}
 		if r.AuthzFile != "" {
 			log.Warn("--authz-file has no effect without --listen: Unix-socket clients are trusted")
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	addr, err := ParseListen(r.Listen)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var policy *authz.Policy
-	if r.AuthzFile != "" {
-		if policy, err = authz.Load(r.AuthzFile); err != nil {
-			return nil, fmt.Errorf("refusing to start: %w", err)
-		}
-	}
-	opts := []server.Option{server.WithAuthorization(policy)}
 	anyTLS := r.TLSCert != "" || r.TLSKey != "" || r.TLSClientCA != ""
 	switch {
 	case r.InsecureListen && anyTLS:
-		return nil, errors.New("--insecure-listen serves plaintext: drop it, or drop --tls-cert, --tls-key and --tls-client-ca")
+		return nil, nil, errors.New("--insecure-listen serves plaintext: drop it, or drop --tls-cert, --tls-key and --tls-client-ca")
 	case r.InsecureListen:
 		if !isLoopback(addr) {
-			return nil, fmt.Errorf("refusing to serve the API in plaintext on %s: --insecure-listen is only for a loopback address (127.0.0.1, [::1], localhost); "+
+			return nil, nil, fmt.Errorf("refusing to serve the API in plaintext on %s: --insecure-listen is only for a loopback address (127.0.0.1, [::1], localhost); "+
 				"for any other address use mutual TLS (--tls-cert, --tls-key, --tls-client-ca)", addr)
 		}
+		rl, err := newReloader(log.Named("reload"), r, false)
+		if err != nil {
+			return nil, nil, fmt.Errorf("refusing to start: %w", err)
+		}
 		log.Warn("serving the API in plaintext on a loopback TCP address: any local user may connect; use mutual TLS for anything but tests",
-			"addr", addr, "authz", authzSummary(r.AuthzFile, policy))
-		return append(opts, server.WithTCP(addr, nil)), nil
+			"addr", addr, "authz", authzSummary(r.AuthzFile, rl.policy()))
+		return []server.Option{server.WithAuthorizationFrom(rl.policy), server.WithTCP(addr, nil)}, rl, nil
 	}
 	var missing []string
 	for _, f := range []struct{ flag, value string }{{"--tls-cert", r.TLSCert}, {"--tls-key", r.TLSKey}, {"--tls-client-ca", r.TLSClientCA}} {
@@ -93,18 +89,18 @@ func (r Remote) serverOptions(log hclog.Logger) ([]server.Option, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("--listen %s needs mutual TLS: set %s (or, on a loopback address only, --insecure-listen)", r.Listen, strings.Join(missing, ", "))
+		return nil, nil, fmt.Errorf("--listen %s needs mutual TLS: set %s (or, on a loopback address only, --insecure-listen)", r.Listen, strings.Join(missing, ", "))
 	}
-	cfg, err := ServerTLSConfig(r.TLSCert, r.TLSKey, r.TLSClientCA)
+	rl, err := newReloader(log.Named("reload"), r, true)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
-	if policy == nil {
+	if policy := rl.policy(); policy == nil {
 		log.Warn("no --authz-file: every client with a certificate from --tls-client-ca may change every owner's services", "addr", addr, "client_ca", r.TLSClientCA)
 	} else {
 		log.Info("remote clients are authorized by owner", "authz_file", r.AuthzFile, "identities", policy.Len())
 	}
-	return append(opts, server.WithTCP(addr, cfg)), nil
+	return []server.Option{server.WithAuthorizationFrom(rl.policy), server.WithTCP(addr, rl.serverTLS())}, rl, nil
 }
 
 func authzSummary(file string, p *authz.Policy) string {
@@ -148,32 +144,6 @@ func isLoopback(addr string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// ServerTLSConfig is the TLS configuration of vipd's TCP listener: the
-// server's certificate and key from certFile and keyFile, TLS 1.2 at least
-// (1.3 is preferred, as crypto/tls does), and client certificates required
-// and verified against the CA bundle in clientCAFile. Errors name the file,
-// never its contents.
-func ServerTLSConfig(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("load --tls-cert %s and --tls-key %s: %w", certFile, keyFile, err)
-	}
-	pem, err := os.ReadFile(clientCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("read --tls-client-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--tls-client-ca %s holds no PEM certificate", clientCAFile)
-	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-	}, nil
-}
-
 // LookupGroup resolves a --socket-group value, a group name or a numeric
 // GID, to a GID.
 func LookupGroup(s string) (int, error) {
@@ -192,15 +162,9 @@ func LookupGroup(s string) (int, error) {
 }
 
 func (l Limits) serverOptions() []server.Option {
-	var opts []server.Option
-	if l.MaxConcurrentStreams != 0 {
-		opts = append(opts, server.WithMaxConcurrentStreams(l.MaxConcurrentStreams))
+	return []server.Option{
+		server.WithMaxConcurrentStreams(l.MaxConcurrentStreams),
+		server.WithMaxInflightRequests(l.MaxInflightRequests),
+		server.WithMaxFlowWatchers(l.MaxFlowWatchers),
 	}
-	if l.MaxInflightRequests != 0 {
-		opts = append(opts, server.WithMaxInflightRequests(l.MaxInflightRequests))
-	}
-	if l.MaxFlowWatchers != 0 {
-		opts = append(opts, server.WithMaxFlowWatchers(l.MaxFlowWatchers))
-	}
-	return opts
 }

@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 	if tools.dir != "" {
 		os.RemoveAll(tools.dir)
 	}
+	if vipdBinary.cleanup != nil {
+		vipdBinary.cleanup()
+	}
 	os.Exit(code)
 }
 

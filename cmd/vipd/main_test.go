@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/internal/version"
+)
+
+// execute runs vipd's command line in this process with the fake dataplane,
+// a socket and state directory of the test's and no metrics listener, then
+// args. A start that was not refused runs until a few seconds have passed.
+func execute(t *testing.T, args ...string) (dir string, err error) {
+	t.Helper()
+	dir = t.TempDir()
+	common := []string{"run", "--dataplane", "fake", "--socket", filepath.Join(dir, "vipd.sock"),
+		"--state-dir", filepath.Join(dir, "state"), "--metrics-addr", ""}
+	cmd := rootCommand()
+	cmd.SetArgs(append(common, args...))
+	cmd.SetOut(&bytes.Buffer{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return dir, cmd.ExecuteContext(ctx)
+}
+
+// TestBadFlagsRefuseStart checks that flags that make no sense stop vipd
+// before it opens anything (no state directory, no socket), with an error
+// that names the flag.
+func TestBadFlagsRefuseStart(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-backends", "-1"}, "--max-backends"},
+		{[]string{"--max-ports", "-1"}, "--max-ports"},
+		{[]string{"--max-services", "-5"}, "--max-services"},
+		{[]string{"--max-total-backends", "-1"}, "--max-total-backends"},
+		{[]string{"--max-concurrent-streams", "-1"}, "--max-concurrent-streams"},
+		{[]string{"--max-inflight-requests", "-1"}, "--max-inflight-requests"},
+		{[]string{"--max-flow-watchers", "-1"}, "--max-flow-watchers"},
+		{[]string{"--max-recv-msg-size", "-1"}, "--max-recv-msg-size"},
+		{[]string{"--flow-buffer", "0"}, "--flow-buffer"},
+		{[]string{"--flow-buffer", "-3"}, "--flow-buffer"},
+		{[]string{"--resync-period", "-1s"}, "--resync-period"},
+		{[]string{"--drift-check-period", "-5s"}, "--drift-check-period"},
+		{[]string{"--shutdown-timeout", "-1s"}, "--shutdown-timeout"},
+		{[]string{"--socket-mode", "0666"}, "--socket-mode"},
+		{[]string{"--socket-mode", "0661"}, "--socket-mode"},
+		{[]string{"--socket-mode", "0604"}, "--socket-mode"},
+		{[]string{"--socket-mode", "01660"}, "--socket-mode"},
+		{[]string{"--socket-mode", "rw"}, "--socket-mode"},
+		{[]string{"--max-ports", "-1", "--flow-buffer", "0"}, "--flow-buffer"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			dir, err := execute(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("vipd %s: %v; want an error naming %s", strings.Join(tc.args, " "), err, tc.want)
+			}
+			for _, name := range []string{"state", "vipd.sock"} {
+				if _, err := os.Lstat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+					t.Errorf("%s exists after a refused start", name)
+				}
+			}
+		})
+	}
+}
+
+// TestEnvironmentSetsFlags checks VIPD_<FLAG>: a bad value from the
+// environment is refused as the flag's would be, an unparsable one names
+// the variable, and the command line wins over the environment.
+func TestEnvironmentSetsFlags(t *testing.T) {
+	t.Run("checked like the flag", func(t *testing.T) {
+		t.Setenv("VIPD_FLOW_BUFFER", "0")
+		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), "--flow-buffer 0") {
+			t.Fatalf("VIPD_FLOW_BUFFER=0: %v", err)
+		}
+	})
+	t.Run("slice flag", func(t *testing.T) {
+		t.Setenv("VIPD_SERVICE_CIDR", "198.19.0.0/16,not-a-cidr")
+		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), `--service-cidr "not-a-cidr"`) {
+			t.Fatalf("VIPD_SERVICE_CIDR with a bad second value: %v", err)
+		}
+	})
+	t.Run("unparsable names the variable", func(t *testing.T) {
+		t.Setenv("VIPD_MAX_SERVICES", "many")
+		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), "VIPD_MAX_SERVICES") {
+			t.Fatalf("VIPD_MAX_SERVICES=many: %v", err)
+		}
+	})
+	t.Run("command line wins", func(t *testing.T) {
+		t.Setenv("VIPD_MAX_PORTS", "-1")
+		if _, err := execute(t, "--max-ports", "-2"); err == nil || !strings.Contains(err.Error(), "--max-ports -2") {
+			t.Fatalf("VIPD_MAX_PORTS=-1 with --max-ports -2: %v; want the flag's value refused", err)
+		}
+	})
+}
+
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		cmd := rootCommand()
+		var out bytes.Buffer
+		cmd.SetArgs(args)
+		cmd.SetOut(&out)
+		if err := cmd.Execute(); err != nil || out.String() != version.String()+"\n" {
+			t.Errorf("vipd %s: %q, %v; want %q", args[0], out.String(), err, version.String()+"\n")
+		}
+	}
+}
