@@ -198,7 +198,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		}
 	}
 	cfg.Memory.apply(log)
-	dir, err := store.OpenDir(cfg.StateDir)
+	dir, err := store.OpenDir(cfg.StateDir, store.WithLogger(log.Named("store")))
 	if err != nil {
 		return err
 	}
