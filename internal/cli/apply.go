@@ -177,7 +177,7 @@ func (a *App) loadDocuments(opts manifest.Options, files []string, owner string)
 	for i, s := range res.Services {
 		d := document{svc: s, origin: res.Origins[i], generation: s.GetGeneration()}
 		if first, dup := seen[s.GetName()]; dup {
-			return nil, &inputError{err: d.error("name", fmt.Errorf("service %q appears more than once in the files (first in %s: document %d)",
+			return nil, &inputError{err: d.error("", fmt.Errorf("service %q appears more than once in the files (first in %s: document %d)",
 				s.GetName(), first.origin.Source, first.origin.Document))}
 		}
 		seen[s.GetName()] = d
@@ -243,7 +243,10 @@ func (d document) upsertRequest(opts applyOptions, validateOnly bool) *vipdv1.Up
 // table mode.
 func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
 	lb := c.LoadBalancerClient()
-	var rejected fileErrors
+	var (
+		rejected fileErrors
+		failed   int
+	)
 	checked := make([]*vipdv1.UpsertServiceResponse, len(docs))
 	for i, d := range docs {
 		resp, err := lb.UpsertService(ctx, d.upsertRequest(opts, true))
@@ -252,12 +255,13 @@ func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, 
 				return err
 			}
 			rejected.add(a.placeError(ctx, c, d, opts, err))
+			failed++
 			continue
 		}
 		checked[i] = resp
 	}
 	if len(rejected.errs) > 0 {
-		rejected.summary = fmt.Sprintf("nothing was applied: vipd rejected %d of %d services", len(rejected.errs), len(docs))
+		rejected.summary = fmt.Sprintf("nothing was applied: vipd rejected %d of %d services (%s)", failed, len(docs), status.Code(rejected.cause))
 		return &rejected
 	}
 	if opts.dryRun {
@@ -455,7 +459,7 @@ func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []doc
 		}
 	}
 	if len(stale.errs) > 0 {
-		stale.summary = "nothing was applied"
+		stale.summary = "nothing was applied (Aborted)"
 		return &stale
 	}
 	return nil
@@ -464,7 +468,7 @@ func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []doc
 // placeSyncViolations places the field violations of a SyncServices, on
 // services[i].FIELD, in the documents.
 func placeSyncViolations(docs []document, err error) error {
-	fe := &fileErrors{cause: err, summary: "nothing was applied"}
+	fe := &fileErrors{cause: err, summary: fmt.Sprintf("nothing was applied (%s)", status.Code(err))}
 	for _, fv := range client.FieldViolations(err) {
 		var i int
 		var rest string

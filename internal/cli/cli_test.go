@@ -208,7 +208,7 @@ func TestApplyOwnerAndGeneration(t *testing.T) {
 		"Error: "+file+": document 2 (line 5, service \"b\"): owner: \"ctl\" is not --owner \"other\"\n", ExitInvalid)
 
 	vipctl(t, sock, "", "apply", "-f", file, "-f", file).check(t, "",
-		"Error: "+file+": document 1 (service \"a\"): name: service \"a\" appears more than once in the files (first in "+file+": document 1)\n", ExitInvalid)
+		"Error: "+file+": document 1 (service \"a\"): service \"a\" appears more than once in the files (first in "+file+": document 1)\n", ExitInvalid)
 }
 
 func TestApplyErrors(t *testing.T) {
@@ -222,7 +222,7 @@ func TestApplyErrors(t *testing.T) {
 	vipctl(t, sock, "", "apply", "-f", bad).check(t, "", `Error: `+bad+`: document 2 (line 5, service "bad"): vips[1]: "10.0.0.256" is not an IP address
 Error: `+bad+`: document 2 (line 5, service "bad"): vips[2]: "not-an-ip" is not an IP address
 Error: `+bad+`: document 2 (line 5, service "bad"): backends[0].weight: 70000 is out of range; 1 to 65535 are allowed, or 0 for 1
-Error: nothing was applied: vipd rejected 1 of 2 services
+Error: nothing was applied: vipd rejected 1 of 2 services (InvalidArgument)
 `, ExitInvalid)
 	if stored(t, vipd, "good") != nil || len(vipd.Dataplane().Records()) != before {
 		t.Errorf("apply wrote the first document of a file whose second is invalid")
@@ -237,7 +237,7 @@ Error: nothing was applied: vipd rejected 1 of 2 services
 	before = len(vipd.Dataplane().Records())
 	vipctl(t, sock, "", "apply", "-f", conflict).check(t, "",
 		`Error: `+conflict+`: document 1 (service "b"): [1]: AlreadyExists: service b: 10.96.0.9:80/TCP is already used by service x
-Error: nothing was applied: vipd rejected 1 of 2 services
+Error: nothing was applied: vipd rejected 1 of 2 services (AlreadyExists)
 `, ExitConflict)
 	// And two documents that claim one VIP:port: vipd would accept each
 	// alone.
@@ -322,7 +322,7 @@ owner ctl: 1 created, 1 configured, 1 deleted, 1 unchanged
 	bad := writeFile(t, "bad.yaml", "- {name: a, vips: [10.96.0.1], ports: [{port: 80}]}\n- {name: b, vips: [nope], ports: [{port: 80}]}\n")
 	vipctl(t, sock, "", "apply", "-f", bad, "--prune", "--owner", "ctl").check(t, "",
 		`Error: `+bad+`: document 1 (service "b"): [1].vips[0]: "nope" is not an IP address
-Error: nothing was applied
+Error: nothing was applied (InvalidArgument)
 `, ExitInvalid)
 }
 
