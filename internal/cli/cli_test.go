@@ -403,8 +403,9 @@ func TestBackends(t *testing.T) {
 	// unnamed port.
 	vipctl(t, sock, "", "apply", "-f", writeFile(t, "dns.yaml", "name: dns\nvips: [10.96.0.53]\nports: [{port: 53, protocol: udp}]\n")).checkCode(t, ExitOK)
 	vipctl(t, sock, "", "backends", "add", "dns", "10.0.0.5", "--port", "=5353").checkCode(t, ExitOK)
-	if diff := cmp.Diff(map[string]uint32{"": 5353}, stored(t, vipd, "dns").GetBackends()[0].GetPorts()); diff != "" {
-		t.Errorf("--port =5353: ports (-want +got):\n%s", diff)
+	wantDNS := []*vipdv1.Backend{{Ip: "10.0.0.5", Weight: 1, State: ready, Ports: map[string]uint32{"": 5353}}}
+	if diff := cmp.Diff(wantDNS, stored(t, vipd, "dns").GetBackends(), protocmp.Transform()); diff != "" {
+		t.Errorf("--port =5353: backends (-want +got):\n%s", diff)
 	}
 	vipctl(t, sock, "", "backends", "list", "dns").check(t, `IP        STATE  WEIGHT  NODE-LOCAL  ZONE  PORTS
 10.0.0.5  ready  1       false       -     ""=5353
@@ -638,6 +639,21 @@ func TestUnavailable(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func TestUnavailableServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	start := time.Now()
+	vipctl(t, "", "", "--server", addr, "--insecure", "--timeout", "1s", "status").check(t, "",
+		"Error: cannot reach vipd at tcp://"+addr+": connection refused (is vipd running, with --listen on this address?)\n", ExitUnavailable)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("took %v, want at most --timeout 1s and a second", took)
 	}
 }
 
