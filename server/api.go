@@ -99,8 +99,8 @@ func (a *API) validService(svc *vipdv1.Service, field string) (*vipdv1.Service, 
 }
 
 // put stages svc unless the stored service already has the same spec, and
-// returns the service as stored (with its generation). The store keeps a
-// copy of dp, not dp itself, because a mutation may run more than once and
+// returns the service as stored (with its generation). svc.Owner is the
+// owner stored, whatever dp says. The store keeps a copy of dp, not dp itself, because a mutation may run more than once and
 // each run stamps its own generation; dp's slices and maps are shared and
 // must not change afterwards. It reports whether anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
@@ -109,6 +109,7 @@ func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Ser
 		return svc, false, nil
 	}
 	dpCopy := *dp
+	dpCopy.Owner = svc.Owner
 	if _, err := tx.Put(svc, &dpCopy); err != nil {
 		return nil, false, err
 	}
@@ -155,11 +156,18 @@ func (a *API) fail(ctx context.Context, err error) error {
 // other call can create it in between. An existing service of that name
 // is AlreadyExists whoever owns it, and is not changed, so the caller
 // needs no permission for its owner.
+//
+// An upsert never moves an existing service to another owner unless it
+// sets take_ownership: without it, an owner that differs from the stored
+// one is FailedPrecondition naming the stored owner, checked in the same
+// transaction as the write. An empty owner keeps the stored owner, and
+// means validation.DefaultOwner only for a new service.
 func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceRequest) (*vipdv1.UpsertServiceResponse, error) {
 	var v validation.Violations
 	if req.CreateOnly && req.ExpectedGeneration != 0 {
 		v = append(v, validation.Violation{Field: "create_only", Description: fmt.Sprintf("cannot be combined with expected_generation %d: a create has no generation to expect", req.ExpectedGeneration)})
 	}
+	ownerGiven := req.GetService().GetOwner() != ""
 	svc, dp, err := a.validService(req.GetService(), "service")
 	var sv validation.Violations
 	if errors.As(err, &sv) {
@@ -173,10 +181,16 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 	}
 	p := authz.FromContext(ctx)
 	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+		old, exists := tx.Get(svc.Name)
+		// Each run sets the owner afresh: a mutation may run more than
+		// once, and the service may have come or gone in between.
+		svc.Owner = dp.Owner
+		if exists && !ownerGiven {
+			svc.Owner = old.Owner()
+		}
 		if err := p.CheckOwner(svc.Owner); err != nil {
 			return nil, err
 		}
-		old, exists := tx.Get(svc.Name)
 		if exists && req.CreateOnly {
 			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
 		}
@@ -185,8 +199,13 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 				return nil, err
 			}
 		}
+		// A stale generation first: the caller's view is out of date,
+		// which may be all that the owner differs by.
 		if err := checkGeneration(tx, svc.Name, req.ExpectedGeneration); err != nil {
 			return nil, err
+		}
+		if exists && old.Owner() != svc.Owner && !req.TakeOwnership {
+			return nil, status.Errorf(codes.FailedPrecondition, "service %q is owned by %q; set take_ownership to move it to %q", svc.Name, old.Owner(), svc.Owner)
 		}
 		stored, _, err := put(tx, svc, dp)
 		return stored, err
