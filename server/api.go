@@ -207,13 +207,23 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		if exists && old.Owner() != svc.Owner && !req.TakeOwnership {
 			return nil, status.Errorf(codes.FailedPrecondition, "service %q is owned by %q; set take_ownership to move it to %q", svc.Name, old.Owner(), svc.Owner)
 		}
-		stored, _, err := put(tx, svc, dp)
-		return stored, err
+		stored, changed, err := put(tx, svc, dp)
+		if err != nil {
+			return nil, err
+		}
+		resp := &vipdv1.UpsertServiceResponse{Service: stored, Result: vipdv1.UpsertResult_UPSERT_RESULT_CONFIGURED}
+		switch {
+		case !exists:
+			resp.Result = vipdv1.UpsertResult_UPSERT_RESULT_CREATED
+		case !changed:
+			resp.Result = vipdv1.UpsertResult_UPSERT_RESULT_UNCHANGED
+		}
+		return resp, nil
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	return &vipdv1.UpsertServiceResponse{Service: res.(*vipdv1.Service)}, nil
+	return res.(*vipdv1.UpsertServiceResponse), nil
 }
 
 // DeleteService implements vipdv1.LoadBalancerServiceServer.
@@ -382,6 +392,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	}
 	var v validation.Violations
 	remove := map[netip.Addr]bool{}
+	removeOrder := make([]netip.Addr, 0, len(req.Remove)) // remove's addresses as listed, for absent
 	for i, s := range req.Remove {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
@@ -389,6 +400,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 			continue
 		}
 		remove[ip.Unmap()] = true
+		removeOrder = append(removeOrder, ip.Unmap())
 	}
 	if len(v) > 0 {
 		return nil, toStatus(v)
@@ -424,12 +436,35 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 			return nil, err
 		}
 		stored, _, err := put(tx, svc, dp)
-		return stored, err
+		if err != nil {
+			return nil, err
+		}
+		return &vipdv1.UpdateBackendsResponse{Service: stored, Absent: absent(old.Dataplane, req.Remove, removeOrder)}, nil
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	return &vipdv1.UpdateBackendsResponse{Service: res.(*vipdv1.Service)}, nil
+	return res.(*vipdv1.UpdateBackendsResponse), nil
+}
+
+// absent returns the entries of remove, as written, whose addresses (ips,
+// index for index) svc has no backend of, each address once.
+func absent(svc *dataplane.Service, remove []string, ips []netip.Addr) []string {
+	if len(ips) == 0 {
+		return nil
+	}
+	have := make(map[netip.Addr]bool, len(svc.Backends))
+	for _, b := range svc.Backends {
+		have[b.IP] = true
+	}
+	var res []string
+	for i, ip := range ips {
+		if !have[ip] {
+			res = append(res, remove[i])
+			have[ip] = true // listed once
+		}
+	}
+	return res
 }
 
 // mergeBackends returns a copy of e's service with the backends in remove
