@@ -41,6 +41,10 @@ import (
 // While the reconciler holds the dataplane (vipd --recover), UpsertService,
 // DeleteService and UpdateBackends get FailedPrecondition, and the first
 // SyncServices that succeeds ends the hold with a full sync.
+//
+// With validate_only, UpsertService, SyncServices and UpdateBackends run
+// their mutation on the current state and throw it away (see mutate): the
+// same checks, the same answer, and nothing changed.
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
@@ -130,6 +134,16 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 	return nil
 }
 
+// mutate submits m to the reconciler, or with validateOnly (AIP-163) only
+// runs it on the current state and changes nothing: every check of the
+// write runs, and m's result is what the write would have returned.
+func (a *API) mutate(ctx context.Context, validateOnly bool, m reconcile.Mutation) (any, error) {
+	if validateOnly {
+		return a.rec.Validate(ctx, m)
+	}
+	return a.rec.Do(ctx, m)
+}
+
 // fail turns a mutation's error into a status: toStatus, after the errors
 // only the API knows about, a denied owner (which it logs) and a held
 // dataplane.
@@ -180,7 +194,7 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		return nil, toStatus(err)
 	}
 	p := authz.FromContext(ctx)
-	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
 		old, exists := tx.Get(svc.Name)
 		// Each run sets the owner afresh: a mutation may run more than
 		// once, and the service may have come or gone in between.
@@ -337,7 +351,11 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 	p := authz.FromContext(ctx)
 	// Release: under vipd --recover, the first SyncServices ends the hold
 	// with a full sync.
-	res, err := a.rec.Release(ctx, func(tx *store.Txn) (any, error) {
+	release := a.rec.Release
+	if req.ValidateOnly {
+		release = a.rec.ValidateRelease
+	}
+	res, err := release(ctx, func(tx *store.Txn) (any, error) {
 		if err := p.CheckOwner(req.Owner); err != nil {
 			return nil, err
 		}
@@ -406,7 +424,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 		return nil, toStatus(v)
 	}
 	p := authz.FromContext(ctx)
-	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
 		old, ok := tx.Get(req.Name)
 		if !ok {
 			return nil, notFound(req.Name)
