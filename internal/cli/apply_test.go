@@ -33,7 +33,7 @@ func TestApplyDryRun(t *testing.T) {
 	vipctl(t, sock, "", "apply", "-f", web).checkCode(t, ExitOK)
 	vipctl(t, sock, "", "apply", "-f", web, "--dry-run").check(t, "service/web unchanged (dry run)\n", "", ExitOK)
 
-	changed := writeFile(t, "web2.yaml", "name: web\nvips: [10.96.0.10]\nports: [{port: 80}, {port: 443}]\n")
+	changed := writeFile(t, "web2.yaml", "name: web\nvips: [10.96.0.10]\nports: [{name: http, port: 80}, {name: https, port: 443}]\n")
 	vipctl(t, sock, "", "apply", "-f", changed, "--dry-run").check(t, "service/web configured (dry run)\n", "", ExitOK)
 	if got := stored(t, vipd, "web"); got.GetGeneration() != 1 || len(got.GetPorts()) != 1 {
 		t.Errorf("apply --dry-run changed the service: %v", got)

@@ -217,7 +217,7 @@ func TestApplyErrors(t *testing.T) {
 
 	// vipd checks every document before it writes any: a file whose
 	// second document is bad writes nothing.
-	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\nports: [{port: 80}]\nbackends: [{ip: 10.0.0.1, weight: 70000}]\n")
+	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.2]\nports: [{port: 80}]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\nports: [{port: 80}]\nbackends: [{ip: 10.0.0.1, weight: 70000}]\n")
 	before := len(vipd.Dataplane().Records())
 	vipctl(t, sock, "", "apply", "-f", bad).check(t, "", `Error: `+bad+`: document 2 (line 5, service "bad"): vips[1]: "10.0.0.256" is not an IP address
 Error: `+bad+`: document 2 (line 5, service "bad"): vips[2]: "not-an-ip" is not an IP address
