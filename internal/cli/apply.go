@@ -260,6 +260,9 @@ func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, 
 		}
 		checked[i] = resp
 	}
+	if len(rejected.errs) > 0 && len(docs) == 1 {
+		return &rejected
+	}
 	if len(rejected.errs) > 0 {
 		rejected.summary = fmt.Sprintf("nothing was applied: vipd rejected %d of %d services (%s)", failed, len(docs), status.Code(rejected.cause))
 		return &rejected

@@ -41,7 +41,7 @@ func TestApplyDryRun(t *testing.T) {
 	// The check includes conflicts with the services vipd has.
 	other := writeFile(t, "other.yaml", "name: other\nvips: [10.96.0.10]\nports: [{port: 80}]\n")
 	vipctl(t, sock, "", "apply", "-f", other, "--dry-run").check(t, "",
-		"Error: "+other+": document 1 (service \"other\"): AlreadyExists: service other: 10.96.0.10:80/TCP is already used by service web\nError: nothing was applied: vipd rejected 1 of 1 services (AlreadyExists)\n", ExitConflict)
+		"Error: "+other+": document 1 (service \"other\"): AlreadyExists: service other: 10.96.0.10:80/TCP is already used by service web\n", ExitConflict)
 }
 
 // TestApplyStaleFile checks that a file with a generation older than
@@ -60,7 +60,6 @@ func TestApplyStaleFile(t *testing.T) {
 	edited := strings.Replace(old.stdout, "port: 80", "port: 8080", 1)
 	vipctl(t, sock, edited, "apply", "-f", "-").check(t, "",
 		`Error: stdin: document 1 (service "web"): the file is stale: it holds generation 1 of service web, which vipd now has at generation 2; get the service again, or remove generation from the file to overwrite it
-Error: nothing was applied: vipd rejected 1 of 1 services (Aborted)
 `, ExitConflict)
 	if got := stored(t, vipd, "web"); got.GetGeneration() != 2 || len(got.GetBackends()) != 1 {
 		t.Errorf("a stale file changed the service: %v", got)
@@ -97,7 +96,6 @@ func TestApplyOwnership(t *testing.T) {
 		}
 		vipctl(t, sock, in, append([]string{"apply", "-f", "-"}, args...)...).check(t, "",
 			`Error: stdin: document 1 (service "web"): service web is owned by "nomad", not "ops": apply --take-ownership moves it
-Error: nothing was applied: vipd rejected 1 of 1 services (FailedPrecondition)
 `, ExitConflict)
 		if got := stored(t, vipd, "web").GetOwner(); got != "nomad" {
 			t.Errorf("apply %v moved the service to owner %q", args, got)
