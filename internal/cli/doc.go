@@ -14,6 +14,8 @@
 //
 // It owns presentation and argument handling only: it talks to vipd through
 // package client and reads files through package manifest. It must not
-// validate services (vipd does; apply checks only what its own flags
-// promise, such as --owner) or keep state between runs.
+// validate services (vipd does, with validate_only before apply writes
+// anything; apply checks only what its own flags promise, such as --owner,
+// and what vipd cannot see in one call: two services of the files that
+// claim one VIP:port) or keep state between runs.
 package cli
