@@ -230,6 +230,7 @@ func (a *App) dial() (*client.Client, error) {
 		return nil, &usageError{err: err}
 	}
 	a.endpoint = endpointOf(target)
+	a.endpoint.tls = useServer && !a.insecure
 	return c, nil
 }
 

@@ -18,22 +18,23 @@ import (
 type endpoint struct {
 	network, address string // as net.Dial takes them
 	shown            string // as the user may write it: unix:///run/vipd/vipd.sock
+	tls              bool   // the connection is mutual TLS
 }
 
 // endpointOf is the endpoint of a client target (see client.New).
 func endpointOf(target string) endpoint {
 	switch {
 	case strings.HasPrefix(target, "/"):
-		return endpoint{"unix", target, "unix://" + target}
+		return endpoint{network: "unix", address: target, shown: "unix://" + target}
 	case strings.HasPrefix(target, "unix-abstract:"):
-		return endpoint{"unix", "@" + strings.TrimPrefix(target, "unix-abstract:"), target}
+		return endpoint{network: "unix", address: "@" + strings.TrimPrefix(target, "unix-abstract:"), shown: target}
 	case strings.HasPrefix(target, "unix://"):
-		return endpoint{"unix", strings.TrimPrefix(target, "unix://"), target}
+		return endpoint{network: "unix", address: strings.TrimPrefix(target, "unix://"), shown: target}
 	case strings.HasPrefix(target, "unix:"):
-		return endpoint{"unix", strings.TrimPrefix(target, "unix:"), target}
+		return endpoint{network: "unix", address: strings.TrimPrefix(target, "unix:"), shown: target}
 	}
 	hostport := strings.TrimPrefix(target, "tcp://")
-	return endpoint{"tcp", hostport, "tcp://" + hostport}
+	return endpoint{network: "tcp", address: hostport, shown: "tcp://" + hostport}
 }
 
 // probeTimeout bounds the connection attempt that finds out why vipd did
@@ -73,8 +74,11 @@ func (e endpoint) diagnose(err error, timeout time.Duration) error {
 		if code == codes.Unavailable {
 			return err
 		}
-		return &unreachableError{at: e.shown, err: err,
-			cause: fmt.Sprintf("it accepts connections but did not answer within %v (--timeout); is it stopped or overloaded?", timeout)}
+		cause := fmt.Sprintf("it accepts connections but did not answer within %v (--timeout); is it stopped or overloaded?", timeout)
+		if e.tls {
+			cause = fmt.Sprintf("it accepts connections but no call succeeded within %v (--timeout): does it accept this client's certificate, and --cacert its? is it stopped or overloaded?", timeout)
+		}
+		return &unreachableError{at: e.shown, err: err, cause: cause}
 	}
 	return &unreachableError{at: e.shown, cause: e.dialCause(dialErr), err: err}
 }
