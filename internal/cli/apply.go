@@ -75,8 +75,8 @@ standard error.
 Each service prints "service/NAME created", "configured" or "unchanged".
 Nothing is written unless every service passes: vipd first checks each one
 (validate_only) against its current state, conflicts with other services
-included, and two services of the files that claim the same VIP:port are an
-error too. Errors name the file, document and field. Only if vipd changes
+included, and two services of the files that claim the same VIP:port, or a
+backend of one that is a VIP of another, are an error too. Errors name the file, document and field. Only if vipd changes
 between the check and the write (another client wrote meanwhile) can apply
 stop part way, with the services before the failing one applied. --dry-run
 stops after the check and prints what would happen.
@@ -195,33 +195,50 @@ func (a *App) loadDocuments(opts manifest.Options, files []string, owner string)
 }
 
 // claimConflicts finds two documents that claim the same VIP:port and
-// protocol. vipd checks each document against what it stores, so it would
-// accept both in the check before the write, and then refuse the second
-// after writing the first.
+// protocol, or a backend of one that is a VIP of another. vipd checks each
+// document against what it stores, so it would accept both in the check
+// before the write, and then refuse the second after writing the first.
 func claimConflicts(docs []document) error {
 	type claim struct {
 		vip      netip.Addr
 		port     uint32
 		protocol vipdv1.Protocol
 	}
-	owner := map[claim]document{}
+	claims := map[claim]document{}
+	vips := map[netip.Addr]document{}
+	conflict := func(d document, field, format string, args ...any) error {
+		return &inputError{err: d.error(field, fmt.Errorf(format+"; nothing was applied", args...))}
+	}
 	for _, d := range docs {
 		for i, vip := range d.svc.GetVips() {
 			addr, err := netip.ParseAddr(vip)
 			if err != nil {
 				continue // vipd names the field
 			}
+			vips[addr.Unmap()] = d
 			for _, p := range d.svc.GetPorts() {
 				proto := p.GetProtocol()
 				if proto == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
 					proto = vipdv1.Protocol_PROTOCOL_TCP
 				}
 				c := claim{addr.Unmap(), p.GetPort(), proto}
-				if first, ok := owner[c]; ok && first.svc.GetName() != d.svc.GetName() {
-					return &inputError{err: d.error(fmt.Sprintf("vips[%d]", i), fmt.Errorf("%s:%d/%s is also claimed by service %q (%s: document %d); nothing was applied",
-						c.vip, c.port, protocolString(proto), first.svc.GetName(), first.origin.Source, first.origin.Document))}
+				if first, ok := claims[c]; ok && first.svc.GetName() != d.svc.GetName() {
+					return conflict(d, fmt.Sprintf("vips[%d]", i), "%s:%d/%s is also claimed by service %q (%s: document %d)",
+						c.vip, c.port, protocolString(proto), first.svc.GetName(), first.origin.Source, first.origin.Document)
 				}
-				owner[c] = d
+				claims[c] = d
+			}
+		}
+	}
+	for _, d := range docs {
+		for i, b := range d.svc.GetBackends() {
+			addr, err := netip.ParseAddr(b.GetIp())
+			if err != nil {
+				continue
+			}
+			if other, ok := vips[addr.Unmap()]; ok && other.svc.GetName() != d.svc.GetName() {
+				return conflict(d, fmt.Sprintf("backends[%d].ip", i), "%s is a VIP of service %q (%s: document %d), which cannot be a backend",
+					addr.Unmap(), other.svc.GetName(), other.origin.Source, other.origin.Document)
 			}
 		}
 	}

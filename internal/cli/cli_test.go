@@ -248,6 +248,20 @@ Error: nothing was applied: vipd rejected 1 of 2 services (AlreadyExists)
 	vipctl(t, sock, "", "apply", "-f", twice).check(t, "",
 		`Error: `+twice+`: document 1 (service "b"): [1].vips[0]: 10.96.0.7:80/TCP is also claimed by service "a" (`+twice+`: document 1); nothing was applied
 `, ExitInvalid)
+	// Or a backend of one that is a VIP of another.
+	vipAsBackend := writeFile(t, "vip-as-backend.yaml", `
+name: a
+vips: [10.96.0.7]
+ports: [{port: 80}]
+---
+name: b
+vips: [10.96.0.6]
+ports: [{port: 80}]
+backends: [{ip: 10.0.0.1}, {ip: "::ffff:10.96.0.7"}]
+`)
+	vipctl(t, sock, "", "apply", "-f", vipAsBackend).check(t, "",
+		`Error: `+vipAsBackend+`: document 2 (line 6, service "b"): backends[1].ip: 10.96.0.7 is a VIP of service "a" (`+vipAsBackend+`: document 1), which cannot be a backend; nothing was applied
+`, ExitInvalid)
 	if stored(t, vipd, "a") != nil || stored(t, vipd, "b") != nil || len(vipd.Dataplane().Records()) != before {
 		t.Errorf("apply wrote part of a file with a conflict")
 	}
