@@ -30,9 +30,9 @@ const exitCodesHelp = `Exit codes:
   0  success
   1  any other error
   2  usage error: bad flags or arguments
-  3  NotFound: no such service
+  3  NotFound: no such service, or no such backend to remove
   4  InvalidArgument: vipd rejected the input, or an input file is invalid
-  5  conflict: AlreadyExists, Aborted (expected generation mismatch), FailedPrecondition
+  5  conflict: AlreadyExists, Aborted (a stale generation), FailedPrecondition (another owner's service)
   6  vipd unavailable: Unavailable or DeadlineExceeded
   7  denied: PermissionDenied (this client may not change that owner's services) or Unauthenticated`
 
