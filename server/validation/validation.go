@@ -431,6 +431,7 @@ func backend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string)
 	}
 	before := len(*v)
 	ip, ok := unicast(v, b.Ip, field+".ip")
+	ok = ok && checkBackendIP(v, ip, field+".ip")
 	if ok {
 		b.Ip = canonical(ip, b.Ip)
 		// Without a valid VIP the family is unknown; the VIP violation says enough.
