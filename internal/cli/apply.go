@@ -76,9 +76,10 @@ Each service prints "service/NAME created", "configured" or "unchanged".
 Nothing is written unless every service passes: vipd first checks each one
 (validate_only) against its current state, conflicts with other services
 included, and two services of the files that claim the same VIP:port, or a
-backend of one that is a VIP of another, are an error too. Errors name the file, document and field. Only if vipd changes
-between the check and the write (another client wrote meanwhile) can apply
-stop part way, with the services before the failing one applied. --dry-run
+backend of one that is a VIP of another, are an error too. Errors name the
+file, document and field. Only a failure between the check and the write
+(another client wrote meanwhile, or the kernel refused a change) can stop
+apply part way, with the services before the failing one applied. --dry-run
 stops after the check and prints what would happen.
 
 A service that carries generation (as "vipctl service get -o yaml" prints
