@@ -209,7 +209,12 @@ func (c *Client) HealthClient() healthpb.HealthClient { return c.health }
 // returns it as stored, with defaults filled in and its new generation. An
 // expectedGeneration of 0 writes unconditionally; otherwise the call fails
 // with Aborted unless the stored service has that generation. A VIP:port that
-// another service uses fails with AlreadyExists.
+// another service uses fails with AlreadyExists. An empty owner keeps the
+// stored service's owner; another owner than the stored one fails with
+// FailedPrecondition. To move a service to another owner, to check a write
+// without making it (validate_only), or to learn whether it created,
+// changed or left the service unchanged, send an UpsertServiceRequest
+// through LoadBalancerClient.
 func (c *Client) UpsertService(ctx context.Context, svc *vipdv1.Service, expectedGeneration uint64) (*vipdv1.Service, error) {
 	resp, err := c.lb.UpsertService(ctx, &vipdv1.UpsertServiceRequest{Service: svc, ExpectedGeneration: expectedGeneration})
 	if err != nil {
@@ -271,7 +276,9 @@ func (c *Client) SyncServices(ctx context.Context, owner string, svcs []*vipdv1.
 // UpdateBackends changes part of the named service's backend set: it adds
 // the upsert backends or replaces those with the same IP, removes the remove
 // IPs (ignoring absent ones), and returns the service as stored.
-// expectedGeneration works as in UpsertService.
+// expectedGeneration works as in UpsertService. LoadBalancerClient's
+// UpdateBackends also says which IPs were absent, and can check a change
+// without making it (validate_only).
 func (c *Client) UpdateBackends(ctx context.Context, name string, upsert []*vipdv1.Backend, remove []string, expectedGeneration uint64) (*vipdv1.Service, error) {
 	resp, err := c.lb.UpdateBackends(ctx, &vipdv1.UpdateBackendsRequest{
 		Name:               name,

@@ -41,6 +41,10 @@ import (
 // While the reconciler holds the dataplane (vipd --recover), UpsertService,
 // DeleteService and UpdateBackends get FailedPrecondition, and the first
 // SyncServices that succeeds ends the hold with a full sync.
+//
+// With validate_only, UpsertService, SyncServices and UpdateBackends run
+// their mutation on the current state and throw it away (see mutate): the
+// same checks, the same answer, and nothing changed.
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
@@ -111,8 +115,8 @@ func (a *API) honoured(out *vipdv1.Service, dp *dataplane.Service, v validation.
 }
 
 // put stages svc unless the stored service already has the same spec, and
-// returns the service as stored (with its generation). The store keeps a
-// copy of dp, not dp itself, because a mutation may run more than once and
+// returns the service as stored (with its generation). svc.Owner is the
+// owner stored, whatever dp says. The store keeps a copy of dp, not dp itself, because a mutation may run more than once and
 // each run stamps its own generation; dp's slices and maps are shared and
 // must not change afterwards. It reports whether anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
@@ -121,6 +125,7 @@ func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Ser
 		return svc, false, nil
 	}
 	dpCopy := *dp
+	dpCopy.Owner = svc.Owner
 	if _, err := tx.Put(svc, &dpCopy); err != nil {
 		return nil, false, err
 	}
@@ -139,6 +144,16 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 		return generationMismatch(name, expected, have)
 	}
 	return nil
+}
+
+// mutate submits m to the reconciler, or with validateOnly (AIP-163) only
+// runs it on the current state and changes nothing: every check of the
+// write runs, and m's result is what the write would have returned.
+func (a *API) mutate(ctx context.Context, validateOnly bool, m reconcile.Mutation) (any, error) {
+	if validateOnly {
+		return a.rec.Validate(ctx, m)
+	}
+	return a.rec.Do(ctx, m)
 }
 
 // fail turns a mutation's error into a status: toStatus, after the errors
@@ -167,11 +182,18 @@ func (a *API) fail(ctx context.Context, err error) error {
 // other call can create it in between. An existing service of that name
 // is AlreadyExists whoever owns it, and is not changed, so the caller
 // needs no permission for its owner.
+//
+// An upsert never moves an existing service to another owner unless it
+// sets take_ownership: without it, an owner that differs from the stored
+// one is FailedPrecondition naming the stored owner, checked in the same
+// transaction as the write. An empty owner keeps the stored owner, and
+// means validation.DefaultOwner only for a new service.
 func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceRequest) (*vipdv1.UpsertServiceResponse, error) {
 	var v validation.Violations
 	if req.CreateOnly && req.ExpectedGeneration != 0 {
 		v = append(v, validation.Violation{Field: "create_only", Description: fmt.Sprintf("cannot be combined with expected_generation %d: a create has no generation to expect", req.ExpectedGeneration)})
 	}
+	ownerGiven := req.GetService().GetOwner() != ""
 	svc, dp, err := a.validService(req.GetService(), "service")
 	var sv validation.Violations
 	if errors.As(err, &sv) {
@@ -184,11 +206,17 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		return nil, toStatus(err)
 	}
 	p := authz.FromContext(ctx)
-	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
+		old, exists := tx.Get(svc.Name)
+		// Each run sets the owner afresh: a mutation may run more than
+		// once, and the service may have come or gone in between.
+		svc.Owner = dp.Owner
+		if exists && !ownerGiven {
+			svc.Owner = old.Owner()
+		}
 		if err := p.CheckOwner(svc.Owner); err != nil {
 			return nil, err
 		}
-		old, exists := tx.Get(svc.Name)
 		if exists && req.CreateOnly {
 			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
 		}
@@ -197,16 +225,31 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 				return nil, err
 			}
 		}
+		// A stale generation first: the caller's view is out of date,
+		// which may be all that the owner differs by.
 		if err := checkGeneration(tx, svc.Name, req.ExpectedGeneration); err != nil {
 			return nil, err
 		}
-		stored, _, err := put(tx, svc, dp)
-		return stored, err
+		if exists && old.Owner() != svc.Owner && !req.TakeOwnership {
+			return nil, status.Errorf(codes.FailedPrecondition, "service %q is owned by %q; set take_ownership to move it to %q", svc.Name, old.Owner(), svc.Owner)
+		}
+		stored, changed, err := put(tx, svc, dp)
+		if err != nil {
+			return nil, err
+		}
+		resp := &vipdv1.UpsertServiceResponse{Service: stored, Result: vipdv1.UpsertResult_UPSERT_RESULT_CONFIGURED}
+		switch {
+		case !exists:
+			resp.Result = vipdv1.UpsertResult_UPSERT_RESULT_CREATED
+		case !changed:
+			resp.Result = vipdv1.UpsertResult_UPSERT_RESULT_UNCHANGED
+		}
+		return resp, nil
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	return &vipdv1.UpsertServiceResponse{Service: res.(*vipdv1.Service)}, nil
+	return res.(*vipdv1.UpsertServiceResponse), nil
 }
 
 // DeleteService implements vipdv1.LoadBalancerServiceServer.
@@ -320,7 +363,11 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 	p := authz.FromContext(ctx)
 	// Release: under vipd --recover, the first SyncServices ends the hold
 	// with a full sync.
-	res, err := a.rec.Release(ctx, func(tx *store.Txn) (any, error) {
+	release := a.rec.Release
+	if req.ValidateOnly {
+		release = a.rec.ValidateRelease
+	}
+	res, err := release(ctx, func(tx *store.Txn) (any, error) {
 		if err := p.CheckOwner(req.Owner); err != nil {
 			return nil, err
 		}
@@ -375,6 +422,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	}
 	var v validation.Violations
 	remove := map[netip.Addr]bool{}
+	removeOrder := make([]netip.Addr, 0, len(req.Remove)) // remove's addresses as listed, for absent
 	for i, s := range req.Remove {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
@@ -382,12 +430,13 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 			continue
 		}
 		remove[ip.Unmap()] = true
+		removeOrder = append(removeOrder, ip.Unmap())
 	}
 	if len(v) > 0 {
 		return nil, toStatus(v)
 	}
 	p := authz.FromContext(ctx)
-	res, err := a.rec.Do(ctx, func(tx *store.Txn) (any, error) {
+	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
 		old, ok := tx.Get(req.Name)
 		if !ok {
 			return nil, notFound(req.Name)
@@ -419,12 +468,35 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 			return nil, err
 		}
 		stored, _, err := put(tx, svc, dp)
-		return stored, err
+		if err != nil {
+			return nil, err
+		}
+		return &vipdv1.UpdateBackendsResponse{Service: stored, Absent: absent(old.Dataplane, req.Remove, removeOrder)}, nil
 	})
 	if err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	return &vipdv1.UpdateBackendsResponse{Service: res.(*vipdv1.Service)}, nil
+	return res.(*vipdv1.UpdateBackendsResponse), nil
+}
+
+// absent returns the entries of remove, as written, whose addresses (ips,
+// index for index) svc has no backend of, each address once.
+func absent(svc *dataplane.Service, remove []string, ips []netip.Addr) []string {
+	if len(ips) == 0 {
+		return nil
+	}
+	have := make(map[netip.Addr]bool, len(svc.Backends))
+	for _, b := range svc.Backends {
+		have[b.IP] = true
+	}
+	var res []string
+	for i, ip := range ips {
+		if !have[ip] {
+			res = append(res, remove[i])
+			have[ip] = true // listed once
+		}
+	}
+	return res
 }
 
 // mergeBackends returns a copy of e's service with the backends in remove

@@ -81,7 +81,7 @@ func TestOwnerCheckIsAtomicWithTheChange(t *testing.T) {
 	adminDone := make(chan error, 1)
 	go func() {
 		_, err := in.lb.UpsertService(as(t, "admin"), &vipdv1.UpsertServiceRequest{Service: &vipdv1.Service{
-			Name: "s", Owner: "team-b", Vips: []string{"198.19.0.1"}, Ports: []*vipdv1.Port{{Port: 80}}}})
+			Name: "s", Owner: "team-b", Vips: []string{"198.19.0.1"}, Ports: []*vipdv1.Port{{Port: 80}}}, TakeOwnership: true})
 		adminDone <- err
 	}()
 	<-entered

@@ -33,6 +33,10 @@ const (
 	KeyEnv    = "VIPD_KEY"
 )
 
+// DefaultTimeout is the default of --timeout: how long each call to vipd
+// may take, retries included, before vipctl gives up.
+const DefaultTimeout = 5 * time.Second
+
 // Streams are the standard streams of a run.
 type Streams struct {
 	In       io.Reader
@@ -57,6 +61,9 @@ type App struct {
 	// ran is set when cobra has accepted the command line and runs a
 	// command; errors before that are usage errors.
 	ran bool
+
+	// endpoint is the vipd that dial connected to, for errors.
+	endpoint endpoint
 }
 
 // New builds vipctl's command tree, reading SocketEnv for the default of
@@ -95,6 +102,14 @@ may connect. Over TCP (vipd --listen), vipd requires mutual TLS: give
 			return nil
 		},
 	}
+	var showVersion bool
+	root.Flags().BoolVar(&showVersion, "version", false, `show vipctl's version, as "vipctl version --client" does`)
+	root.RunE = a.run(func(ctx context.Context, _ []string) error {
+		if showVersion {
+			return a.showVersion(ctx, true)
+		}
+		return root.Help()
+	})
 	root.SetIn(s.In)
 	root.SetOut(s.Out)
 	root.SetErr(s.Err)
@@ -106,7 +121,7 @@ may connect. Over TCP (vipd --listen), vipd requires mutual TLS: give
 	f.StringVar(&a.key, "key", os.Getenv(KeyEnv), "--server: this client's private key (PEM) (env "+KeyEnv+")")
 	f.BoolVar(&a.insecure, "insecure", false, "--server without TLS: only for a loopback address that vipd serves with --insecure-listen")
 	f.StringVarP(&a.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
-	f.DurationVar(&a.timeout, "timeout", client.DefaultTimeout, "deadline of each call to vipd, retries included; 0 for none")
+	f.DurationVar(&a.timeout, "timeout", DefaultTimeout, "deadline of each call to vipd, retries included (for flows --follow, of the start of the stream); 0 for none")
 	root.MarkFlagsMutuallyExclusive("socket", "server")
 
 	root.AddCommand(
@@ -180,6 +195,12 @@ func (a *App) dial() (*client.Client, error) {
 	// environment (the flags themselves exclude each other).
 	useServer := a.server != "" && !a.root.PersistentFlags().Changed("socket")
 	var target string
+	switch {
+	case a.root.PersistentFlags().Changed("server") && a.server == "":
+		return nil, usageErrorf("--server is empty: give vipd's address, [tcp://]host:port, or leave the flag out for --socket")
+	case !useServer && a.socket == "":
+		return nil, usageErrorf("--socket is empty: give the path of vipd's socket (default %s)", DefaultSocket)
+	}
 	if useServer {
 		target = a.server
 		tlsOpts, err := a.transport()
@@ -208,6 +229,8 @@ func (a *App) dial() (*client.Client, error) {
 	if err != nil {
 		return nil, &usageError{err: err}
 	}
+	a.endpoint = endpointOf(target)
+	a.endpoint.tls = useServer && !a.insecure
 	return c, nil
 }
 
@@ -254,12 +277,14 @@ func loopbackHost(host string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// withClient runs f with a client for vipd, and closes it.
+// withClient runs f with a client for vipd, and closes it. When f fails
+// because vipd could not be reached, the error says so in one line, with
+// the address and the cause.
 func (a *App) withClient(f func(*client.Client) error) error {
 	c, err := a.dial()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	return f(c)
+	return a.endpoint.diagnose(f(c), a.timeout)
 }

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 
@@ -10,13 +12,22 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/manifest"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
+
+// applyOptions are the flags of apply that shape the calls to vipd.
+type applyOptions struct {
+	owner         string
+	prune         bool
+	takeOwnership bool
+	dryRun        bool
+}
 
 func (a *App) applyCommand() *cobra.Command {
 	var (
 		files    []string
-		owner    string
-		prune    bool
+		opts     applyOptions
 		nodeName string
 		cmd      *cobra.Command
 	)
@@ -32,18 +43,20 @@ A service is vipd.v1.Service in its JSON form, for example:
   name: default/web
   vips: [10.96.0.10]
   ports:
-  - {name: http, protocol: tcp, port: 80, target_port: 8080}
+  - {name: http, protocol: tcp, port: 80, targetPort: 8080}
   backends:
   - {ip: 10.0.1.5}
   - {ip: 10.0.2.7, state: terminating}
-  session_affinity: {mode: client_ip}
+  sessionAffinity: {mode: client-ip}
 
-Field names may be written as in the .proto (target_port) or in lowerCamel
-(targetPort). Enums take their full names (PROTOCOL_UDP) or short ones:
+Field names may be written in lowerCamel (targetPort), as vipctl -o json and
+grpcurl print them, or as in the .proto (target_port). Enums take their full
+names (PROTOCOL_UDP) or short ones, in any case and with "-" or "_":
 protocol tcp, udp, sctp; state ready, terminating, not-serving; session
-affinity mode none, client_ip; internal_traffic_policy cluster, local;
-load_balancing random, maglev. Unknown fields are errors. The output of
-"vipctl service get -o yaml" and "vipctl service list -o json" reads back.
+affinity mode none, client-ip; internalTrafficPolicy cluster, local;
+loadBalancing random, maglev. Unknown fields are errors, named by document
+and path. The output of "vipctl service get -o yaml" and "vipctl service list
+-o json" reads back.
 
 Files may also hold Kubernetes Services (v1) and EndpointSlices
 (discovery.k8s.io/v1), alone or in a List, as "kubectl get
@@ -59,55 +72,88 @@ Services with the label service.kubernetes.io/service-proxy-name) and
 EndpointSlices of no Service in the files are left out, with a note on
 standard error.
 
-Without --prune, each service is upserted in turn, and apply stops at the
-first error; the services before it stay applied. --owner fills in an empty
-owner, and a service with another owner is an error.
+Each service prints "service/NAME created", "configured" or "unchanged".
+Nothing is written unless every service passes: vipd first checks each one
+(validate_only) against its current state, conflicts with other services
+included, and two services of the files that claim the same VIP:port, or a
+backend of one that is a VIP of another, are an error too. Errors name the
+file, document and field. Only a failure between the check and the write
+(another client wrote meanwhile, or the kernel refused a change) can stop
+apply part way, with the services before the failing one applied. --dry-run
+stops after the check and prints what would happen.
+
+A service that carries generation (as "vipctl service get -o yaml" prints
+it) is written only if vipd's copy still has that generation: a stale file
+fails (exit code 5) instead of undoing newer changes. Remove generation to
+overwrite regardless.
+
+A service keeps its owner: without --owner, a service that names no owner
+keeps the stored one (or gets "default" when new). --owner fills in an empty
+owner, and a service with another owner is an error. A service that would
+move to another owner fails (exit code 5) unless --take-ownership is given.
 
 With --prune (which needs --owner), one atomic call makes the owner's
 services exactly those in the files, deleting the owner's other services;
-other owners' services are never touched.`,
+other owners' services are never touched, and it prints "deleted" too.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(ctx context.Context, _ []string) error {
-			if prune && owner == "" {
+			if opts.prune && opts.owner == "" {
 				return usageErrorf("--prune needs --owner, whose services not in the files it deletes")
+			}
+			if opts.prune && opts.takeOwnership {
+				return usageErrorf("--take-ownership does not apply to --prune, which never takes over another owner's service")
 			}
 			if !cmd.Flags().Changed("node-name") {
 				nodeName = defaultNodeName()
 			}
-			svcs, err := a.loadServicesFor(manifest.Options{NodeName: nodeName}, files, owner)
+			docs, err := a.loadDocuments(manifest.Options{NodeName: nodeName}, files, opts.owner)
 			if err != nil {
 				return err
 			}
 			return a.withClient(func(c *client.Client) error {
-				if prune {
-					return a.sync(ctx, c, owner, svcs)
+				if opts.prune {
+					return a.sync(ctx, c, docs, opts)
 				}
-				return a.upsertAll(ctx, c, svcs)
+				if err := claimConflicts(docs); err != nil {
+					return err
+				}
+				return a.upsertAll(ctx, c, docs, opts)
 			})
 		}),
 	}
 	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, `file of services, "-" for standard input; repeatable`)
-	cmd.Flags().StringVar(&owner, "owner", "", "owner of the services")
-	cmd.Flags().BoolVar(&prune, "prune", false, "also delete the owner's services that the files do not list")
+	cmd.Flags().StringVar(&opts.owner, "owner", "", "owner of the services")
+	cmd.Flags().BoolVar(&opts.prune, "prune", false, "also delete the owner's services that the files do not list")
+	cmd.Flags().BoolVar(&opts.takeOwnership, "take-ownership", false, "move services that another owner has to the owner of the file or --owner")
+	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "check every service with vipd and print what would happen, changing nothing")
 	cmd.Flags().StringVar(&nodeName, "node-name", "", "Kubernetes files: this node's name; endpoints with this nodeName are node-local "+
 		"(default $"+NodeNameEnv+", else the host name in lower case)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
 
-// loadServices is loadServicesFor with no node name: no Kubernetes
-// endpoint is node-local.
-func (a *App) loadServices(files []string, owner string) ([]*vipdv1.Service, error) {
-	return a.loadServicesFor(manifest.Options{}, files, owner)
+// document is one service of the input files, ready to send.
+type document struct {
+	svc    *vipdv1.Service
+	origin manifest.Origin
+	// generation is the generation the file gave the service, which apply
+	// sends as the expected generation; 0 if none.
+	generation uint64
 }
 
-// loadServicesFor reads the services of files with opts, in order
+// error places err, about field of the document's service (a path in
+// vipd.v1.Service, or "" for the whole service), in the file.
+func (d document) error(field string, err error) *manifest.Error {
+	return d.origin.Error(d.svc.GetName(), field, err)
+}
+
+// loadDocuments reads the services of files with opts, in order
 // (Kubernetes objects, converted once all files are read, come after the
 // vipd services), prints the loader's notes on what it left out to the
 // error stream, and prepares the services for vipd: owner fills in an
 // empty owner, and the output-only generation (present in what "service
-// get -o yaml" prints) is cleared.
-func (a *App) loadServicesFor(opts manifest.Options, files []string, owner string) ([]*vipdv1.Service, error) {
+// get -o yaml" prints) moves to document.generation.
+func (a *App) loadDocuments(opts manifest.Options, files []string, owner string) ([]document, error) {
 	l := manifest.NewLoader(opts)
 	for _, f := range files {
 		var err error
@@ -127,51 +173,259 @@ func (a *App) loadServicesFor(opts manifest.Options, files []string, owner strin
 	for _, note := range res.Notes {
 		fmt.Fprintf(a.streams.Err, "note: %s\n", note)
 	}
-	all := res.Services
-	seen := map[string]bool{}
-	for _, s := range all {
-		if seen[s.GetName()] {
-			return nil, inputErrorf("service %q appears more than once in the files", s.GetName())
+	docs := make([]document, len(res.Services))
+	seen := map[string]document{}
+	for i, s := range res.Services {
+		d := document{svc: s, origin: res.Origins[i], generation: s.GetGeneration()}
+		if first, dup := seen[s.GetName()]; dup {
+			return nil, &inputError{err: d.error("", fmt.Errorf("service %q appears more than once in the files (first in %s: document %d)",
+				s.GetName(), first.origin.Source, first.origin.Document))}
 		}
-		seen[s.GetName()] = true
+		seen[s.GetName()] = d
 		s.Generation = 0
 		switch {
 		case owner == "":
 		case s.GetOwner() == "":
 			s.Owner = owner
 		case s.GetOwner() != owner:
-			return nil, inputErrorf("service %q has owner %q, not --owner %q", s.GetName(), s.GetOwner(), owner)
+			return nil, &inputError{err: d.error("owner", fmt.Errorf("%q is not --owner %q", s.GetOwner(), owner))}
 		}
+		docs[i] = d
 	}
-	return all, nil
+	return docs, nil
 }
 
-// upsertAll upserts svcs one by one, reporting each as it goes in table
-// mode, and stops at the first error.
-func (a *App) upsertAll(ctx context.Context, c *client.Client, svcs []*vipdv1.Service) error {
-	p := a.printer()
-	var stored []*vipdv1.Service
-	for _, s := range svcs {
-		got, err := c.UpsertService(ctx, s, 0)
-		if err != nil {
-			return fmt.Errorf("apply service %s: %w", s.GetName(), err)
+// claimConflicts finds two documents that claim the same VIP:port and
+// protocol, or a backend of one that is a VIP of another. vipd checks each
+// document against what it stores, so it would accept both in the check
+// before the write, and then refuse the second after writing the first.
+func claimConflicts(docs []document) error {
+	type claim struct {
+		vip      netip.Addr
+		port     uint32
+		protocol vipdv1.Protocol
+	}
+	claims := map[claim]document{}
+	vips := map[netip.Addr]document{}
+	conflict := func(d document, field, format string, args ...any) error {
+		return &inputError{err: d.error(field, fmt.Errorf(format+"; nothing was applied", args...))}
+	}
+	for _, d := range docs {
+		for i, vip := range d.svc.GetVips() {
+			addr, err := netip.ParseAddr(vip)
+			if err != nil {
+				continue // vipd names the field
+			}
+			vips[addr.Unmap()] = d
+			for _, p := range d.svc.GetPorts() {
+				proto := p.GetProtocol()
+				if proto == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
+					proto = vipdv1.Protocol_PROTOCOL_TCP
+				}
+				c := claim{addr.Unmap(), p.GetPort(), proto}
+				if first, ok := claims[c]; ok && first.svc.GetName() != d.svc.GetName() {
+					return conflict(d, fmt.Sprintf("vips[%d]", i), "%s:%d/%s is also claimed by service %q (%s: document %d)",
+						c.vip, c.port, protocolString(proto), first.svc.GetName(), first.origin.Source, first.origin.Document)
+				}
+				claims[c] = d
+			}
 		}
-		stored = append(stored, got)
+	}
+	for _, d := range docs {
+		for i, b := range d.svc.GetBackends() {
+			addr, err := netip.ParseAddr(b.GetIp())
+			if err != nil {
+				continue
+			}
+			if other, ok := vips[addr.Unmap()]; ok && other.svc.GetName() != d.svc.GetName() {
+				return conflict(d, fmt.Sprintf("backends[%d].ip", i), "%s is a VIP of service %q (%s: document %d), which cannot be a backend",
+					addr.Unmap(), other.svc.GetName(), other.origin.Source, other.origin.Document)
+			}
+		}
+	}
+	return nil
+}
+
+// upsertRequest is the UpsertService request of d.
+func (d document) upsertRequest(opts applyOptions, validateOnly bool) *vipdv1.UpsertServiceRequest {
+	return &vipdv1.UpsertServiceRequest{
+		Service:            d.svc,
+		ExpectedGeneration: d.generation,
+		TakeOwnership:      opts.takeOwnership,
+		ValidateOnly:       validateOnly,
+	}
+}
+
+// upsertAll has vipd check every document, then, unless it rejected one or
+// this is a dry run, writes them one by one, reporting each as it goes in
+// table mode.
+func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
+	lb := c.LoadBalancerClient()
+	var (
+		rejected fileErrors
+		failed   int
+	)
+	checked := make([]*vipdv1.UpsertServiceResponse, len(docs))
+	for i, d := range docs {
+		resp, err := lb.UpsertService(ctx, d.upsertRequest(opts, true))
+		if err != nil {
+			if !aboutTheService(err) {
+				return err
+			}
+			rejected.add(a.placeError(ctx, c, d, opts, err))
+			failed++
+			continue
+		}
+		checked[i] = resp
+	}
+	if len(rejected.errs) > 0 && len(docs) == 1 {
+		return &rejected
+	}
+	if len(rejected.errs) > 0 {
+		rejected.summary = fmt.Sprintf("nothing was applied: vipd rejected %d of %d services (%s)", failed, len(docs), status.Code(rejected.cause))
+		return &rejected
+	}
+	if opts.dryRun {
+		return a.showApplied(checked, " (dry run)")
+	}
+	p := a.printer()
+	var stored []*vipdv1.UpsertServiceResponse
+	for _, d := range docs {
+		resp, err := lb.UpsertService(ctx, d.upsertRequest(opts, false))
+		if err != nil {
+			if !aboutTheService(err) {
+				return fmt.Errorf("apply service %s: %w", d.svc.GetName(), err)
+			}
+			return a.placeError(ctx, c, d, opts, err)
+		}
+		stored = append(stored, resp)
 		if p.format == outputTable {
-			fmt.Fprintf(p.w, "service/%s configured (generation %d)\n", got.GetName(), got.GetGeneration())
+			fmt.Fprintln(p.w, appliedLine(resp, ""))
 		}
 	}
 	if p.format == outputTable {
 		return nil
 	}
-	return p.show(&vipdv1.ListServicesResponse{Services: stored}, nil)
+	return a.showApplied(stored, "")
 }
 
-// sync makes owner's services exactly svcs and reports what changed.
-func (a *App) sync(ctx context.Context, c *client.Client, owner string, svcs []*vipdv1.Service) error {
-	resp, err := c.SyncServices(ctx, owner, svcs)
+// showApplied prints the results of upserts: a line each for -o table,
+// with note after it, else the services as "service list" does.
+func (a *App) showApplied(results []*vipdv1.UpsertServiceResponse, note string) error {
+	svcs := make([]*vipdv1.Service, len(results))
+	for i, r := range results {
+		svcs[i] = r.GetService()
+	}
+	return a.printer().show(&vipdv1.ListServicesResponse{Services: svcs}, func(t *table) {
+		for _, r := range results {
+			t.row(appliedLine(r, note))
+		}
+	})
+}
+
+// appliedLine is "service/NAME created (generation N)", as kubectl says it,
+// with note in place of the generation when there is one.
+func appliedLine(r *vipdv1.UpsertServiceResponse, note string) string {
+	verb := "configured" // what a vipd too old to say means
+	switch r.GetResult() {
+	case vipdv1.UpsertResult_UPSERT_RESULT_CREATED:
+		verb = "created"
+	case vipdv1.UpsertResult_UPSERT_RESULT_UNCHANGED:
+		verb = "unchanged"
+	}
+	if note == "" {
+		note = fmt.Sprintf(" (generation %d)", r.GetService().GetGeneration())
+	}
+	return fmt.Sprintf("service/%s %s%s", r.GetService().GetName(), verb, note)
+}
+
+// aboutTheService reports whether err is vipd's objection to one service,
+// rather than a failure to ask it, after which checking the next service
+// is pointless.
+func aboutTheService(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition, codes.Aborted, codes.NotFound, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// placeError turns vipd's objection to d into errors placed in the file: a
+// field violation each, a stale generation explained, and a refused change
+// of owner named with the flag that allows it.
+func (a *App) placeError(ctx context.Context, c *client.Client, d document, opts applyOptions, err error) *fileErrors {
+	fe := &fileErrors{cause: err}
+	if v := client.FieldViolations(err); len(v) > 0 {
+		for _, fv := range v {
+			field, ok := strings.CutPrefix(fv.GetField(), "service.")
+			if !ok && fv.GetField() != "service" {
+				// A field of the request, such as expected_generation.
+				fe.errs = append(fe.errs, d.error("", fmt.Errorf("%s: %s", fv.GetField(), fv.GetDescription())))
+				continue
+			}
+			if field == "service" {
+				field = ""
+			}
+			fe.errs = append(fe.errs, d.error(field, errors.New(fv.GetDescription())))
+		}
+		return fe
+	}
+	msg := describe(err)
+	switch status.Code(err) {
+	case codes.Aborted:
+		if d.generation != 0 {
+			msg = a.staleMessage(ctx, c, d)
+		}
+	case codes.FailedPrecondition:
+		if m, ok := a.ownerMessage(ctx, c, d, opts); ok {
+			msg = m
+		}
+	}
+	fe.errs = append(fe.errs, d.error("", errors.New(msg)))
+	return fe
+}
+
+// staleMessage says that d's generation is not vipd's.
+func (a *App) staleMessage(ctx context.Context, c *client.Client, d document) string {
+	now := "which no longer exists"
+	if cur, err := c.GetService(ctx, d.svc.GetName()); err == nil {
+		now = fmt.Sprintf("which vipd now has at generation %d", cur.GetGeneration())
+	}
+	return fmt.Sprintf("the file is stale: it holds generation %d of service %s, %s; get the service again, or remove generation from the file to overwrite it",
+		d.generation, d.svc.GetName(), now)
+}
+
+// ownerMessage says, when vipd refused d because the service has another
+// owner, who owns it and what allows the move.
+func (a *App) ownerMessage(ctx context.Context, c *client.Client, d document, opts applyOptions) (string, bool) {
+	cur, err := c.GetService(ctx, d.svc.GetName())
+	if opts.takeOwnership || err != nil || d.svc.GetOwner() == "" || cur.GetOwner() == d.svc.GetOwner() {
+		return "", false
+	}
+	return fmt.Sprintf("service %s is owned by %q, not %q: apply --take-ownership moves it", d.svc.GetName(), cur.GetOwner(), d.svc.GetOwner()), true
+}
+
+// sync makes owner's services exactly those of docs and reports what
+// changed; with --dry-run, vipd only checks the sync. A document that
+// carries a generation must match vipd's, checked just before the sync.
+func (a *App) sync(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
+	if err := a.checkGenerations(ctx, c, docs, opts.owner); err != nil {
+		return err
+	}
+	svcs := make([]*vipdv1.Service, len(docs))
+	for i, d := range docs {
+		svcs[i] = d.svc
+	}
+	resp, err := c.LoadBalancerClient().SyncServices(ctx, &vipdv1.SyncServicesRequest{Owner: opts.owner, Services: svcs, ValidateOnly: opts.dryRun})
 	if err != nil {
-		return fmt.Errorf("sync services of owner %s: %w", owner, err)
+		if v := client.FieldViolations(err); len(v) > 0 {
+			return placeSyncViolations(docs, err)
+		}
+		return fmt.Errorf("sync services of owner %s: %w", opts.owner, err)
+	}
+	note := ""
+	if opts.dryRun {
+		note = " (dry run)"
 	}
 	return a.printer().show(resp, func(t *table) {
 		classes := []struct {
@@ -179,18 +433,74 @@ func (a *App) sync(ctx context.Context, c *client.Client, owner string, svcs []*
 			names []string
 		}{
 			{"created", resp.GetCreated()},
-			{"updated", resp.GetUpdated()},
+			{"configured", resp.GetUpdated()},
 			{"deleted", resp.GetDeleted()},
 			{"unchanged", resp.GetUnchanged()},
 		}
 		for _, class := range classes {
 			for _, name := range class.names {
-				t.row(fmt.Sprintf("service/%s %s", name, class.verb))
+				t.row(fmt.Sprintf("service/%s %s%s", name, class.verb, note))
 			}
 		}
-		t.row(fmt.Sprintf("owner %s: %d created, %d updated, %d deleted, %d unchanged", owner,
-			len(resp.GetCreated()), len(resp.GetUpdated()), len(resp.GetDeleted()), len(resp.GetUnchanged())))
+		t.row(fmt.Sprintf("owner %s: %d created, %d configured, %d deleted, %d unchanged%s", opts.owner,
+			len(resp.GetCreated()), len(resp.GetUpdated()), len(resp.GetDeleted()), len(resp.GetUnchanged()), note))
 	})
+}
+
+// checkGenerations fails when a document's generation is not that of
+// vipd's copy of the service. SyncServices takes no generations, so this
+// is checked before it, not in the same transaction.
+func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []document, owner string) error {
+	var stale fileErrors
+	var current map[string]uint64
+	for _, d := range docs {
+		if d.generation == 0 {
+			continue
+		}
+		if current == nil {
+			svcs, err := c.ListServices(ctx, owner)
+			if err != nil {
+				return err
+			}
+			current = map[string]uint64{}
+			for _, s := range svcs {
+				current[s.GetName()] = s.GetGeneration()
+			}
+		}
+		if have := current[d.svc.GetName()]; have != d.generation {
+			if stale.cause == nil {
+				stale.cause = status.Errorf(codes.Aborted, "service %s: expected generation %d, but it is at generation %d", d.svc.GetName(), d.generation, have)
+			}
+			now := "which no longer exists"
+			if have != 0 {
+				now = fmt.Sprintf("which vipd now has at generation %d", have)
+			}
+			stale.errs = append(stale.errs, d.error("", fmt.Errorf("the file is stale: it holds generation %d of service %s, %s; get the service again, or remove generation from the file to overwrite it",
+				d.generation, d.svc.GetName(), now)))
+		}
+	}
+	if len(stale.errs) > 0 {
+		stale.summary = "nothing was applied (Aborted)"
+		return &stale
+	}
+	return nil
+}
+
+// placeSyncViolations places the field violations of a SyncServices, on
+// services[i].FIELD, in the documents.
+func placeSyncViolations(docs []document, err error) error {
+	fe := &fileErrors{cause: err, summary: fmt.Sprintf("nothing was applied (%s)", status.Code(err))}
+	for _, fv := range client.FieldViolations(err) {
+		var i int
+		var rest string
+		if n, _ := fmt.Sscanf(fv.GetField(), "services[%d]", &i); n == 1 && i >= 0 && i < len(docs) {
+			_, rest, _ = strings.Cut(fv.GetField(), "]")
+			fe.errs = append(fe.errs, docs[i].error(strings.TrimPrefix(rest, "."), errors.New(fv.GetDescription())))
+			continue
+		}
+		fe.errs = append(fe.errs, &manifest.Error{Source: "request", Path: fv.GetField(), Err: errors.New(fv.GetDescription())})
+	}
+	return fe
 }
 
 // NodeNameEnv names the environment variable that gives apply's --node-name

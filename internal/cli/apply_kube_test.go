@@ -120,9 +120,9 @@ func TestApplyKubernetes(t *testing.T) {
 	vipd := testserver.Start(t)
 	sock := vipd.Socket()
 
-	vipctl(t, sock, "", "apply", "-f", kubectlOutput, "--node-name", "node-a").check(t, `service/default/kubernetes configured (generation 1)
-service/default/web configured (generation 2)
-service/kube-system/kube-dns configured (generation 3)
+	vipctl(t, sock, "", "apply", "-f", kubectlOutput, "--node-name", "node-a").check(t, `service/default/kubernetes created (generation 1)
+service/default/web created (generation 2)
+service/kube-system/kube-dns created (generation 3)
 `, kubectlNotes, ExitOK)
 	checkStored(t, vipd, kubectlServices("default"))
 	for _, name := range []string{"default/db", "default/mail", "default/legacy"} {
@@ -137,9 +137,9 @@ service/kube-system/kube-dns configured (generation 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	vipctl(t, sock, string(data), "apply", "-f", "-", "--node-name", "node-a").check(t, `service/default/kubernetes configured (generation 1)
-service/default/web configured (generation 2)
-service/kube-system/kube-dns configured (generation 3)
+	vipctl(t, sock, string(data), "apply", "-f", "-", "--node-name", "node-a").check(t, `service/default/kubernetes unchanged (generation 1)
+service/default/web unchanged (generation 2)
+service/kube-system/kube-dns unchanged (generation 3)
 `, kubectlNotes, ExitOK)
 }
 
@@ -173,7 +173,7 @@ items:
   ports: [{name: grpc, port: 10443}]
 `)
 	vipctl(t, vipd.Socket(), "", "apply", "-f", slices, "-f", svc).check(t,
-		"service/team/plain configured (generation 1)\nservice/default/api configured (generation 2)\n", "", ExitOK)
+		"service/team/plain created (generation 1)\nservice/default/api created (generation 2)\n", "", ExitOK)
 	checkStored(t, vipd, []*vipdv1.Service{storedForm(&vipdv1.Service{
 		Name: "default/api",
 		Vips: []string{"198.19.0.20"},
@@ -199,7 +199,7 @@ func TestApplyKubernetesPrune(t *testing.T) {
 	vipctl(t, sock, "", "apply", "-f", kubectlOutput, "--owner", "k8s-file", "--prune", "--node-name", "node-a").check(t, `service/default/kubernetes created
 service/default/web created
 service/kube-system/kube-dns created
-owner k8s-file: 3 created, 0 updated, 0 deleted, 0 unchanged
+owner k8s-file: 3 created, 0 configured, 0 deleted, 0 unchanged
 `, kubectlNotes, ExitOK)
 	want := kubectlServices("k8s-file")
 	for i, s := range want {
@@ -222,10 +222,10 @@ addressType: IPv4
 endpoints: [{addresses: [198.18.1.20], nodeName: node-b}]
 ports: [{name: http, port: 8082}]
 `)
-	vipctl(t, sock, "", "apply", "-f", web, "--owner", "k8s-file", "--prune", "--node-name", "node-a").check(t, `service/default/web updated
+	vipctl(t, sock, "", "apply", "-f", web, "--owner", "k8s-file", "--prune", "--node-name", "node-a").check(t, `service/default/web configured
 service/default/kubernetes deleted
 service/kube-system/kube-dns deleted
-owner k8s-file: 0 created, 1 updated, 2 deleted, 0 unchanged
+owner k8s-file: 0 created, 1 configured, 2 deleted, 0 unchanged
 `, "", ExitOK)
 	checkStored(t, vipd, []*vipdv1.Service{storedForm(&vipdv1.Service{
 		Name:     "default/web",
@@ -284,7 +284,7 @@ ports: [{port: 6379}]
 			t.Setenv(NodeNameEnv, tc.env)
 			vipd := testserver.Start(t)
 			vipctl(t, vipd.Socket(), "", append([]string{"apply", "-f", file}, tc.args...)...).check(t,
-				"service/infra/cache configured (generation 1)\n", "", ExitOK)
+				"service/infra/cache created (generation 1)\n", "", ExitOK)
 			var backends []*vipdv1.Backend
 			for _, ip := range []string{"198.18.7.1", "198.18.7.2", "198.18.7.3"} {
 				backends = append(backends, &vipdv1.Backend{
@@ -336,7 +336,7 @@ func TestApplyKubernetesErrors(t *testing.T) {
 	dup := writeFile(t, "dup.yaml", "name: default/a\nvips: [198.19.0.1]\nports: [{port: 80}]\n---\n"+
 		"apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 198.19.0.2, ports: [{port: 80}]}\n")
 	vipctl(t, sock, "", "apply", "-f", dup).check(t, "",
-		"Error: service \"default/a\" appears more than once in the files\n", ExitInvalid)
+		"Error: "+dup+`: document 2 (line 5, service "default/a"): service "default/a" appears more than once in the files (first in `+dup+": document 1)\n", ExitInvalid)
 }
 
 func TestApplyHelpNamesNodeName(t *testing.T) {

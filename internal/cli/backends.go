@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -11,6 +12,8 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/manifest"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func (a *App) backendsCommand() *cobra.Command {
@@ -33,6 +36,7 @@ func (a *App) backendsAddCommand() *cobra.Command {
 		zone       string
 		ports      []string
 		generation uint64
+		dryRun     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "add SERVICE IP [IP...]",
@@ -59,33 +63,52 @@ gets the same settings from the flags. The other backends stay as they are.`,
 					Ip: ip, Ports: maps.Clone(portMap), State: st, Weight: weight, NodeLocal: nodeLocal, Zone: zone,
 				})
 			}
-			return a.updateBackends(ctx, args[0], backends, nil, generation, "added or replaced")
+			return a.updateBackends(ctx, &vipdv1.UpdateBackendsRequest{
+				Name: args[0], Upsert: backends, ExpectedGeneration: generation, ValidateOnly: dryRun,
+			})
 		}),
 	}
 	f := cmd.Flags()
 	f.Uint32Var(&weight, "weight", 0, "weight, 1-65535 (0: 1)")
-	f.StringVar(&state, "state", "", "state: ready, terminating or not-serving (default ready)")
+	f.StringVar(&state, "state", "", "state: "+strings.Join(manifest.ShortEnumNames(vipdv1.BackendState(0).Descriptor()), ", ")+" (default ready)")
 	f.BoolVar(&nodeLocal, "node-local", false, "the backends run on this node")
 	f.StringVar(&zone, "zone", "", "topology zone of the backends")
-	f.StringArrayVar(&ports, "port", nil, "NAME=PORT: the backends' target port for the service port NAME; repeatable")
+	f.StringArrayVar(&ports, "port", nil, `NAME=PORT: the backends' target port for the service port NAME (=PORT for the service's unnamed port); repeatable`)
 	addExpectedGeneration(cmd, &generation)
+	addDryRun(cmd, &dryRun)
 	return cmd
 }
 
 func (a *App) backendsRemoveCommand() *cobra.Command {
-	var generation uint64
+	var (
+		generation uint64
+		dryRun     bool
+	)
 	cmd := &cobra.Command{
 		Use:     "remove SERVICE IP [IP...]",
 		Aliases: []string{"rm"},
 		Short:   "Remove backends from a service",
-		Long:    `Remove backends from a service by IP. IPs the service does not have are ignored.`,
-		Args:    cobra.MinimumNArgs(2),
+		Long: `Remove backends from a service by IP.
+
+An IP the service does not have is named on standard error ("service/web has
+no backend 10.0.0.9"); the others are still removed. Only when none of the
+IPs was there does the command fail, with exit code 3, as nothing changed.`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: a.run(func(ctx context.Context, args []string) error {
-			return a.updateBackends(ctx, args[0], nil, args[1:], generation, "removed")
+			return a.updateBackends(ctx, &vipdv1.UpdateBackendsRequest{
+				Name: args[0], Remove: args[1:], ExpectedGeneration: generation, ValidateOnly: dryRun,
+			})
 		}),
 	}
 	addExpectedGeneration(cmd, &generation)
+	addDryRun(cmd, &dryRun)
 	return cmd
+}
+
+// addDryRun adds the --dry-run flag of the commands that vipd can check
+// without changing anything.
+func addDryRun(cmd *cobra.Command, dryRun *bool) {
+	cmd.Flags().BoolVar(dryRun, "dry-run", false, "have vipd check the change and print what would happen, changing nothing")
 }
 
 func (a *App) backendsListCommand() *cobra.Command {
@@ -111,25 +134,47 @@ func (a *App) backendsListCommand() *cobra.Command {
 	}
 }
 
-// updateBackends sends one UpdateBackends and reports the result; done says
-// what happened to the IPs.
-func (a *App) updateBackends(ctx context.Context, name string, upsert []*vipdv1.Backend, remove []string, generation uint64, done string) error {
+// updateBackends sends req and reports the result. IPs to remove that the
+// service did not have are named on the error stream, and are an error
+// when none of them was there.
+func (a *App) updateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequest) error {
 	return a.withClient(func(c *client.Client) error {
-		svc, err := c.UpdateBackends(ctx, name, upsert, remove, generation)
+		resp, err := c.LoadBalancerClient().UpdateBackends(ctx, req)
 		if err != nil {
 			return err
 		}
-		ips := remove
-		for _, b := range upsert {
-			ips = append(ips, b.GetIp())
+		svc := resp.GetService()
+		var ips []string
+		done := "removed"
+		for _, ip := range req.GetRemove() {
+			if !slices.Contains(resp.GetAbsent(), ip) {
+				ips = append(ips, ip)
+			}
+		}
+		if len(req.GetUpsert()) > 0 {
+			done = "added or replaced"
+			for _, b := range req.GetUpsert() {
+				ips = append(ips, b.GetIp())
+			}
+		}
+		if len(resp.GetAbsent()) > 0 && len(ips) == 0 {
+			return status.Errorf(codes.NotFound, "service/%s has no backend %s: nothing removed", svc.GetName(), strings.Join(resp.GetAbsent(), ", "))
+		}
+		for _, ip := range resp.GetAbsent() {
+			fmt.Fprintf(a.streams.Err, "service/%s has no backend %s\n", svc.GetName(), ip)
+		}
+		note := fmt.Sprintf("(generation %d)", svc.GetGeneration())
+		if req.GetValidateOnly() {
+			note = "(dry run)"
 		}
 		return a.printer().show(svc, func(t *table) {
-			t.row(fmt.Sprintf("service/%s backends %s %s (generation %d)", svc.GetName(), strings.Join(ips, ", "), done, svc.GetGeneration()))
+			t.row(fmt.Sprintf("service/%s backends %s %s %s", svc.GetName(), strings.Join(ips, ", "), done, note))
 		})
 	})
 }
 
-// parsePorts parses --port NAME=PORT flags.
+// parsePorts parses --port NAME=PORT flags; =PORT, with the empty name,
+// is for the only port of a service whose port has no name.
 func parsePorts(flags []string) (map[string]uint32, error) {
 	if len(flags) == 0 {
 		return nil, nil
@@ -137,8 +182,8 @@ func parsePorts(flags []string) (map[string]uint32, error) {
 	ports := map[string]uint32{}
 	for _, f := range flags {
 		name, value, ok := strings.Cut(f, "=")
-		if !ok || name == "" {
-			return nil, usageErrorf("--port %q: want NAME=PORT", f)
+		if !ok {
+			return nil, usageErrorf("--port %q: want NAME=PORT, or =PORT for the service's unnamed port", f)
 		}
 		p, err := strconv.ParseUint(value, 10, 16)
 		if err != nil || p == 0 {

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/manifest"
 	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/version"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/testing/protocmp"
 )
@@ -89,7 +92,7 @@ func stored(t *testing.T, vipd *testserver.Server, name string) *vipdv1.Service 
 
 // clockRE matches what status prints from vipd's clock: when the last sync
 // finished and how long it took.
-var clockRE = regexp.MustCompile(`\d{4}-\d\d-\d\dT[\d:.]+Z|\(took [^)]+\)|last_sync_duration: \S+`)
+var clockRE = regexp.MustCompile(`\d{4}-\d\d-\d\dT[\d:.]+Z|\(took [^)]+\)|lastSyncDuration: \S+`)
 
 // withoutClock replaces the clock's readings in out with TIME and DURATION,
 // checking that each time lies between since and now.
@@ -99,8 +102,8 @@ func withoutClock(t *testing.T, out string, since time.Time) string {
 		switch {
 		case strings.HasPrefix(m, "(took "):
 			return "(took DURATION)"
-		case strings.HasPrefix(m, "last_sync_duration: "):
-			return "last_sync_duration: DURATION"
+		case strings.HasPrefix(m, "lastSyncDuration: "):
+			return "lastSyncDuration: DURATION"
 		}
 		at, err := time.Parse(time.RFC3339, m)
 		if err != nil || at.Before(since.Truncate(time.Second)) || at.After(time.Now()) {
@@ -135,12 +138,12 @@ func TestApplyListGetDelete(t *testing.T) {
 	vipctl(t, sock, "", "service", "list").check(t,
 		"NAME  OWNER  VIPS  PORTS  BACKENDS  AFFINITY  GEN\n", "", ExitOK)
 
-	vipctl(t, sock, "", "apply", "-f", file).check(t, `service/default/web configured (generation 1)
-service/kube-system/dns configured (generation 2)
+	vipctl(t, sock, "", "apply", "-f", file).check(t, `service/default/web created (generation 1)
+service/kube-system/dns created (generation 2)
 `, "", ExitOK)
 
 	vipctl(t, sock, "", "service", "list").check(t, `NAME             OWNER    VIPS        PORTS               BACKENDS  AFFINITY        GEN
-default/web      default  10.96.0.10  80/TCP→8080,53/UDP  1/2       client_ip:600s  1
+default/web      default  10.96.0.10  80/TCP→8080,53/UDP  1/2       client-ip:600s  1
 kube-system/dns  kube     10.96.0.53  53/UDP              0/0       none            2
 `, "", ExitOK)
 
@@ -153,7 +156,7 @@ Owner:                    default
 Generation:               1
 VIPs:                     10.96.0.10
 Ports:                    http 80/TCP→8080, dns 53/UDP
-Session affinity:         client_ip:600s
+Session affinity:         client-ip:600s
 Internal traffic policy:  cluster
 Load balancing:           random
 Labels:                   app=web
@@ -177,24 +180,24 @@ Backends:                 1 ready of 2
 func TestApplyOwnerAndGeneration(t *testing.T) {
 	vipd := testserver.Start(t)
 	sock := vipd.Socket()
-	file := writeFile(t, "svc.yaml", "name: a\ngeneration: 42\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: b\nowner: ctl\nvips: [10.96.0.2]\nports: [{port: 80}]\n")
+	file := writeFile(t, "svc.yaml", "name: a\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: b\nowner: ctl\nvips: [10.96.0.2]\nports: [{port: 80}]\n")
 
 	// What apply sends, in order: the owner filled in and the output-only
-	// generation cleared. vipd ignores a generation it is sent, so only
-	// the owner shows in what it stores.
-	sent, err := New(Streams{}).loadServices([]string{file}, "ctl")
+	// generation moved to the expected generation.
+	docs, err := New(Streams{}).loadDocuments(manifest.Options{}, []string{writeFile(t, "gen.yaml", "name: a\ngeneration: 42\nvips: [10.96.0.1]\nports: [{port: 80}]\n")}, "ctl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []*vipdv1.Service{
-		{Name: "a", Owner: "ctl", Vips: []string{"10.96.0.1"}, Ports: []*vipdv1.Port{{Port: 80}}},
-		{Name: "b", Owner: "ctl", Vips: []string{"10.96.0.2"}, Ports: []*vipdv1.Port{{Port: 80}}},
+	want := &vipdv1.UpsertServiceRequest{
+		Service:            &vipdv1.Service{Name: "a", Owner: "ctl", Vips: []string{"10.96.0.1"}, Ports: []*vipdv1.Port{{Port: 80}}},
+		ExpectedGeneration: 42,
+		TakeOwnership:      true,
 	}
-	if diff := cmp.Diff(want, sent, protocmp.Transform()); diff != "" {
-		t.Errorf("services apply sends (-want +got):\n%s", diff)
+	if diff := cmp.Diff(want, docs[0].upsertRequest(applyOptions{takeOwnership: true}, false), protocmp.Transform()); diff != "" {
+		t.Errorf("request apply sends (-want +got):\n%s", diff)
 	}
 	vipctl(t, sock, "", "apply", "-f", file, "--owner", "ctl").check(t,
-		"service/a configured (generation 1)\nservice/b configured (generation 2)\n", "", ExitOK)
+		"service/a created (generation 1)\nservice/b created (generation 2)\n", "", ExitOK)
 	for _, name := range []string{"a", "b"} {
 		if got := stored(t, vipd, name).GetOwner(); got != "ctl" {
 			t.Errorf("service %s is stored with owner %q, want ctl", name, got)
@@ -202,37 +205,72 @@ func TestApplyOwnerAndGeneration(t *testing.T) {
 	}
 
 	vipctl(t, sock, "", "apply", "-f", file, "--owner", "other").check(t, "",
-		"Error: service \"b\" has owner \"ctl\", not --owner \"other\"\n", ExitInvalid)
+		"Error: "+file+": document 2 (line 5, service \"b\"): owner: \"ctl\" is not --owner \"other\"\n", ExitInvalid)
 
 	vipctl(t, sock, "", "apply", "-f", file, "-f", file).check(t, "",
-		"Error: service \"a\" appears more than once in the files\n", ExitInvalid)
+		"Error: "+file+": document 1 (service \"a\"): service \"a\" appears more than once in the files (first in "+file+": document 1)\n", ExitInvalid)
 }
 
 func TestApplyErrors(t *testing.T) {
 	vipd := testserver.Start(t)
 	sock := vipd.Socket()
 
-	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.1]\nports: [{port: 80}]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\nports: [{port: 80}]\n")
-	vipctl(t, sock, "", "apply", "-f", bad).check(t,
-		"service/good configured (generation 1)\n",
-		`Error: apply service bad: InvalidArgument: invalid request
-  service.vips[1]: "10.0.0.256" is not an IP address
-  service.vips[2]: "not-an-ip" is not an IP address
+	// vipd checks every document before it writes any: a file whose
+	// second document is bad writes nothing.
+	bad := writeFile(t, "bad.yaml", "name: good\nvips: [10.96.0.2]\nports: [{port: 80}]\n---\nname: bad\nvips: [10.96.0.1, 10.0.0.256, not-an-ip]\nports: [{port: 80}]\nbackends: [{ip: 10.0.0.1, weight: 70000}]\n")
+	before := len(vipd.Dataplane().Records())
+	vipctl(t, sock, "", "apply", "-f", bad).check(t, "", `Error: `+bad+`: document 2 (line 5, service "bad"): vips[1]: "10.0.0.256" is not an IP address
+Error: `+bad+`: document 2 (line 5, service "bad"): vips[2]: "not-an-ip" is not an IP address
+Error: `+bad+`: document 2 (line 5, service "bad"): backends[0].weight: 70000 is out of range; 1 to 65535 are allowed, or 0 for 1
+Error: nothing was applied: vipd rejected 1 of 2 services (InvalidArgument)
 `, ExitInvalid)
+	if stored(t, vipd, "good") != nil || len(vipd.Dataplane().Records()) != before {
+		t.Errorf("apply wrote the first document of a file whose second is invalid")
+	}
 
+	// A conflict with a service vipd has, the same.
+	vipctl(t, sock, "", "apply", "-f", writeFile(t, "x.yaml", "name: x\nvips: [10.96.0.9]\nports: [{port: 80}]\n")).checkCode(t, ExitOK)
 	conflict := writeFile(t, "conflict.yaml", `
-- {name: a, vips: [10.96.0.9], ports: [{port: 80}]}
+- {name: a, vips: [10.96.0.8], ports: [{port: 80}]}
 - {name: b, vips: [10.96.0.9], ports: [{port: 80}]}
 `)
-	vipctl(t, sock, "", "apply", "-f", conflict).check(t,
-		"service/a configured (generation 2)\n",
-		"Error: apply service b: AlreadyExists: service b: 10.96.0.9:80/TCP is already used by service a\n", ExitConflict)
+	before = len(vipd.Dataplane().Records())
+	vipctl(t, sock, "", "apply", "-f", conflict).check(t, "",
+		`Error: `+conflict+`: document 1 (service "b"): [1]: AlreadyExists: service b: 10.96.0.9:80/TCP is already used by service x
+Error: nothing was applied: vipd rejected 1 of 2 services (AlreadyExists)
+`, ExitConflict)
+	// And two documents that claim one VIP:port: vipd would accept each
+	// alone.
+	twice := writeFile(t, "twice.yaml", `
+- {name: a, vips: [10.96.0.7], ports: [{port: 80}]}
+- {name: b, vips: ["::ffff:10.96.0.7"], ports: [{port: 80, protocol: tcp}]}
+`)
+	vipctl(t, sock, "", "apply", "-f", twice).check(t, "",
+		`Error: `+twice+`: document 1 (service "b"): [1].vips[0]: 10.96.0.7:80/TCP is also claimed by service "a" (`+twice+`: document 1); nothing was applied
+`, ExitInvalid)
+	// Or a backend of one that is a VIP of another.
+	vipAsBackend := writeFile(t, "vip-as-backend.yaml", `
+name: a
+vips: [10.96.0.7]
+ports: [{port: 80}]
+---
+name: b
+vips: [10.96.0.6]
+ports: [{port: 80}]
+backends: [{ip: 10.0.0.1}, {ip: "::ffff:10.96.0.7"}]
+`)
+	vipctl(t, sock, "", "apply", "-f", vipAsBackend).check(t, "",
+		`Error: `+vipAsBackend+`: document 2 (line 6, service "b"): backends[1].ip: 10.96.0.7 is a VIP of service "a" (`+vipAsBackend+`: document 1), which cannot be a backend; nothing was applied
+`, ExitInvalid)
+	if stored(t, vipd, "a") != nil || stored(t, vipd, "b") != nil || len(vipd.Dataplane().Records()) != before {
+		t.Errorf("apply wrote part of a file with a conflict")
+	}
 
 	// Valid but for the typo, so that vipd would apply it if it got it.
 	unknown := writeFile(t, "unknown.yaml", "name: c\nvips: [10.96.0.3]\nports: [{port: 80, protcol: tcp}]\n")
-	before := len(vipd.Dataplane().Records())
+	before = len(vipd.Dataplane().Records())
 	vipctl(t, sock, "", "apply", "-f", unknown).check(t, "",
-		"Error: "+unknown+": document 1: ports[0].protcol: unknown field\n", ExitInvalid)
+		"Error: "+unknown+": document 1 (service \"c\"): ports[0].protcol: unknown field\n", ExitInvalid)
 	if len(vipd.Dataplane().Records()) != before || stored(t, vipd, "c") != nil {
 		t.Errorf("a bad file reached vipd")
 	}
@@ -253,11 +291,19 @@ func TestApplyPrune(t *testing.T) {
 - {name: c, vips: [10.96.0.3], ports: [{port: 80}]}
 `)
 	vipctl(t, sock, "name: x\nvips: [10.96.0.100]\nports: [{port: 80}]\n", "apply", "-f", "-", "--owner", "other").check(t,
-		"service/x configured (generation 1)\n", "", ExitOK)
+		"service/x created (generation 1)\n", "", ExitOK)
+	vipctl(t, sock, "", "apply", "-f", first, "--prune", "--owner", "ctl", "--dry-run").check(t, `service/a created (dry run)
+service/b created (dry run)
+service/c created (dry run)
+owner ctl: 3 created, 0 configured, 0 deleted, 0 unchanged (dry run)
+`, "", ExitOK)
+	if stored(t, vipd, "a") != nil {
+		t.Errorf("apply --prune --dry-run created a service")
+	}
 	vipctl(t, sock, "", "apply", "-f", first, "--prune", "--owner", "ctl").check(t, `service/a created
 service/b created
 service/c created
-owner ctl: 3 created, 0 updated, 0 deleted, 0 unchanged
+owner ctl: 3 created, 0 configured, 0 deleted, 0 unchanged
 `, "", ExitOK)
 
 	second := writeFile(t, "second.json", `[
@@ -266,16 +312,19 @@ owner ctl: 3 created, 0 updated, 0 deleted, 0 unchanged
   {"name": "d", "vips": ["10.96.0.4"], "ports": [{"port": 80}]}
 ]`)
 	vipctl(t, sock, "", "apply", "-f", second, "--prune", "--owner", "ctl").check(t, `service/d created
-service/b updated
+service/b configured
 service/c deleted
 service/a unchanged
-owner ctl: 1 created, 1 updated, 1 deleted, 1 unchanged
+owner ctl: 1 created, 1 configured, 1 deleted, 1 unchanged
 `, "", ExitOK)
 	if stored(t, vipd, "x") == nil {
 		t.Errorf("prune deleted another owner's service")
 	}
 
 	vipctl(t, sock, "", "-o", "json", "apply", "-f", second, "--prune", "--owner", "ctl").check(t, `{
+  "created": [],
+  "updated": [],
+  "deleted": [],
   "unchanged": [
     "a",
     "b",
@@ -286,8 +335,8 @@ owner ctl: 1 created, 1 updated, 1 deleted, 1 unchanged
 
 	bad := writeFile(t, "bad.yaml", "- {name: a, vips: [10.96.0.1], ports: [{port: 80}]}\n- {name: b, vips: [nope], ports: [{port: 80}]}\n")
 	vipctl(t, sock, "", "apply", "-f", bad, "--prune", "--owner", "ctl").check(t, "",
-		`Error: sync services of owner ctl: InvalidArgument: invalid request
-  services[1].vips[0]: "nope" is not an IP address
+		`Error: `+bad+`: document 1 (service "b"): [1].vips[0]: "nope" is not an IP address
+Error: nothing was applied (InvalidArgument)
 `, ExitInvalid)
 }
 
@@ -309,18 +358,32 @@ func TestBackends(t *testing.T) {
 
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.3").checkCode(t, ExitOK)
 	vipctl(t, sock, "", "backends", "list", "web").check(t, `IP        STATE        WEIGHT  NODE-LOCAL  ZONE  PORTS
-10.0.0.1  not_serving  3       true        z1    http=8080
-10.0.0.2  not_serving  3       true        z1    http=8080
+10.0.0.1  not-serving  3       true        z1    http=8080
+10.0.0.2  not-serving  3       true        z1    http=8080
 10.0.0.3  ready        1       false       -     -
 `, "", ExitOK)
 
+	// An IP that is not there is named, and fails the command only when
+	// nothing was removed.
 	vipctl(t, sock, "", "backends", "remove", "web", "10.0.0.1", "10.0.0.9").check(t,
-		"service/web backends 10.0.0.1, 10.0.0.9 removed (generation 4)\n", "", ExitOK)
+		"service/web backends 10.0.0.1 removed (generation 4)\n", "service/web has no backend 10.0.0.9\n", ExitOK)
+	vipctl(t, sock, "", "backends", "remove", "web", "10.0.0.1", "10.0.0.9").check(t,
+		"", "Error: NotFound: service/web has no backend 10.0.0.1, 10.0.0.9: nothing removed\n", ExitNotFound)
+	// --dry-run: vipd checks, nothing changes.
+	vipctl(t, sock, "", "backends", "remove", "web", "10.0.0.3", "--dry-run").check(t,
+		"service/web backends 10.0.0.3 removed (dry run)\n", "", ExitOK)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.4", "--dry-run").check(t,
+		"service/web backends 10.0.0.4 added or replaced (dry run)\n", "", ExitOK)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.4", "--weight", "70000", "--dry-run").check(t, "",
+		"Error: InvalidArgument: invalid request\n  upsert[0].weight: 70000 is out of range; 1 to 65535 are allowed, or 0 for 1\n", ExitInvalid)
+	if got := stored(t, vipd, "web"); got.GetGeneration() != 4 || len(got.GetBackends()) != 2 {
+		t.Errorf("backends --dry-run changed the service: %v", got)
+	}
 	vipctl(t, sock, "", "-o", "json", "backends", "list", "web").check(t, `{
   "backends": [
     {
       "ip": "10.0.0.2",
-      "node_local": true,
+      "nodeLocal": true,
       "ports": {
         "http": 8080
       },
@@ -342,13 +405,25 @@ func TestBackends(t *testing.T) {
 	vipctl(t, sock, "", "backends", "add", "nope", "10.0.0.1").check(t, "",
 		"Error: NotFound: service nope not found\n", ExitNotFound)
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--state", "up").check(t, "",
-		"Error: --state: unknown value \"up\" (want ready, terminating, not_serving)\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+		"Error: --state: unknown value \"up\" (want ready, terminating, not-serving)\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--port", "http").check(t, "",
-		"Error: --port \"http\": want NAME=PORT\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+		"Error: --port \"http\": want NAME=PORT, or =PORT for the service's unnamed port\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
 	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1", "--port", "http=70000").check(t, "",
 		"Error: --port \"http=70000\": \"70000\" is not a port number 1-65535\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
 	vipctl(t, sock, "", "backends", "add", "web").check(t, "",
 		"Error: requires at least 2 arg(s), only received 1\nRun 'vipctl backends add --help' for usage.\n", ExitUsage)
+
+	// =PORT names the "" key: the target port of a service's only,
+	// unnamed port.
+	vipctl(t, sock, "", "apply", "-f", writeFile(t, "dns.yaml", "name: dns\nvips: [10.96.0.53]\nports: [{port: 53, protocol: udp}]\n")).checkCode(t, ExitOK)
+	vipctl(t, sock, "", "backends", "add", "dns", "10.0.0.5", "--port", "=5353").checkCode(t, ExitOK)
+	wantDNS := []*vipdv1.Backend{{Ip: "10.0.0.5", Weight: 1, State: ready, Ports: map[string]uint32{"": 5353}}}
+	if diff := cmp.Diff(wantDNS, stored(t, vipd, "dns").GetBackends(), protocmp.Transform()); diff != "" {
+		t.Errorf("--port =5353: backends (-want +got):\n%s", diff)
+	}
+	vipctl(t, sock, "", "backends", "list", "dns").check(t, `IP        STATE  WEIGHT  NODE-LOCAL  ZONE  PORTS
+10.0.0.5  ready  1       false       -     ""=5353
+`, "", ExitOK)
 }
 
 func TestStatusAndVersion(t *testing.T) {
@@ -372,17 +447,18 @@ Protocols:           TCP, UDP, SCTP
 	r.stdout = withoutClock(t, r.stdout, start)
 	// Zero values are left out, as protojson does.
 	r.check(t, `dataplane: fake
-last_sync_duration: DURATION
-last_sync_time: "TIME"
+lastSyncDuration: DURATION
+lastSyncTime: "TIME"
 ready: true
-supported_load_balancing:
+supportedLoadBalancing:
 - LOAD_BALANCING_RANDOM
 - LOAD_BALANCING_MAGLEV
-supported_protocols:
+supportedProtocols:
 - PROTOCOL_TCP
 - PROTOCOL_UDP
 - PROTOCOL_SCTP
 version: v0.1.0
+warnings: []
 `, "", ExitOK)
 
 	r = vipctl(t, sock, "", "version")
@@ -390,9 +466,15 @@ version: v0.1.0
 		t.Errorf("version: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 	r = vipctl(t, "", "", "version", "--client", "-o", "json")
-	if r.code != ExitOK || !strings.Contains(r.stdout, `"client_version"`) || strings.Contains(r.stdout, "server_version") {
+	if r.code != ExitOK || !strings.Contains(r.stdout, `"clientVersion"`) || strings.Contains(r.stdout, "serverVersion") {
 		t.Errorf("version --client: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
+	// --version prints what version --client does, and asks no vipd.
+	for _, format := range outputFormats {
+		want := vipctl(t, "", "", "-o", format, "version", "--client")
+		vipctl(t, "/nonexistent.sock", "", "-o", format, "--version").check(t, want.stdout, "", ExitOK)
+	}
+	vipctl(t, "", "", "--version").check(t, "Client version:  "+version.String()+"\n", "", ExitOK)
 }
 
 // TestRoundTrip checks that what "service get" and "service list" print as
@@ -407,9 +489,14 @@ func TestRoundTrip(t *testing.T) {
 
 			got := vipctl(t, sock, "", "-o", format, "service", "get", "default/web")
 			got.checkCode(t, ExitOK)
+			vipctl(t, sock, got.stdout, "apply", "-f", "-").check(t, "service/default/web unchanged (generation 1)\n", "", ExitOK)
 			vipctl(t, sock, "", "service", "delete", "default/web").checkCode(t, ExitOK)
-			// Generations come from one store-wide counter, which the delete moved on too.
-			vipctl(t, sock, got.stdout, "apply", "-f", "-").check(t, "service/default/web configured (generation 4)\n", "", ExitOK)
+			// What get printed carries generation 1, which vipd no longer has.
+			vipctl(t, sock, got.stdout, "apply", "-f", "-").checkCode(t, ExitConflict)
+			// Without it, the file is applied as it is. Generations come
+			// from one store-wide counter, which the delete moved on too.
+			noGeneration := regexp.MustCompile(`(?m)^.*"?generation"?: .*\n`).ReplaceAllString(got.stdout, "")
+			vipctl(t, sock, noGeneration, "apply", "-f", "-").check(t, "service/default/web created (generation 4)\n", "", ExitOK)
 			after := stored(t, vipd, "default/web")
 			if diff := cmp.Diff(before, after, protocmp.Transform(), protocmp.IgnoreFields(&vipdv1.Service{}, "generation")); diff != "" {
 				t.Errorf("service get -o %s | apply -f - changed the service (-before +after):\n%s", format, diff)
@@ -444,20 +531,23 @@ func TestJSONOutput(t *testing.T) {
         {
           "protocol": "PROTOCOL_TCP",
           "port": 80,
-          "target_port": 8080
+          "targetPort": 8080
         }
       ],
-      "session_affinity": {
+      "sessionAffinity": {
         "mode": "SESSION_AFFINITY_NONE"
       },
-      "internal_traffic_policy": "TRAFFIC_POLICY_CLUSTER",
-      "load_balancing": "LOAD_BALANCING_RANDOM",
+      "internalTrafficPolicy": "TRAFFIC_POLICY_CLUSTER",
+      "loadBalancing": "LOAD_BALANCING_RANDOM",
       "generation": "1"
     }
   ]
 }
 `, "", ExitOK)
 	vipctl(t, sock, "", "-o", "json", "service", "delete", "a").check(t, "{}\n", "", ExitOK)
+	// An empty list is a list.
+	vipctl(t, sock, "", "-o", "json", "service", "list").check(t, "{\n  \"services\": []\n}\n", "", ExitOK)
+	vipctl(t, sock, "", "-o", "yaml", "service", "list").check(t, "services: []\n", "", ExitOK)
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -492,11 +582,100 @@ func TestSocketFromEnvironment(t *testing.T) {
 	vipctl(t, "", "", "status").checkCode(t, ExitOK)
 }
 
+// TestUnavailable checks that with no vipd to answer, every kind of
+// command fails within --timeout with one line that names the socket and
+// the cause.
 func TestUnavailable(t *testing.T) {
-	r := vipctl(t, filepath.Join(t.TempDir(), "none.sock"), "", "--timeout", "2s", "service", "list")
-	if r.code != ExitUnavailable || !strings.HasPrefix(r.stderr, "Error: ") || !strings.Contains(r.stderr, "Unavailable") && !strings.Contains(r.stderr, "DeadlineExceeded") {
-		t.Errorf("with no vipd: code %d, stderr:\n%s", r.code, r.stderr)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.sock")
+
+	// A socket file that nobody listens on, as a crashed vipd leaves it.
+	refused := filepath.Join(dir, "refused.sock")
+	l, err := net.Listen("unix", refused)
+	if err != nil {
+		t.Fatal(err)
 	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+
+	// A vipd that accepts connections and never answers, as a stopped one
+	// (kill -STOP) does.
+	stuck := filepath.Join(dir, "stuck.sock")
+	sl, err := net.Listen("unix", stuck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sl.Close() })
+	go func() {
+		for {
+			c, err := sl.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+
+	const timeout = time.Second
+	commands := [][]string{
+		{"service", "list"},
+		{"status"},
+		{"apply", "-f", writeFile(t, "svc.yaml", "name: a\nvips: [10.96.0.1]\nports: [{port: 80}]\n")},
+		{"backends", "remove", "a", "10.0.0.1"},
+		{"flows", "--follow"},
+		{"version"},
+	}
+	for _, tc := range []struct {
+		name, sock, want string
+	}{
+		{"missing", missing, "Error: cannot reach vipd at unix://" + missing + ": no such file (is vipd running? is --socket right?)\n"},
+		{"refused", refused, "Error: cannot reach vipd at unix://" + refused + ": connection refused: nothing listens on the socket (is vipd running?)\n"},
+		{"stuck", stuck, "Error: cannot reach vipd at unix://" + stuck + ": it accepts connections but did not answer within 1s (--timeout); is it stopped or overloaded?\n"},
+	} {
+		for _, args := range commands {
+			t.Run(tc.name+" "+args[0], func(t *testing.T) {
+				t.Parallel()
+				start := time.Now()
+				r := vipctl(t, tc.sock, "", append([]string{"--timeout", timeout.String()}, args...)...)
+				if took := time.Since(start); took > timeout+time.Second {
+					t.Errorf("took %v, want at most --timeout %v and a second", took, timeout)
+				}
+				r.checkCode(t, ExitUnavailable)
+				stderr := r.stderr
+				if args[0] == "version" {
+					// Besides its own version, which it prints first.
+					if !strings.HasPrefix(r.stdout, "Client version:") {
+						t.Errorf("version printed %q, want the client's version", r.stdout)
+					}
+				}
+				if stderr != tc.want {
+					t.Errorf("stderr:\n%s\nwant:\n%s", stderr, tc.want)
+				}
+			})
+		}
+	}
+}
+
+func TestUnavailableServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	start := time.Now()
+	vipctl(t, "", "", "--server", addr, "--insecure", "--timeout", "1s", "status").check(t, "",
+		"Error: cannot reach vipd at tcp://"+addr+": connection refused (is vipd running, with --listen on this address?)\n", ExitUnavailable)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("took %v, want at most --timeout 1s and a second", took)
+	}
+}
+
+func TestEmptyAddress(t *testing.T) {
+	vipctl(t, "", "", "--socket", "", "status").check(t, "",
+		"Error: --socket is empty: give the path of vipd's socket (default /run/vipd/vipd.sock)\nRun 'vipctl status --help' for usage.\n", ExitUsage)
+	vipctl(t, "", "", "--server", "", "service", "list").check(t, "",
+		"Error: --server is empty: give vipd's address, [tcp://]host:port, or leave the flag out for --socket\nRun 'vipctl service list --help' for usage.\n", ExitUsage)
 }
 
 func TestRelativeSocket(t *testing.T) {

@@ -30,9 +30,9 @@ const exitCodesHelp = `Exit codes:
   0  success
   1  any other error
   2  usage error: bad flags or arguments
-  3  NotFound: no such service
+  3  NotFound: no such service, or no such backend to remove
   4  InvalidArgument: vipd rejected the input, or an input file is invalid
-  5  conflict: AlreadyExists, Aborted (expected generation mismatch), FailedPrecondition
+  5  conflict: AlreadyExists, Aborted (a stale generation), FailedPrecondition (another owner's service)
   6  vipd unavailable: Unavailable or DeadlineExceeded
   7  denied: PermissionDenied (this client may not change that owner's services) or Unauthenticated`
 
@@ -57,6 +57,37 @@ func (e *inputError) Unwrap() error { return e.err }
 func inputErrorf(format string, args ...any) error {
 	return &inputError{err: fmt.Errorf(format, args...)}
 }
+
+// fileErrors are objections to services of the input files, each placed
+// where the service was read. cause is the first of vipd's errors behind
+// them, which decides the exit code; summary is a last line, such as
+// "nothing was applied".
+type fileErrors struct {
+	errs    []*manifest.Error
+	cause   error
+	summary string
+}
+
+// add appends the errors of o; the first cause stays.
+func (e *fileErrors) add(o *fileErrors) {
+	e.errs = append(e.errs, o.errs...)
+	if e.cause == nil {
+		e.cause = o.cause
+	}
+}
+
+func (e *fileErrors) Error() string {
+	lines := make([]string, 0, len(e.errs)+1)
+	for _, fe := range e.errs {
+		lines = append(lines, fe.Error())
+	}
+	if e.summary != "" {
+		lines = append(lines, e.summary)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (e *fileErrors) Unwrap() error { return e.cause }
 
 // ExitCode maps the error of a command to vipctl's exit code: nil is
 // ExitOK, and gRPC status errors, wrapped or not, map by their code.
@@ -99,6 +130,14 @@ func ExitCode(err error) int {
 // writeError prints err for a person: a gRPC error as "Code: message" after
 // whatever context wraps it, then each field violation on its own line.
 func writeError(w io.Writer, err error) {
+	var placed *fileErrors
+	if errors.As(err, &placed) {
+		// Each on a line of its own, as a compiler reports a file.
+		for _, line := range strings.Split(placed.Error(), "\n") {
+			fmt.Fprintf(w, "Error: %s\n", line)
+		}
+		return
+	}
 	msg := describe(err)
 	violations := client.FieldViolations(err)
 	if len(violations) > 0 {

@@ -17,7 +17,8 @@ import (
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/manifest"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -141,7 +142,7 @@ func (a *App) listFlows(ctx context.Context, f *vipdv1.FlowFilter, limit uint32)
 
 func (a *App) watchFlows(ctx context.Context, req *vipdv1.WatchFlowsRequest) error {
 	return a.withClient(func(c *client.Client) error {
-		stream, err := c.WatchFlows(ctx, req)
+		stream, err := a.startWatch(ctx, c, req)
 		if err != nil {
 			return err
 		}
@@ -161,6 +162,27 @@ func (a *App) watchFlows(ctx context.Context, req *vipdv1.WatchFlowsRequest) err
 			}
 		}
 	})
+}
+
+// startWatch opens the stream of req, which must start within --timeout
+// (the stream itself has no deadline); it ends with ctx.
+func (a *App) startWatch(ctx context.Context, c *client.Client, req *vipdv1.WatchFlowsRequest) (client.FlowStream, error) {
+	if a.timeout == 0 {
+		return c.WatchFlows(ctx, req)
+	}
+	watchCtx, cancel := context.WithCancel(ctx)
+	timer := time.AfterFunc(a.timeout, cancel)
+	stream, err := c.WatchFlows(watchCtx, req)
+	if !timer.Stop() && ctx.Err() == nil {
+		// The timer fired: the stream, if any, is cancelled.
+		return nil, status.Errorf(codes.DeadlineExceeded, "the flow stream did not start within %v", a.timeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	context.AfterFunc(ctx, cancel) // watchCtx ends with ctx, and no sooner
+	return stream, nil
 }
 
 // writeFlow writes one event or loss report, as one line.
@@ -183,12 +205,12 @@ func (a *App) writeFlow(m *vipdv1.WatchFlowsResponse) error {
 	return err
 }
 
-// compactJSON is msg as one line of protojson with the .proto field names.
+// compactJSON is msg as one line of protojson, the API's canonical JSON.
 // protojson varies its whitespace on purpose; json.Compact makes it stable.
 func compactJSON(msg proto.Message) ([]byte, error) {
-	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(msg)
+	b, err := marshalOne(msg)
 	if err != nil {
-		return nil, fmt.Errorf("encode %s: %w", msg.ProtoReflect().Descriptor().FullName(), err)
+		return nil, err
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, b); err != nil {

@@ -72,8 +72,8 @@ func TestFlowsList(t *testing.T) {
 	r = vipctl(t, sock, "", "flows", "--service", "default/web", "--protocol", "udp", "-o", "json")
 	if r.code != ExitOK || strings.Count(r.stdout, "\n") != 1 ||
 		!strings.HasPrefix(r.stdout, `{"flow":{"type":"FLOW_EVENT_TYPE_EXISTING","time":"`) ||
-		!strings.Contains(r.stdout, `"service":"default/web","port_name":"dns","protocol":"PROTOCOL_UDP","client":{"ip":"fd00::9","port":5353},"vip":{"ip":"fd00:96::10","port":53},"backend":{"ip":"fd00::5","port":53},`) ||
-		!strings.Contains(r.stdout, `"flow_id":"8","start":"2026-01-02T03:04:06.250Z"}}`) {
+		!strings.Contains(r.stdout, `"service":"default/web","portName":"dns","protocol":"PROTOCOL_UDP","client":{"ip":"fd00::9","port":5353},"vip":{"ip":"fd00:96::10","port":53},"backend":{"ip":"fd00::5","port":53},`) ||
+		!strings.Contains(r.stdout, `"flowId":"8","start":"2026-01-02T03:04:06.250Z"}}`) {
 		t.Errorf("flows -o json: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 
@@ -155,7 +155,7 @@ func TestFlowsFollow(t *testing.T) {
 
 	follow(t, vipd, 2, emit, "--types", "closed", "--protocol", "tcp", "-o", "json").check(t,
 		`{"lost":{"count":"3","source":"LOST_EVENTS_SOURCE_KERNEL"}}
-{"flow":{"type":"FLOW_EVENT_TYPE_CLOSED","time":"2026-01-02T03:04:08.250Z","service":"default/web","port_name":"http","protocol":"PROTOCOL_TCP","client":{"ip":"10.0.0.9","port":43512},"vip":{"ip":"10.96.0.10","port":80},"backend":{"ip":"10.0.1.6","port":9090},"packets_to_backend":"5","bytes_to_backend":"420","packets_to_client":"4","bytes_to_client":"1800","duration":"2.500s","close_reason":"rst","flow_id":"7","start":"2026-01-02T03:04:05.250Z"}}
+{"flow":{"type":"FLOW_EVENT_TYPE_CLOSED","time":"2026-01-02T03:04:08.250Z","service":"default/web","portName":"http","protocol":"PROTOCOL_TCP","client":{"ip":"10.0.0.9","port":43512},"vip":{"ip":"10.96.0.10","port":80},"backend":{"ip":"10.0.1.6","port":9090},"packetsToBackend":"5","bytesToBackend":"420","packetsToClient":"4","bytesToClient":"1800","duration":"2.500s","closeReason":"rst","flowId":"7","start":"2026-01-02T03:04:05.250Z"}}
 `, "", ExitOK)
 
 	// --existing lists first.
@@ -224,7 +224,7 @@ Summary:                  10.96.0.10:80/TCP is service default/web port http; 2 
   BACKEND   PORT  STATE        WEIGHT  ELIGIBLE  PROBABILITY  WHY NOT
   10.0.1.5  8080  ready        1       yes       25.0%        -
   10.0.1.6  9090  ready        3       yes       75.0%        -
-  10.0.1.7  8080  not_serving  1       no        0.0%         not serving
+  10.0.1.7  8080  not-serving  1       no        0.0%         not serving
   fd00::5   8080  ready        1       no        0.0%         an IPv6 backend cannot serve an IPv4 VIP
 `, "", ExitOK)
 

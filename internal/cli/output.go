@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -47,13 +49,16 @@ func (p printer) show(msg proto.Message, view func(*table)) error {
 	return err
 }
 
-// encode is msg as JSON, or as YAML when format is "yaml". The JSON is
-// protojson with the .proto field names, indented by encoding/json: protojson
-// varies its whitespace on purpose, and scripts may diff our output.
+// encode is msg as JSON, or as YAML when format is "yaml". The JSON is the
+// API's canonical JSON (protojson: lowerCamel field names, as grpcurl
+// prints them), except that a list field of msg itself is printed when
+// empty too ({"services": []}, not {}), and it is indented by
+// encoding/json: protojson varies its whitespace on purpose, and scripts
+// may diff our output.
 func encode(msg proto.Message, format string) ([]byte, error) {
-	compact, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(msg)
+	compact, err := marshalJSON(msg)
 	if err != nil {
-		return nil, fmt.Errorf("encode %s: %w", msg.ProtoReflect().Descriptor().FullName(), err)
+		return nil, err
 	}
 	var buf bytes.Buffer
 	if err := json.Indent(&buf, compact, "", "  "); err != nil {
@@ -70,14 +75,55 @@ func encode(msg proto.Message, format string) ([]byte, error) {
 	return y, nil
 }
 
+// marshalJSON is msg in protojson, with msg's own list fields present
+// even when empty, in the order protojson writes fields.
+func marshalJSON(msg proto.Message) ([]byte, error) {
+	m := msg.ProtoReflect()
+	md := m.Descriptor()
+	if md.ParentFile().Package() == "google.protobuf" {
+		// A well-known type has a JSON form of its own.
+		return marshalOne(msg)
+	}
+	var fields [][]byte
+	for i := range md.Fields().Len() {
+		fd := md.Fields().Get(i)
+		switch {
+		case fd.IsList() && !m.Has(fd):
+			fields = append(fields, []byte(strconv.Quote(fd.JSONName())+":[]"))
+		case m.Has(fd):
+			one := m.New()
+			one.Set(fd, m.Get(fd))
+			b, err := marshalOne(one.Interface())
+			if err != nil {
+				return nil, err
+			}
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, b); err != nil {
+				return nil, fmt.Errorf("compact json: %w", err)
+			}
+			fields = append(fields, bytes.TrimSuffix(bytes.TrimPrefix(buf.Bytes(), []byte("{")), []byte("}")))
+		}
+	}
+	return slices.Concat([]byte("{"), bytes.Join(fields, []byte(",")), []byte("}")), nil
+}
+
+// marshalOne is msg in protojson.
+func marshalOne(msg proto.Message) ([]byte, error) {
+	b, err := protojson.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", msg.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return b, nil
+}
+
 // listOf is {key: [items...]}, for results that are no single API message,
 // with each item in the form encode gives it.
 func listOf[M proto.Message](key string, items []M) (*structpb.Struct, error) {
 	list := &structpb.ListValue{}
 	for _, item := range items {
-		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(item)
+		b, err := marshalOne(item)
 		if err != nil {
-			return nil, fmt.Errorf("encode %s: %w", item.ProtoReflect().Descriptor().FullName(), err)
+			return nil, err
 		}
 		v := &structpb.Value{}
 		if err := protojson.Unmarshal(b, v); err != nil {

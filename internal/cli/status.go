@@ -58,34 +58,40 @@ func (a *App) versionCommand() *cobra.Command {
 		Use:   "version",
 		Short: "Show the versions of vipctl and vipd",
 		Long: `Show the versions of vipctl and vipd. When vipd cannot be asked, vipctl's
-version is shown and the command fails; --client skips vipd.`,
+version is shown and the command fails; --client (or "vipctl --version")
+skips vipd.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(ctx context.Context, _ []string) error {
-			versions := map[string]any{"client_version": version.String()}
-			var serverErr error
-			if !clientOnly {
-				serverErr = a.withClient(func(c *client.Client) error {
-					st, err := c.Status(ctx)
-					if err != nil {
-						return fmt.Errorf("ask vipd for its version: %w", err)
-					}
-					versions["server_version"] = st.GetVersion()
-					return nil
-				})
-			}
-			msg, err := structpb.NewStruct(versions)
-			if err != nil {
-				return err
-			}
-			err = a.printer().show(msg, func(t *table) {
-				t.field("Client version", version.String())
-				if v, ok := versions["server_version"].(string); ok {
-					t.field("Server version", v)
-				}
-			})
-			return errors.Join(serverErr, err)
+			return a.showVersion(ctx, clientOnly)
 		}),
 	}
 	cmd.Flags().BoolVar(&clientOnly, "client", false, "show only vipctl's version")
 	return cmd
+}
+
+// showVersion prints vipctl's version and, unless clientOnly, vipd's.
+func (a *App) showVersion(ctx context.Context, clientOnly bool) error {
+	versions := map[string]any{"clientVersion": version.String()}
+	var serverErr error
+	if !clientOnly {
+		serverErr = a.withClient(func(c *client.Client) error {
+			st, err := c.Status(ctx)
+			if err != nil {
+				return fmt.Errorf("ask vipd for its version: %w", err)
+			}
+			versions["serverVersion"] = st.GetVersion()
+			return nil
+		})
+	}
+	msg, err := structpb.NewStruct(versions)
+	if err != nil {
+		return err
+	}
+	err = a.printer().show(msg, func(t *table) {
+		t.field("Client version", version.String())
+		if v, ok := versions["serverVersion"].(string); ok {
+			t.field("Server version", v)
+		}
+	})
+	return errors.Join(serverErr, err)
 }

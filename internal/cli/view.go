@@ -148,7 +148,7 @@ func protocolString(p vipdv1.Protocol) string {
 	return strings.ToUpper(enumString(p))
 }
 
-// affinityString is "none", or "client_ip:10800s" with the timeout.
+// affinityString is "none", or "client-ip:10800s" with the timeout.
 func affinityString(a *vipdv1.SessionAffinityConfig) string {
 	s := enumString(a.GetMode())
 	if a.GetTimeoutSeconds() != 0 {
@@ -158,7 +158,7 @@ func affinityString(a *vipdv1.SessionAffinityConfig) string {
 }
 
 // enumString is the short name that vipctl also accepts as input, such as
-// "not_serving". vipd fills in defaults, so the zero value, shown as
+// "not-serving". vipd fills in defaults, so the zero value, shown as
 // "unspecified", is rare.
 func enumString(e protoreflect.Enum) string {
 	return manifest.ShortEnumName(e.Descriptor(), e.Number())

@@ -31,7 +31,7 @@ func TestAffinityString(t *testing.T) {
 	}{
 		{nil, "unspecified"},
 		{&vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_NONE}, "none"},
-		{&vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 10800}, "client_ip:10800s"},
+		{&vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 10800}, "client-ip:10800s"},
 	} {
 		if got := affinityString(tc.a); got != tc.want {
 			t.Errorf("affinityString(%v) = %q, want %q", tc.a, got, tc.want)

@@ -238,6 +238,12 @@ func TestAuthorization(t *testing.T) {
 	upsert := func(c *client.Client, s *vipdv1.Service) func() error {
 		return func() error { _, err := c.UpsertService(ctxT(t), s, 0); return err }
 	}
+	takeover := func(c *client.Client, s *vipdv1.Service) func() error {
+		return func() error {
+			_, err := c.LoadBalancerClient().UpsertService(ctxT(t), &vipdv1.UpsertServiceRequest{Service: s, TakeOwnership: true})
+			return err
+		}
+	}
 	del := func(c *client.Client, name string) func() error {
 		return func() error { return c.DeleteService(ctxT(t), name, 0) }
 	}
@@ -253,21 +259,21 @@ func TestAuthorization(t *testing.T) {
 	calls := []call{
 		{"a upserts its own owner's service", upsert(a, svc("a/web", "team-a", "198.19.0.1", "198.18.1.3")), ""},
 		{"a creates a service of another owner", upsert(a, svc("a/new", "team-b", "198.19.0.3")), "team-b"},
-		{"a takes over b's service", upsert(a, svc("b/web", "team-a", "198.19.0.2")), "team-b"},
+		{"a takes over b's service", takeover(a, svc("b/web", "team-a", "198.19.0.2")), "team-b"},
 		{"a's CN admin does not count: its URI SAN is its identity", upsert(a, svc("x/web", "team-x", "198.19.0.4")), "team-x"},
 		{"a deletes b's service", del(a, "b/web"), "team-b"},
 		{"a updates b's backends", backends(a, "b/web"), "team-b"},
 		{"a syncs b's owner", sync(a, "team-b"), "team-b"},
 		{"a updates its own backends", backends(a, "a/web"), ""},
 		{"b (CN identity) upserts its own", upsert(b, svc("b/web", "team-b", "198.19.0.2", "198.18.1.5")), ""},
-		{"b moves its service to another owner it may change", upsert(b, svc("b/web", "shared", "198.19.0.2")), ""},
-		{"b moves it back", upsert(b, svc("b/web", "team-b", "198.19.0.2")), ""},
+		{"b moves its service to another owner it may change", takeover(b, svc("b/web", "shared", "198.19.0.2")), ""},
+		{"b moves it back", takeover(b, svc("b/web", "team-b", "198.19.0.2")), ""},
 		{"b syncs its owner", sync(b, "shared", svc("s/one", "", "198.19.0.5")), ""},
 		{"stranger upserts", upsert(stranger, svc("z/web", "default", "198.19.0.6")), "default"},
 		{"stranger deletes", del(stranger, "a/web"), "team-a"},
 		{"stranger syncs", sync(stranger, "default"), "default"},
 		{"stranger updates backends", backends(stranger, "a/web"), "team-a"},
-		{"admin takes over b's service", upsert(admin, svc("b/web", "team-a", "198.19.0.2")), ""},
+		{"admin takes over b's service", takeover(admin, svc("b/web", "team-a", "198.19.0.2")), ""},
 		{"a now changes it", backends(a, "b/web"), ""},
 		{"a syncs its owner, deleting b/web", sync(a, "team-a", svc("a/web", "", "198.19.0.1")), ""},
 		{"the Unix socket changes anything", upsert(local, svc("x/web", "team-x", "198.19.0.4")), ""},

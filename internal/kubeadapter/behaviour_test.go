@@ -172,11 +172,12 @@ func TestOtherOwnersAreNeverTouched(t *testing.T) {
 
 	// nomad takes default/ok over; the adapter's next update meets a
 	// generation conflict and lets go.
-	took, err := e.vipd.UpsertService(ctx, nomadService("default/ok", "198.19.0.21"), 0)
+	took, err := e.vipd.LoadBalancerClient().UpsertService(ctx, &vipdv1.UpsertServiceRequest{
+		Service: nomadService("default/ok", "198.19.0.21"), TakeOwnership: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	nomad["default/ok"] = took
+	nomad["default/ok"] = took.Service
 	e.updateSlice(slice("default", "ok", "ok-a", v4, ports(slicePort("", corev1.ProtocolTCP, 8080)), endpoint("198.18.1.8", ready, "")))
 	e.settle()
 	checkNomad("after an update of a service nomad took over")

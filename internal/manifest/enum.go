@@ -27,14 +27,15 @@ func ParseEnum(ed protoreflect.EnumDescriptor, s string) (protoreflect.EnumNumbe
 }
 
 // ShortEnumName is the short spelling of value n of enum ed, such as "udp"
-// or "not_serving": lower case, without the enum's prefix. It is the full
-// name for a number the enum does not define.
+// or "not-serving": lower case, without the enum's prefix, words joined by
+// "-" as in vipctl's flags. It is the full name for a number the enum does
+// not define.
 func ShortEnumName(ed protoreflect.EnumDescriptor, n protoreflect.EnumNumber) string {
 	v := ed.Values().ByNumber(n)
 	if v == nil {
 		return fmt.Sprint(int32(n))
 	}
-	return strings.ToLower(strings.TrimPrefix(string(v.Name()), enumPrefix(ed)))
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(string(v.Name()), enumPrefix(ed))), "_", "-")
 }
 
 // ShortEnumNames lists the short spellings of ed's values, in number order,

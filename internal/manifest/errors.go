@@ -15,6 +15,8 @@ type Error struct {
 	Document int
 	// Line is the line the document starts on.
 	Line int
+	// Service names the service the error concerns, where known.
+	Service string
 	// Path is the field, such as "services[1].ports[0].protocol"; empty when
 	// the error concerns the whole document or the decoder did not say.
 	Path string
@@ -40,8 +42,15 @@ func (e *Error) location() string {
 	b.WriteString(e.Source)
 	if e.Document > 0 {
 		fmt.Fprintf(&b, ": document %d", e.Document)
+		var notes []string
 		if e.Line > 1 {
-			fmt.Fprintf(&b, " (line %d)", e.Line)
+			notes = append(notes, fmt.Sprintf("line %d", e.Line))
+		}
+		if e.Service != "" {
+			notes = append(notes, fmt.Sprintf("service %q", e.Service))
+		}
+		if len(notes) > 0 {
+			fmt.Fprintf(&b, " (%s)", strings.Join(notes, ", "))
 		}
 	}
 	return b.String()

@@ -186,10 +186,10 @@ func (k *kubeObjects) record(kind string, meta *metav1.ObjectMeta, path string, 
 // kubeconvert.ConvertAll, in name order and with no owner, and says in
 // notes what it left out: Services that kube-proxy would not program
 // either, and EndpointSlices that belong to no Service read. A Service it
-// cannot convert is an error.
-func (k *kubeObjects) convert(opts Options) (svcs []*vipdv1.Service, notes []string, err error) {
+// cannot convert is an error. origins[i] is where svcs[i] was read.
+func (k *kubeObjects) convert(opts Options) (svcs []*vipdv1.Service, origins []Origin, notes []string, err error) {
 	if len(k.services) == 0 && len(k.slices) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	services := make([]*corev1.Service, len(k.services))
 	byName := map[string]located[*corev1.Service]{}
@@ -205,7 +205,7 @@ func (k *kubeObjects) convert(opts Options) (svcs []*vipdv1.Service, notes []str
 	for _, l := range left {
 		s := byName[l.Service]
 		if !kubeconvert.IsSkipped(l.Err) {
-			return nil, nil, s.at.wrap(&pathError{path: s.path, err: l.Err})
+			return nil, nil, nil, s.at.wrap(&pathError{path: s.path, err: l.Err})
 		}
 		notes = append(notes, fmt.Sprintf("skipped Service %s: %s", l.Service, kubeconvert.Skipped(s.object)))
 	}
@@ -214,9 +214,11 @@ func (k *kubeObjects) convert(opts Options) (svcs []*vipdv1.Service, notes []str
 		// these. kubeconvert.Owner belongs to the Kubernetes adapter, whose
 		// SyncServices would delete them.
 		s.Owner = ""
+		from := byName[s.GetName()]
+		origins = append(origins, Origin{Source: from.at.source, Document: from.at.document, Line: from.at.line, Path: from.path, Kubernetes: true})
 	}
 	notes = append(notes, sliceNotes(k.slices, byName)...)
-	return svcs, notes, nil
+	return svcs, origins, notes, nil
 }
 
 // sliceNotes says which EndpointSlices kubeconvert ignores: those of no

@@ -340,7 +340,7 @@ func TestLoadKubernetesAcrossSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&Result{Services: []*vipdv1.Service{webWant()}}, got, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(&Result{Services: []*vipdv1.Service{webWant()}}, got, protocmp.Transform(), ignoreOrigins); diff != "" {
 		t.Errorf("Result (-want +got):\n%s", diff)
 	}
 
@@ -419,7 +419,7 @@ func TestKubernetesExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(want, got, protocmp.Transform(), ignoreOrigins); diff != "" {
 		t.Errorf("%s (-want +got):\n%s", path, diff)
 	}
 
@@ -438,7 +438,7 @@ func TestKubernetesExample(t *testing.T) {
 	if got, err = l.Result(); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(want, got, protocmp.Transform(), ignoreOrigins); diff != "" {
 		t.Errorf("%s as JSON (-want +got):\n%s", path, diff)
 	}
 }

@@ -35,6 +35,8 @@ type Result struct {
 	// order of the sources and documents, then those converted from
 	// Kubernetes Services, in name order.
 	Services []*vipdv1.Service
+	// Origins[i] is where Services[i] was read.
+	Origins []Origin
 	// Notes say what was read but left out, one sentence each, such as
 	// "skipped Service default/db: it is headless (clusterIP: None): ...":
 	// for the user to see, not errors.
@@ -48,6 +50,7 @@ type Result struct {
 type Loader struct {
 	opts     Options
 	services []*vipdv1.Service
+	origins  []Origin
 	kube     kubeObjects
 }
 
@@ -88,6 +91,7 @@ func (l *Loader) Read(r io.Reader, source string) error {
 		return &Error{Source: source, Err: errors.New("no services found")}
 	}
 	l.services = append(l.services, sr.services...)
+	l.origins = append(l.origins, sr.origins...)
 	l.kube = sr.kube
 	return nil
 }
@@ -97,12 +101,13 @@ func (l *Loader) Read(r io.Reader, source string) error {
 // left out. A Kubernetes Service that cannot be converted is an *Error
 // naming where it was read. Result does not change the Loader.
 func (l *Loader) Result() (*Result, error) {
-	kube, notes, err := l.kube.convert(l.opts)
+	kube, kubeOrigins, notes, err := l.kube.convert(l.opts)
 	if err != nil {
 		return nil, err
 	}
 	svcs := append(slices.Clip(l.services), kube...)
-	return &Result{Services: svcs, Notes: notes}, nil
+	origins := append(slices.Clip(l.origins), kubeOrigins...)
+	return &Result{Services: svcs, Origins: origins, Notes: notes}, nil
 }
 
 // LoadFile reads the services in the file at path, or in standard input when
@@ -140,6 +145,7 @@ type reader struct {
 	source    string
 	documents int // non-empty documents seen
 	services  []*vipdv1.Service
+	origins   []Origin
 	kube      kubeObjects
 }
 
@@ -231,11 +237,17 @@ func (l *reader) item(v any, path string, at position) error {
 	if isKubernetes(obj) {
 		return l.kube.add(obj, path, at)
 	}
+	// The name, if it is one, tells the user which service an error is
+	// about when the document holds a list.
+	name, _ := obj["name"].(string)
 	svc, err := decodeService(obj, path)
 	if err != nil {
-		return at.wrap(err)
+		e := at.wrap(err)
+		e.Service = name
+		return e
 	}
 	l.services = append(l.services, svc)
+	l.origins = append(l.origins, Origin{Source: at.source, Document: at.document, Line: at.line, Path: path})
 	return nil
 }
 
@@ -250,7 +262,7 @@ func decodeService(obj map[string]any, path string) (*vipdv1.Service, error) {
 		return nil, &pathError{path: path, err: err}
 	}
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(data, svc); err != nil {
-		return nil, &pathError{path: path, err: errors.New(cleanProtojsonError(err))}
+		return nil, &pathError{path: badValuePath(obj, svc.ProtoReflect().Descriptor(), path), err: errors.New(cleanProtojsonError(err))}
 	}
 	return svc, nil
 }
@@ -317,11 +329,42 @@ func (p position) errorf(path, format string, args ...any) error {
 }
 
 // wrap places err, a *pathError or another error from decoding, in the document.
-func (p position) wrap(err error) error {
+func (p position) wrap(err error) *Error {
 	e := &Error{Source: p.source, Document: p.document, Line: p.line, Err: err}
 	var pe *pathError
 	if errors.As(err, &pe) {
 		e.Path, e.Err = pe.path, pe.err
+	}
+	return e
+}
+
+// Origin is where a service was read, so that a problem found later, such
+// as a field that vipd rejects, can be reported where the user wrote it.
+type Origin struct {
+	Source   string
+	Document int
+	Line     int
+	// Path is the service's path in the document: "" when the document is
+	// the service, "[2]" or "services[2]" for a list item, or the path of
+	// the Kubernetes Service it was converted from.
+	Path string
+	// Kubernetes is set for a service converted from a Kubernetes Service,
+	// whose fields are not the document's.
+	Kubernetes bool
+}
+
+// Error places err, about field (a path in vipd.v1.Service such as
+// "backends[0].weight"; empty for the service as a whole) of the named
+// service, where the service was read. For a converted Kubernetes Service
+// the field is named as converted, since the document does not have it.
+func (o Origin) Error(service, field string, err error) *Error {
+	e := &Error{Source: o.Source, Document: o.Document, Line: o.Line, Service: service, Path: o.Path, Err: err}
+	switch {
+	case field == "":
+	case o.Kubernetes:
+		e.Err = fmt.Errorf("converted to %s: %w", field, err)
+	default:
+		e.Path = joinPath(o.Path, field)
 	}
 	return e
 }

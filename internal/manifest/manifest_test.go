@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/testing/protocmp"
 )
@@ -249,26 +250,26 @@ func TestLoadErrors(t *testing.T) {
 		{
 			name:    "unknown field",
 			in:      "name: a\nvip: [10.96.0.10]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "vip"},
-			wantMsg: "test.yaml: document 1: vip: unknown field",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "vip"},
+			wantMsg: `test.yaml: document 1 (service "a"): vip: unknown field`,
 		},
 		{
 			name:    "unknown nested field",
 			in:      "name: a\nports:\n- {port: 80}\n- {port: 81, targetport: 8080}\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "ports[1].targetport"},
-			wantMsg: "test.yaml: document 1: ports[1].targetport: unknown field",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "ports[1].targetport"},
+			wantMsg: `test.yaml: document 1 (service "a"): ports[1].targetport: unknown field`,
 		},
 		{
 			name:    "unknown field in a list item of a later document",
 			in:      "name: a\n---\n- name: b\n- name: c\n  colour: blue\n",
-			want:    Error{Source: "test.yaml", Document: 2, Line: 3, Path: "[1].colour"},
-			wantMsg: "test.yaml: document 2 (line 3): [1].colour: unknown field",
+			want:    Error{Source: "test.yaml", Document: 2, Line: 3, Service: "c", Path: "[1].colour"},
+			wantMsg: `test.yaml: document 2 (line 3, service "c"): [1].colour: unknown field`,
 		},
 		{
 			name:    "unknown field in a wrapped service",
 			in:      `{"services": [{"name": "a", "session_affinity": {"mode": "none", "timeout": 3}}]}`,
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "services[0].session_affinity.timeout"},
-			wantMsg: "test.yaml: document 1: services[0].session_affinity.timeout: unknown field",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "services[0].session_affinity.timeout"},
+			wantMsg: `test.yaml: document 1 (service "a"): services[0].session_affinity.timeout: unknown field`,
 		},
 		{
 			name:    "wrapper with another field",
@@ -291,68 +292,68 @@ func TestLoadErrors(t *testing.T) {
 		{
 			name:    "bad protocol",
 			in:      "name: a\nports: [{port: 80, protocol: tpc}]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "ports[0].protocol"},
-			wantMsg: `test.yaml: document 1: ports[0].protocol: unknown value "tpc" (want tcp, udp, sctp)`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "ports[0].protocol"},
+			wantMsg: `test.yaml: document 1 (service "a"): ports[0].protocol: unknown value "tpc" (want tcp, udp, sctp)`,
 		},
 		{
 			name:    "bad backend state",
 			in:      "name: a\nbackends: [{ip: 10.0.0.1, state: up}]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "backends[0].state"},
-			wantMsg: `test.yaml: document 1: backends[0].state: unknown value "up" (want ready, terminating, not_serving)`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "backends[0].state"},
+			wantMsg: `test.yaml: document 1 (service "a"): backends[0].state: unknown value "up" (want ready, terminating, not-serving)`,
 		},
 		{
 			name:    "bad affinity",
 			in:      "name: a\nsession_affinity: {mode: sticky}\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "session_affinity.mode"},
-			wantMsg: `test.yaml: document 1: session_affinity.mode: unknown value "sticky" (want none, client_ip)`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "session_affinity.mode"},
+			wantMsg: `test.yaml: document 1 (service "a"): session_affinity.mode: unknown value "sticky" (want none, client-ip)`,
 		},
 		{
 			name:    "bad load balancing",
 			in:      "name: a\nloadBalancing: roundrobin\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "loadBalancing"},
-			wantMsg: `test.yaml: document 1: loadBalancing: unknown value "roundrobin" (want random, maglev)`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "loadBalancing"},
+			wantMsg: `test.yaml: document 1 (service "a"): loadBalancing: unknown value "roundrobin" (want random, maglev)`,
 		},
 		{
 			name:    "bad traffic policy",
 			in:      "name: a\ninternal_traffic_policy: nodelocal\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "internal_traffic_policy"},
-			wantMsg: `test.yaml: document 1: internal_traffic_policy: unknown value "nodelocal" (want cluster, local)`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "internal_traffic_policy"},
+			wantMsg: `test.yaml: document 1 (service "a"): internal_traffic_policy: unknown value "nodelocal" (want cluster, local)`,
 		},
 		{
 			name:    "port not a number",
 			in:      "name: a\nports: [{port: http}]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1},
-			wantMsg: `test.yaml: document 1: invalid value for uint32 field port: "http"`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "ports[0].port"},
+			wantMsg: `test.yaml: document 1 (service "a"): ports[0].port: invalid value for uint32 field port: "http"`,
 		},
 		{
 			name:    "port not a number in a list item",
 			in:      "- name: a\n  ports: [{port: http}]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "[0]"},
-			wantMsg: `test.yaml: document 1: [0]: invalid value for uint32 field port: "http"`,
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "[0].ports[0].port"},
+			wantMsg: `test.yaml: document 1 (service "a"): [0].ports[0].port: invalid value for uint32 field port: "http"`,
 		},
 		{
 			name:    "label value that yaml reads as a boolean",
 			in:      "name: a\nlabels: {canary: yes}\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1},
-			wantMsg: "test.yaml: document 1: invalid value for string field value: true",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: `labels["canary"]`},
+			wantMsg: `test.yaml: document 1 (service "a"): labels["canary"]: invalid value for string field value: true`,
 		},
 		{
 			name:    "vips not a list",
 			in:      "name: a\nvips: 10.96.0.10\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "vips"},
-			wantMsg: "test.yaml: document 1: vips: want a list, got a string",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "vips"},
+			wantMsg: "test.yaml: document 1 (service \"a\"): vips: want a list, got a string",
 		},
 		{
 			name:    "message field not an object",
 			in:      "name: a\nsession_affinity: clientip\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "session_affinity"},
-			wantMsg: "test.yaml: document 1: session_affinity: want an object, got a string",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "session_affinity"},
+			wantMsg: "test.yaml: document 1 (service \"a\"): session_affinity: want an object, got a string",
 		},
 		{
 			name:    "map field not an object",
 			in:      "name: a\nlabels: [a, b]\n",
-			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Path: "labels"},
-			wantMsg: "test.yaml: document 1: labels: want an object, got a list",
+			want:    Error{Source: "test.yaml", Document: 1, Line: 1, Service: "a", Path: "labels"},
+			wantMsg: "test.yaml: document 1 (service \"a\"): labels: want an object, got a list",
 		},
 		{
 			name:    "kubernetes service of an unread apiVersion after a vipd service",
@@ -395,7 +396,7 @@ func TestLoadFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := LoadFile(path)
-	if err == nil || !strings.HasPrefix(err.Error(), path+": document 1: ports[0].protocol: ") {
+	if err == nil || !strings.HasPrefix(err.Error(), path+`: document 1 (service "a"): ports[0].protocol: `) {
 		t.Errorf("LoadFile(%s) error = %v, want one naming the file and field", path, err)
 	}
 
@@ -451,8 +452,8 @@ func TestShortEnumNames(t *testing.T) {
 		got, want []string
 	}{
 		{ShortEnumNames(vipdv1.Protocol(0).Descriptor()), []string{"tcp", "udp", "sctp"}},
-		{ShortEnumNames(vipdv1.BackendState(0).Descriptor()), []string{"ready", "terminating", "not_serving"}},
-		{ShortEnumNames(vipdv1.SessionAffinity(0).Descriptor()), []string{"none", "client_ip"}},
+		{ShortEnumNames(vipdv1.BackendState(0).Descriptor()), []string{"ready", "terminating", "not-serving"}},
+		{ShortEnumNames(vipdv1.SessionAffinity(0).Descriptor()), []string{"none", "client-ip"}},
 		{ShortEnumNames(vipdv1.TrafficPolicy(0).Descriptor()), []string{"cluster", "local"}},
 		{ShortEnumNames(vipdv1.LoadBalancing(0).Descriptor()), []string{"random", "maglev"}},
 	} {
@@ -475,6 +476,63 @@ func TestUpperSnake(t *testing.T) {
 	} {
 		if got := upperSnake(in); got != want {
 			t.Errorf("upperSnake(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// ignoreOrigins leaves Result.Origins out of a comparison; TestOrigins
+// checks them.
+var ignoreOrigins = cmpopts.IgnoreFields(Result{}, "Origins")
+
+func TestOrigins(t *testing.T) {
+	const in = `name: a
+---
+- name: b
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web}
+  spec: {clusterIP: 198.19.0.10, ports: [{port: 80}]}
+---
+services:
+- name: c
+`
+	l := NewLoader(Options{})
+	if err := l.Read(strings.NewReader(in), "in.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range res.Services {
+		names = append(names, s.GetName())
+	}
+	if diff := cmp.Diff([]string{"a", "b", "c", "default/web"}, names); diff != "" {
+		t.Fatalf("services (-want +got):\n%s", diff)
+	}
+	want := []Origin{
+		{Source: "in.yaml", Document: 1, Line: 1},
+		{Source: "in.yaml", Document: 2, Line: 3, Path: "[0]"},
+		{Source: "in.yaml", Document: 3, Line: 9, Path: "services[0]"},
+		{Source: "in.yaml", Document: 2, Line: 3, Path: "[1]", Kubernetes: true},
+	}
+	if diff := cmp.Diff(want, res.Origins); diff != "" {
+		t.Errorf("origins (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct {
+		origin         Origin
+		service, field string
+		want           string
+	}{
+		{want[0], "a", "backends[0].weight", `in.yaml: document 1 (service "a"): backends[0].weight: bad`},
+		{want[1], "b", "vips[1]", `in.yaml: document 2 (line 3, service "b"): [0].vips[1]: bad`},
+		{want[2], "c", "", `in.yaml: document 3 (line 9, service "c"): services[0]: bad`},
+		{want[3], "default/web", "vips[0]", `in.yaml: document 2 (line 3, service "default/web"): [1]: converted to vips[0]: bad`},
+	} {
+		if got := tc.origin.Error(tc.service, tc.field, errors.New("bad")).Error(); got != tc.want {
+			t.Errorf("Origin.Error(%q, %q):\n got %s\nwant %s", tc.service, tc.field, got, tc.want)
 		}
 	}
 }

@@ -1,12 +1,15 @@
 package manifest
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // normalize prepares obj, the decoded JSON of a message md, for protojson: it
@@ -111,4 +114,65 @@ func jsonType(v any) string {
 		return "null"
 	}
 	return "a number"
+}
+
+// badValuePath returns the path of the value in obj, a normalized message
+// md at path, that protojson rejects: the first field in key order that
+// fails alone, then, inside it, the list item, map entry or message field
+// that does. It is path itself when no part fails alone. protojson names
+// the field it rejects but not where it is.
+func badValuePath(obj map[string]any, md protoreflect.MessageDescriptor, path string) string {
+	fields := md.Fields()
+	for _, key := range slices.Sorted(maps.Keys(obj)) {
+		if decodes(md, map[string]any{key: obj[key]}) {
+			continue
+		}
+		fp := joinPath(path, key)
+		fd := fields.ByJSONName(key)
+		if fd == nil {
+			fd = fields.ByName(protoreflect.Name(key))
+		}
+		if fd == nil {
+			return fp
+		}
+		switch v := obj[key].(type) {
+		case []any:
+			for i, item := range v {
+				if !decodes(md, map[string]any{key: []any{item}}) {
+					return valuePath(item, fd, joinPath(fp, fmt.Sprintf("[%d]", i)))
+				}
+			}
+		case map[string]any:
+			if fd.IsMap() {
+				for _, k := range slices.Sorted(maps.Keys(v)) {
+					if !decodes(md, map[string]any{key: map[string]any{k: v[k]}}) {
+						return valuePath(v[k], fd.MapValue(), joinPath(fp, "["+strconv.Quote(k)+"]"))
+					}
+				}
+				return fp
+			}
+			return valuePath(v, fd, fp)
+		}
+		return fp
+	}
+	return path
+}
+
+// valuePath descends into v, a value of field fd at path, when it is a
+// message of this API.
+func valuePath(v any, fd protoreflect.FieldDescriptor, path string) string {
+	m, ok := v.(map[string]any)
+	if !ok || fd.Message() == nil || fd.Message().ParentFile().Package() == "google.protobuf" {
+		return path
+	}
+	return badValuePath(m, fd.Message(), path)
+}
+
+// decodes reports whether protojson takes obj as a message md.
+func decodes(md protoreflect.MessageDescriptor, obj map[string]any) bool {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return false
+	}
+	return protojson.Unmarshal(data, dynamicpb.NewMessage(md)) == nil
 }

@@ -244,6 +244,37 @@ func (r *Reconciler) Release(ctx context.Context, m Mutation) (any, error) {
 	return r.do(ctx, m, true)
 }
 
+// Validate runs m as Do would, but only on a transaction begun on the
+// current desired state, which it then throws away: nothing is applied,
+// saved or published, and no generation is used up. It returns m's result
+// and error, or what Do would return without running m (ctx's error,
+// ErrStopped, a *HeldError). It does not wait for changes queued before
+// it, so a change that validates may still fail when submitted.
+func (r *Reconciler) Validate(ctx context.Context, m Mutation) (any, error) {
+	return r.validate(ctx, m, false)
+}
+
+// ValidateRelease is Validate for a change that Release would submit: a
+// hold does not refuse it.
+func (r *Reconciler) ValidateRelease(ctx context.Context, m Mutation) (any, error) {
+	return r.validate(ctx, m, true)
+}
+
+func (r *Reconciler) validate(ctx context.Context, m Mutation, release bool) (any, error) {
+	select {
+	case <-r.stopped:
+		return nil, ErrStopped
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if reason := r.Status().HeldReason; reason != "" && !release {
+		return nil, &HeldError{Reason: reason}
+	}
+	return m(r.current.Load().Begin())
+}
+
 func (r *Reconciler) do(ctx context.Context, m Mutation, release bool) (any, error) {
 	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now(), release: release}
 	select {

@@ -296,7 +296,9 @@ func backend(v *Violations, b *vipdv1.Backend, field string) bool {
 		return true // ConvertBackend reports it
 	}
 	before := len(*v)
-	unicast(v, b.Ip, field+".ip")
+	if ip, ok := unicast(v, b.Ip, field+".ip"); ok {
+		checkBackendIP(v, ip, field+".ip")
+	}
 	if len(b.Zone) > MaxZoneLength {
 		v.add(field+".zone", "is %d characters long; at most %d are allowed", len(b.Zone), MaxZoneLength)
 	} else if hasControl(b.Zone) {

@@ -94,7 +94,9 @@ type UpsertServiceRequest struct {
 	// take_ownership allows the write to change the owner of an existing
 	// service. Without it, an upsert whose owner differs from the stored
 	// service's owner fails with FailedPrecondition naming the current owner,
-	// and changes nothing.
+	// and changes nothing. The check is made in the same transaction as the
+	// write. An empty service.owner keeps the stored owner, so it never
+	// needs take_ownership.
 	TakeOwnership bool `protobuf:"varint,4,opt,name=take_ownership,json=takeOwnership,proto3" json:"take_ownership,omitempty"`
 	// validate_only runs every check the write would run, against the current
 	// state (conflicts, owners, generations, limits and the dataplane's
