@@ -159,7 +159,7 @@ func TestGrpcurlVipctlAndRestart(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("name: default/bad\nvips: [224.0.0.1]\nports: [{port: 80}]\n"), 0o644)
 	_, stderr, code = d.vipctl("apply", "-f", bad)
-	if code != 4 || !strings.Contains(stderr, "InvalidArgument") || !strings.Contains(stderr, "service.vips[0]") {
+	if code != 4 || !strings.Contains(stderr, "bad.yaml: document 1") || !strings.Contains(stderr, "vips[0]:") {
 		t.Fatalf("vipctl apply of an invalid service: exit %d, stderr:\n%s", code, stderr)
 	}
 	_, _, code = d.vipctl("service", "get", "default/nope")
