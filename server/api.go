@@ -235,7 +235,7 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		return resp, nil
 	})
 	if err != nil {
-		return nil, a.fail(ctx, err)
+		return nil, a.fail(ctx, addressViolation(err, inRequest("service", req.GetService())))
 	}
 	return res.(*vipdv1.UpsertServiceResponse), nil
 }
@@ -304,16 +304,22 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 	type desired struct {
 		spec []byte
 		dp   *dataplane.Service
+		// index is the service's place in the request, and order its
+		// backends' (requestOrder), to name a field in an error.
+		index int
+		order []int32
 	}
 	want := make([]desired, 0, len(req.Services))
 	index := make(map[string]int, len(req.Services))
 	// The request is this call's own (gRPC decoded it for the call), so its
 	// services are normalized in place rather than copied first: a sync of
 	// 100,000 services would otherwise copy a million backends.
+	var orig []*vipdv1.Backend
 	for i, in := range req.Services {
 		// Each message is dropped once handled, so that the collector can
 		// take the request piece by piece while its encoded form grows.
 		req.Services[i] = nil
+		orig = append(orig[:0], in.GetBackends()...)
 		field := "services[" + strconv.Itoa(i) + "]"
 		if in != nil && in.Owner != "" && in.Owner != req.Owner {
 			v = append(v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, req.Owner)})
@@ -336,7 +342,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 			return nil, toStatus(err)
 		}
 		index[svc.Name] = i
-		want = append(want, desired{spec, dp})
+		want = append(want, desired{spec, dp, i, requestOrder(orig, svc.Backends)})
 	}
 	req.Services = nil
 	if len(v) > 0 {
@@ -389,7 +395,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		for _, d := range changes {
 			dpCopy := *d.dp // see put
 			if _, err := tx.PutSpec(d.spec, &dpCopy); err != nil {
-				return nil, err
+				return nil, addressViolation(err, inSyncRequest(d.index, d.dp, d.order))
 			}
 		}
 		for _, l := range [][]string{resp.Created, resp.Updated, resp.Deleted, resp.Unchanged} {
@@ -460,7 +466,8 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 		return &vipdv1.UpdateBackendsResponse{Service: stored, Absent: absent(old.Dataplane, req.Remove, removeOrder)}, nil
 	})
 	if err != nil {
-		return nil, a.fail(ctx, err)
+		// Only upsert adds addresses: what the service had may stay.
+		return nil, a.fail(ctx, addressViolation(err, func(_ bool, ip netip.Addr) string { return backendField("upsert", req.Upsert, ip) }))
 	}
 	return res.(*vipdv1.UpdateBackendsResponse), nil
 }
