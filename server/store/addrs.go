@@ -47,82 +47,98 @@ func (t *Txn) use(a netip.Addr) addrUse {
 	return u
 }
 
-// countAddrs stages the change of the address counts from replacing old
-// (nil: none) by svc (nil: none), touching only the addresses that differ.
-// had and has test membership in old's and svc's backends (backendSet).
-func (t *Txn) countAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) {
-	var oldVIPs, newVIPs []netip.Addr
-	var oldBackends, newBackends []dataplane.Backend
-	if old != nil {
-		oldVIPs, oldBackends = old.VIPs, old.Backends
-	}
-	if svc != nil {
-		newVIPs, newBackends = svc.VIPs, svc.Backends
-	}
-	for _, a := range oldVIPs {
-		if !slices.Contains(newVIPs, a) {
-			t.addUse(a, -1, 0)
-		}
-	}
-	for _, a := range newVIPs {
-		if !slices.Contains(oldVIPs, a) {
-			t.addUse(a, 1, 0)
-		}
-	}
-	for _, b := range oldBackends {
-		if !has(b.IP) {
-			t.addUse(b.IP, 0, -1)
-		}
-	}
-	for _, b := range newBackends {
-		if !had(b.IP) {
-			t.addUse(b.IP, 0, 1)
-		}
-	}
-}
-
-func (t *Txn) addUse(a netip.Addr, vips, backends int32) {
-	u := t.use(a)
-	u.vips += vips
-	u.backends += backends
-	t.addrs[a] = u
+// addrCount is an address's count as a Put will stage it.
+type addrCount struct {
+	a netip.Addr
+	u addrUse
 }
 
 // checkAddrs fails with an *AddressConflictError if svc, replacing old
 // (nil: none), adds a backend that is a VIP of any service, or a VIP that
 // is a backend of any service, itself included. What old had is not
 // checked again: no other service can have taken it up since. had and has
-// test membership in old's and svc's backends (backendSet).
-func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) error {
+// test membership in old's and svc's backends (backendSet). Otherwise it
+// returns the counts of the addresses svc adds, for stageAddrs, in t's
+// scratch buffer: each address is looked up once.
+func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) ([]addrCount, error) {
 	var oldVIPs []netip.Addr
 	if old != nil {
 		oldVIPs = old.VIPs
 	}
+	adds := t.scratch[:0]
 	for _, b := range svc.Backends {
 		if had(b.IP) {
 			continue
 		}
-		vips := t.use(b.IP).vips
+		u := t.use(b.IP)
+		vips := u.vips
 		if slices.Contains(oldVIPs, b.IP) {
 			vips-- // old's own, which svc replaces
 		}
 		if (vips > 0 || slices.Contains(svc.VIPs, b.IP)) && !t.legacy(svc.Name, b.IP, true) {
-			return &AddressConflictError{Service: svc.Name, Addr: b.IP, AsBackend: true, Holder: t.userOf(svc, b.IP, true)}
+			return nil, &AddressConflictError{Service: svc.Name, Addr: b.IP, AsBackend: true, Holder: t.userOf(svc, b.IP, true)}
 		}
+		u.backends++
+		adds = append(adds, addrCount{b.IP, u})
 	}
 	for _, a := range svc.VIPs {
 		if slices.Contains(oldVIPs, a) {
 			continue
 		}
-		backends := t.use(a).backends
+		u := t.use(a)
+		backends := u.backends
 		if had(a) {
 			backends--
 		}
 		if (backends > 0 || has(a)) && !t.legacy(svc.Name, a, false) {
-			return &AddressConflictError{Service: svc.Name, Addr: a, AsBackend: false, Holder: t.userOf(svc, a, false)}
+			return nil, &AddressConflictError{Service: svc.Name, Addr: a, AsBackend: false, Holder: t.userOf(svc, a, false)}
+		}
+		if has(a) {
+			// Also a backend of svc, as an old state may have it: if
+			// added above too, count both roles in one entry.
+			if i := slices.IndexFunc(adds, func(c addrCount) bool { return c.a == a }); i >= 0 {
+				adds[i].u.vips++
+				continue
+			}
+		}
+		u.vips++
+		adds = append(adds, addrCount{a, u})
+	}
+	t.scratch = adds
+	return adds, nil
+}
+
+// stageAddrs stages the address counts of replacing old (nil: none) by
+// svc (nil: none): adds, from checkAddrs, and then one less for each
+// address old had in a role that svc does not. has tests membership in
+// svc's backends (backendSet).
+func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func(netip.Addr) bool) {
+	// Order matters: adds were counted before this Put staged anything,
+	// and an address may move from one role to the other.
+	for _, c := range adds {
+		t.addrs[c.a] = c.u
+	}
+	if old == nil {
+		return
+	}
+	var newVIPs []netip.Addr
+	if svc != nil {
+		newVIPs = svc.VIPs
+	}
+	for _, a := range old.VIPs {
+		if !slices.Contains(newVIPs, a) {
+			u := t.use(a)
+			u.vips--
+			t.addrs[a] = u
 		}
 	}
-	return nil
+	for _, b := range old.Backends {
+		if !has(b.IP) {
+			u := t.use(b.IP)
+			u.backends--
+			t.addrs[b.IP] = u
+		}
+	}
 }
 
 // legacy reports whether service name had a as a backend (asBackend) or

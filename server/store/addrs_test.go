@@ -113,6 +113,17 @@ func TestVIPIsNeverABackend(t *testing.T) {
 		c := addrConflict(t, tx, with("other", "198.19.0.4", "198.19.0.3"))
 		wantAddrConflict(t, c, store.AddressConflictError{Service: "other", Addr: a("198.19.0.3"), AsBackend: true, Holder: "new"})
 	})
+	t.Run("an address moves between a service's roles", func(t *testing.T) {
+		tx := base.Begin()
+		put(t, tx, with("web", "198.19.0.9", "198.18.1.1", "198.19.0.1"))
+		put(t, tx, with("db", "198.18.2.1", "198.18.2.2"))
+		snap := tx.Commit()
+		c := addrConflict(t, snap.Begin(), with("x", "198.19.0.1"))
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.0.1"), Holder: "web"})
+		c = addrConflict(t, snap.Begin(), with("x", "198.19.0.7", "198.18.2.1"))
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.2.1"), AsBackend: true, Holder: "db"})
+		put(t, snap.Begin(), with("x", "198.19.0.7", "198.19.0.1", "198.19.0.2"))
+	})
 	t.Run("a shared backend stays counted until its last service lets go", func(t *testing.T) {
 		tx := base.Begin()
 		put(t, tx, with("other", "198.19.0.4", "198.18.1.1"))
@@ -153,7 +164,34 @@ func TestVIPAsBackendInAnOldState(t *testing.T) {
 	put(t, tx, with("web", "198.19.0.1"))
 	put(t, tx, with("loop", "198.19.0.2", "198.19.0.1"))
 
-	c := addrConflict(t, old.Begin(), with("x", "198.19.0.9", "198.19.0.1"))
+	// A service that has its own VIP as a backend, stored again.
+	self := with("self", "198.19.0.3", "198.19.0.3")
+	out, dp := normalize(t, self)
+	e, err := store.NewEntry(out, dp, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	selfish, err := store.Build(3, append(entries, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx = selfish.Begin()
+	tx.Delete("self")
+	put(t, tx, with("self", "198.19.0.3", "198.19.0.3", "198.18.1.7"))
+	snap := tx.Commit()
+	// Both of its roles stay counted.
+	other := with("y", "198.19.0.3")
+	other.Ports[0] = tcp(81)
+	c := addrConflict(t, snap.Begin(), other)
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "y", Addr: netip.MustParseAddr("198.19.0.3"), Holder: "self"})
+	put(t, snap.Begin(), with("self", "198.19.0.4", "198.18.1.7"))
+	c = addrConflict(t, snap.Begin(), with("x", "198.19.0.9", "198.19.0.3"))
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.3"), AsBackend: true, Holder: "self"})
+	tx = snap.Begin()
+	tx.Delete("self")
+	put(t, tx, with("x", "198.19.0.9", "198.19.0.3"))
+
+	c = addrConflict(t, old.Begin(), with("x", "198.19.0.9", "198.19.0.1"))
 	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.1"), AsBackend: true, Holder: "web"})
 	// loop's 198.18.1.5 was no VIP in the old state: it may not become one,
 	// even when loop is deleted and stored again in the same transaction.

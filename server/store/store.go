@@ -296,7 +296,8 @@ type Txn struct {
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
 	addrs    map[netip.Addr]addrUse
-	changed  []string // Changed's cache; nil when stale
+	scratch  []addrCount // checkAddrs's buffer
+	changed  []string    // Changed's cache; nil when stale
 	// count and backends are the totals of services and backends as the
 	// transaction sees them, for the limits.
 	count, backends int
@@ -424,10 +425,11 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 	if old != nil {
 		had = backendSet(old.Backends)
 	}
-	if err := t.checkAddrs(old, dp, had, has); err != nil {
+	adds, err := t.checkAddrs(old, dp, had, has)
+	if err != nil {
 		return nil, err
 	}
-	t.countAddrs(old, dp, had, has)
+	t.stageAddrs(old, dp, adds, has)
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
@@ -463,7 +465,7 @@ func (t *Txn) Delete(name string) bool {
 	}
 	t.count--
 	t.backends -= len(old.Dataplane.Backends)
-	t.countAddrs(old.Dataplane, nil, backendSet(old.Dataplane.Backends), backendSet(nil))
+	t.stageAddrs(old.Dataplane, nil, nil, backendSet(nil))
 	t.release(name)
 	t.services[name] = nil
 	t.changed = nil
