@@ -104,9 +104,10 @@ func (a *API) validService(svc *vipdv1.Service, field string) (*vipdv1.Service, 
 
 // put stages svc unless the stored service already has the same spec, and
 // returns the service as stored (with its generation). svc.Owner is the
-// owner stored, whatever dp says. The store keeps a copy of dp, not dp itself, because a mutation may run more than once and
-// each run stamps its own generation; dp's slices and maps are shared and
-// must not change afterwards. It reports whether anything changed.
+// owner stored, whatever dp says. The store keeps a copy of dp, not dp
+// itself, because a mutation may run more than once and each run stamps
+// its own generation; dp's slices and maps are shared and must not change
+// afterwards. It reports whether anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
 	if old, ok := tx.Get(svc.Name); ok && old.SameSpec(svc) {
 		svc.Generation = old.Generation()
