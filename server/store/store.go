@@ -386,8 +386,10 @@ func (t *Txn) holder(c Claim) string {
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
 // It fails, and stages nothing, with a *ConflictError if another service
-// holds one of svc's claims, and with a *LimitError if the store would
-// then hold more services or backends than its limits allow. The totals
+// holds one of svc's claims, with an *AddressConflictError if it would add
+// a backend that is a VIP or a VIP that is a backend (see checkAddrs), and
+// with a *LimitError if the store would then hold more services or
+// backends than its limits allow. The totals
 // are checked at each Put, so a change that frees room (SyncServices
 // dropping services) must Delete before it Puts.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
