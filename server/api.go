@@ -116,9 +116,10 @@ func (a *API) honoured(out *vipdv1.Service, dp *dataplane.Service, v validation.
 
 // put stages svc unless the stored service already has the same spec, and
 // returns the service as stored (with its generation). svc.Owner is the
-// owner stored, whatever dp says. The store keeps a copy of dp, not dp itself, because a mutation may run more than once and
-// each run stamps its own generation; dp's slices and maps are shared and
-// must not change afterwards. It reports whether anything changed.
+// owner stored, whatever dp says. The store keeps a copy of dp, not dp
+// itself, because a mutation may run more than once and each run stamps
+// its own generation; dp's slices and maps are shared and must not change
+// afterwards. It reports whether anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
 	if old, ok := tx.Get(svc.Name); ok && old.SameSpec(svc) {
 		svc.Generation = old.Generation()
@@ -247,7 +248,7 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		return resp, nil
 	})
 	if err != nil {
-		return nil, a.fail(ctx, err)
+		return nil, a.fail(ctx, addressViolation(err, inRequest("service", req.GetService())))
 	}
 	return res.(*vipdv1.UpsertServiceResponse), nil
 }
@@ -316,16 +317,22 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 	type desired struct {
 		spec []byte
 		dp   *dataplane.Service
+		// index is the service's place in the request, and order its
+		// backends' (requestOrder), to name a field in an error.
+		index int
+		order []int32
 	}
 	want := make([]desired, 0, len(req.Services))
 	index := make(map[string]int, len(req.Services))
 	// The request is this call's own (gRPC decoded it for the call), so its
 	// services are normalized in place rather than copied first: a sync of
 	// 100,000 services would otherwise copy a million backends.
+	var orig []*vipdv1.Backend
 	for i, in := range req.Services {
 		// Each message is dropped once handled, so that the collector can
 		// take the request piece by piece while its encoded form grows.
 		req.Services[i] = nil
+		orig = append(orig[:0], in.GetBackends()...)
 		field := "services[" + strconv.Itoa(i) + "]"
 		if in != nil && in.Owner != "" && in.Owner != req.Owner {
 			v = append(v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, req.Owner)})
@@ -348,7 +355,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 			return nil, toStatus(err)
 		}
 		index[svc.Name] = i
-		want = append(want, desired{spec, dp})
+		want = append(want, desired{spec, dp, i, requestOrder(orig, svc.Backends)})
 	}
 	req.Services = nil
 	if len(v) > 0 {
@@ -401,7 +408,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		for _, d := range changes {
 			dpCopy := *d.dp // see put
 			if _, err := tx.PutSpec(d.spec, &dpCopy); err != nil {
-				return nil, err
+				return nil, addressViolation(err, inSyncRequest(d.index, d.dp, d.order))
 			}
 		}
 		for _, l := range [][]string{resp.Created, resp.Updated, resp.Deleted, resp.Unchanged} {
@@ -474,7 +481,8 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 		return &vipdv1.UpdateBackendsResponse{Service: stored, Absent: absent(old.Dataplane, req.Remove, removeOrder)}, nil
 	})
 	if err != nil {
-		return nil, a.fail(ctx, err)
+		// Only upsert adds addresses: what the service had may stay.
+		return nil, a.fail(ctx, addressViolation(err, func(_ bool, ip netip.Addr) string { return backendField("upsert", req.Upsert, ip) }))
 	}
 	return res.(*vipdv1.UpdateBackendsResponse), nil
 }

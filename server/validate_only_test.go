@@ -117,6 +117,12 @@ func TestValidateOnly(t *testing.T) {
 		code:     codes.AlreadyExists,
 		contains: []string{"198.19.0.2:80/TCP", "service db"},
 	}, {
+		name:     "upsert: another service's VIP as a backend",
+		do:       upsertReq(&vipdv1.UpsertServiceRequest{Service: owned("team-a", "new", "198.19.0.3", "198.19.0.2")}),
+		code:     codes.InvalidArgument,
+		contains: []string{"198.19.0.2 is a VIP of service db"},
+		fields:   []string{"service.backends[0].ip"},
+	}, {
 		name:     "upsert: a stale expected_generation",
 		do:       upsertReq(&vipdv1.UpsertServiceRequest{Service: owned("team-a", "web", "198.19.0.1"), ExpectedGeneration: 2}),
 		code:     codes.Aborted,
@@ -159,6 +165,12 @@ func TestValidateOnly(t *testing.T) {
 		code:     codes.AlreadyExists,
 		contains: []string{"198.19.0.2:80/TCP", "service db"},
 	}, {
+		name:     "sync: another service's VIP as a backend",
+		do:       syncReq("team-a", owned("", "web", "198.19.0.1", "198.19.0.2")),
+		code:     codes.InvalidArgument,
+		contains: []string{"198.19.0.2 is a VIP of service db"},
+		fields:   []string{"services[0].backends[0].ip"},
+	}, {
 		name:     "sync: another owner's service",
 		do:       syncReq("team-a", owned("", "db", "198.19.0.2")),
 		code:     codes.AlreadyExists,
@@ -184,6 +196,12 @@ func TestValidateOnly(t *testing.T) {
 		do:       updateReq(&vipdv1.UpdateBackendsRequest{Name: "web", Remove: []string{"198.18.1.1"}, ExpectedGeneration: 7}),
 		code:     codes.Aborted,
 		contains: []string{"expected generation 7"},
+	}, {
+		name:     "update backends: another service's VIP",
+		do:       updateReq(&vipdv1.UpdateBackendsRequest{Name: "web", Upsert: []*vipdv1.Backend{{Ip: "198.19.0.2"}}}),
+		code:     codes.InvalidArgument,
+		contains: []string{"198.19.0.2 is a VIP of service db"},
+		fields:   []string{"upsert[0].ip"},
 	}, {
 		name:   "update backends: an invalid backend",
 		do:     updateReq(&vipdv1.UpdateBackendsRequest{Name: "web", Upsert: []*vipdv1.Backend{{Ip: "198.18.1.3", Weight: 70000}}}),

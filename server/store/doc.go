@@ -1,6 +1,7 @@
 // Package store holds vipd's desired state: the services, their generations,
-// the index of which service claims each VIP:port/protocol, and the state file
-// that makes it all survive restarts.
+// the index of which service claims each VIP:port/protocol, the count of
+// services using each address as a VIP and as a backend (no address may be
+// both), and the state file that makes it all survive restarts.
 //
 // A Snapshot is immutable and safe to share between goroutines. Changes are
 // staged in a Txn on top of a Snapshot and become a new Snapshot on Commit;

@@ -7,3 +7,6 @@ func SetJournalCompactAt(n int64) (restore func()) {
 	journalMinCompact = n
 	return func() { journalMinCompact = old }
 }
+
+// Build is build, for tests: a snapshot as a state file of entries loads.
+func Build(revision uint64, entries []*Entry) (*Snapshot, error) { return build(revision, entries) }

@@ -149,6 +149,7 @@ type Snapshot struct {
 	revision uint64
 	services pmap.Map[string, *Entry] // by name
 	claims   pmap.Map[Claim, string]  // the holder's name
+	addrs    pmap.Map[netip.Addr, addrUse]
 	backends int
 	limits   validation.Limits // only the totals
 	// parent is the revision of the snapshot this one was committed on,
@@ -294,7 +295,9 @@ type Txn struct {
 	revision uint64
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
-	changed  []string          // Changed's cache; nil when stale
+	addrs    map[netip.Addr]addrUse
+	scratch  []addrCount // checkAddrs's buffer
+	changed  []string    // Changed's cache; nil when stale
 	// count and backends are the totals of services and backends as the
 	// transaction sees them, for the limits.
 	count, backends int
@@ -303,7 +306,7 @@ type Txn struct {
 // Begin starts a transaction on top of s. s itself never changes.
 func (s *Snapshot) Begin() *Txn {
 	return &Txn{base: s, revision: s.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
-		count: s.Len(), backends: s.backends}
+		addrs: map[netip.Addr]addrUse{}, count: s.Len(), backends: s.backends}
 }
 
 // Sub starts a nested transaction that sees t's staged changes. Its own
@@ -311,7 +314,7 @@ func (s *Snapshot) Begin() *Txn {
 // undoing anything. t must not change while the Sub is open.
 func (t *Txn) Sub() *Txn {
 	return &Txn{base: t.base, parent: t, revision: t.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
-		count: t.count, backends: t.backends}
+		addrs: map[netip.Addr]addrUse{}, count: t.count, backends: t.backends}
 }
 
 // Merge moves a Sub's changes into its parent.
@@ -320,11 +323,12 @@ func (t *Txn) Merge() {
 	if len(p.services) == 0 && len(p.claims) == 0 {
 		// The common case of a batch of one (a big SyncServices among
 		// them): hand the maps over rather than copy them.
-		p.services, p.claims = t.services, t.claims
-		t.services, t.claims = map[string]*Entry{}, map[Claim]string{}
+		p.services, p.claims, p.addrs = t.services, t.claims, t.addrs
+		t.services, t.claims, t.addrs = map[string]*Entry{}, map[Claim]string{}, map[netip.Addr]addrUse{}
 	} else {
 		maps.Copy(p.services, t.services)
 		maps.Copy(p.claims, t.claims)
+		maps.Copy(p.addrs, t.addrs)
 	}
 	p.changed = nil
 	p.revision = t.revision
@@ -382,8 +386,10 @@ func (t *Txn) holder(c Claim) string {
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
 // It fails, and stages nothing, with a *ConflictError if another service
-// holds one of svc's claims, and with a *LimitError if the store would
-// then hold more services or backends than its limits allow. The totals
+// holds one of svc's claims, with an *AddressConflictError if it would add
+// a backend that is a VIP or a VIP that is a backend (see checkAddrs), and
+// with a *LimitError if the store would then hold more services or
+// backends than its limits allow. The totals
 // are checked at each Put, so a change that frees room (SyncServices
 // dropping services) must Delete before it Puts.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
@@ -409,12 +415,23 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 		}
 	}
 	count, backends := t.count+1, t.backends+len(dp.Backends)
-	if old, ok := t.Get(dp.Name); ok {
-		count, backends = t.count, backends-len(old.Dataplane.Backends)
+	var old *dataplane.Service
+	if e, ok := t.Get(dp.Name); ok {
+		old = e.Dataplane
+		count, backends = t.count, backends-len(old.Backends)
 	}
 	if err := t.checkLimits(dp.Name, count, backends); err != nil {
 		return nil, err
 	}
+	had, has := backendSet(nil), backendSet(dp.Backends)
+	if old != nil {
+		had = backendSet(old.Backends)
+	}
+	adds, err := t.checkAddrs(old, dp, had, has)
+	if err != nil {
+		return nil, err
+	}
+	t.stageAddrs(old, dp, adds, has)
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
@@ -450,6 +467,7 @@ func (t *Txn) Delete(name string) bool {
 	}
 	t.count--
 	t.backends -= len(old.Dataplane.Backends)
+	t.stageAddrs(old.Dataplane, nil, nil, backendSet(nil))
 	t.release(name)
 	t.services[name] = nil
 	t.changed = nil
@@ -514,15 +532,27 @@ func (t *Txn) Commit() *Snapshot {
 		}
 	}
 	s.claims = claims.Map()
+	addrs := t.base.addrs.Builder()
+	for a, u := range t.addrs {
+		if u == (addrUse{}) {
+			addrs.Delete(a)
+		} else {
+			addrs.Set(a, u)
+		}
+	}
+	s.addrs = addrs.Map()
 	return s
 }
 
 // build makes a snapshot from entries, as read from a state file, in one
-// pass. It fails if two entries claim the same VIP:port/protocol.
+// pass. It fails if two entries claim the same VIP:port/protocol. It
+// accepts a backend that is also a VIP, which vipd accepted before it
+// refused them (see Txn.checkAddrs).
 func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	s := &Snapshot{revision: revision}
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
+	addrs := pmap.Map[netip.Addr, addrUse]{}.Builder()
 	for _, e := range entries {
 		name := e.Name()
 		if _, dup := svcs.Get(name); dup {
@@ -539,7 +569,8 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		}
 		svcs.Set(name, e)
 		s.backends += len(e.Dataplane.Backends)
+		countBuilt(addrs, e.Dataplane)
 	}
-	s.services, s.claims = svcs.Map(), claims.Map()
+	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), addrs.Map()
 	return s, nil
 }

@@ -61,8 +61,8 @@ func FlowTypes(in []vipdv1.FlowEventType, field string) (live []dataplane.FlowEv
 func Explain(in *vipdv1.ExplainRequest) (dataplane.ExplainQuery, Violations) {
 	var v Violations
 	var q dataplane.ExplainQuery
-	client, clientOK := anyAddr(&v, in.ClientIp, "client_ip")
-	vip, vipOK := anyAddr(&v, in.Vip, "vip")
+	client, clientOK := explainAddr(&v, in.ClientIp, "client_ip")
+	vip, vipOK := explainAddr(&v, in.Vip, "vip")
 	if in.ClientPort > 65535 {
 		v.add("client_port", "%d is out of range; 1 to 65535 are allowed, or 0 when unknown", in.ClientPort)
 	}
@@ -86,6 +86,19 @@ func Explain(in *vipdv1.ExplainRequest) (dataplane.ExplainQuery, Violations) {
 	q.Client = netip.AddrPortFrom(client, uint16(in.ClientPort))
 	q.VIP = netip.AddrPortFrom(vip, uint16(in.Port))
 	return q, nil
+}
+
+// explainAddr parses s as an address of an ExplainRequest: any IP address
+// without a zone, an IPv4 one in its IPv4 form. An IPv4-mapped IPv6
+// address is refused as everywhere else in the API (see unicast), rather
+// than taken for its IPv4 address: Explain answers about the address it
+// was given, and a VIP or a backend cannot be written that way.
+func explainAddr(v *Violations, s, field string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Is4In6() {
+		v.add(field, "%q is an IPv4-mapped IPv6 address; use the IPv4 form %s", s, a.Unmap())
+		return netip.Addr{}, false
+	}
+	return anyAddr(v, s, field)
 }
 
 // anyAddr parses s as an IP address without a zone, unmapping an

@@ -91,7 +91,7 @@ func TestFlowTypes(t *testing.T) {
 }
 
 func TestExplain(t *testing.T) {
-	q, v := validation.Explain(&vipdv1.ExplainRequest{ClientIp: "::ffff:10.0.0.9", ClientPort: 43512, Vip: "10.96.0.10", Port: 53, Protocol: vipdv1.Protocol_PROTOCOL_UDP})
+	q, v := validation.Explain(&vipdv1.ExplainRequest{ClientIp: "10.0.0.9", ClientPort: 43512, Vip: "10.96.0.10", Port: 53, Protocol: vipdv1.Protocol_PROTOCOL_UDP})
 	want := dataplane.ExplainQuery{Protocol: dataplane.UDP, Client: netip.MustParseAddrPort("10.0.0.9:43512"), VIP: netip.MustParseAddrPort("10.96.0.10:53")}
 	if len(v) > 0 || q != want {
 		t.Errorf("Explain = %v, %v; want %v", q, v, want)

@@ -107,7 +107,9 @@ var (
 	portNamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 )
 
-// Name checks a service or owner name: 1-253 characters of [a-z0-9] and "-./_".
+// Name checks a service or owner name: 1-253 characters of [a-z0-9] and
+// "-./_", not starting with "-", and without an empty, "." or ".." segment
+// between slashes (see unsafeName).
 func Name(name, field string) Violations {
 	var v Violations
 	checkName(&v, name, field)
@@ -122,6 +124,8 @@ func checkName(v *Violations, name, field string) {
 		v.add(field, "is %d characters long; at most %d are allowed", len(name), MaxNameLength)
 	case !namePattern.MatchString(name):
 		v.add(field, "%q may contain only lowercase letters, digits and \"-./_\"", name)
+	case unsafeName(name) != "":
+		v.add(field, "%q %s", name, unsafeName(name))
 	}
 }
 

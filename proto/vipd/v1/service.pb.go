@@ -535,7 +535,9 @@ func (x *SessionAffinityConfig) GetTimeoutSeconds() uint32 {
 // Service is a set of virtual IPs and ports that vipd load-balances to backends.
 type Service struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// name is the unique key: 1-253 characters of [a-z0-9] and "-./_", such as "default/web".
+	// name is the unique key: 1-253 characters of [a-z0-9] and "-./_", such as
+	// "default/web"; it may not start with "-" or have an empty, "." or ".."
+	// segment between slashes (so not ".", "..", "/" or "-").
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// owner is the control plane that manages the service. Empty means
 	// "default" for a new service; an UpsertService that leaves it empty keeps

@@ -283,7 +283,9 @@ func (x *StatusWarning) GetSince() *timestamppb.Timestamp {
 
 type ExplainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// client_ip is the client's address; its family must be the VIP's.
+	// client_ip is the client's address; its family must be the VIP's. As
+	// everywhere in the API, an IPv4 address is written in its IPv4 form: an
+	// IPv4-mapped IPv6 client_ip or vip is InvalidArgument.
 	ClientIp string `protobuf:"bytes,1,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
 	// client_port is the client's source port, 0 when unknown. Maglev hashes
 	// it, so without it the dataplane cannot tell a Maglev pick.
