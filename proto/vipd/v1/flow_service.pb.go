@@ -345,18 +345,22 @@ type FlowEvent struct {
 	FlowId uint64 `protobuf:"varint,15,opt,name=flow_id,json=flowId,proto3" json:"flow_id,omitempty"`
 	// start is when the flow began, where the kernel records it.
 	Start *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=start,proto3" json:"start,omitempty"`
-	// tcp_state is the TCP flow's state (see TcpState). It is set on
-	// FLOW_EVENT_TYPE_EXISTING events of TCP flows by every dataplane, and on
-	// other events where the dataplane knows it: iptables on NEW (SYN_SENT)
-	// and CLOSED (the state the connection ended in) as conntrack reports
-	// it; eBPF on CLOSED events of a RST (CLOSE) and of flows that expired
-	// (the state they expired in). It is TCP_STATE_UNSPECIFIED for UDP and
-	// SCTP flows, and where the dataplane does not know.
+	// tcp_state is a TCP flow's state (see TcpState). Every dataplane sets
+	// it on FLOW_EVENT_TYPE_EXISTING events of TCP flows, and on other events
+	// where it knows it:
+	//   - FLOW_EVENT_TYPE_NEW: TCP_STATE_SYN_SENT, both dataplanes;
+	//   - FLOW_EVENT_TYPE_CLOSED: iptables, the state conntrack's entry ended
+	//     in (TIME_WAIT after a FIN handshake, CLOSE after a RST, else the
+	//     state it expired in); eBPF, TCP_STATE_CLOSE after a RST and, for a
+	//     flow that its collector found expired, the state it expired in.
+	//
+	// It is TCP_STATE_UNSPECIFIED for UDP and SCTP flows, and where the
+	// dataplane does not know (an eBPF CLOSED event on a FIN).
 	//
 	// The eBPF dataplane lists a flow only until its first FIN or RST, so its
 	// EXISTING events show TCP_STATE_SYN_SENT, TCP_STATE_SYN_RECV or
 	// TCP_STATE_ESTABLISHED; the iptables dataplane lists closing connections
-	// too, through TCP_STATE_TIME_WAIT.
+	// too, until their TIME_WAIT is over.
 	TcpState      TcpState `protobuf:"varint,17,opt,name=tcp_state,json=tcpState,proto3,enum=vipd.v1.TcpState" json:"tcp_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
