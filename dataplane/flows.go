@@ -22,7 +22,7 @@ type FlowSource interface {
 	// returns ctx's error, or an error if the source cannot be read.
 	WatchFlows(ctx context.Context, emit func(FlowEvent), lost func(count uint64)) error
 	// ListFlows returns the flows through any VIP that are live now,
-	// with their counters so far.
+	// with their counters so far and, for TCP, their state.
 	ListFlows(ctx context.Context) ([]Flow, error)
 }
 

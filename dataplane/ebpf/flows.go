@@ -318,9 +318,9 @@ func protocolOf(proto uint8) dataplane.Protocol {
 //     was acknowledged yet (LAST_ACK) cannot be told;
 //   - else a SYN-ACK from the backend and an ACK from the client is
 //     ESTABLISHED, a SYN-ACK alone SYN_RECV, and anything less (the client's
-//     SYN only, every tracked TCP flow begins with one) SYN_SENT. A client
-//     ACK means the handshake completed even where conntrack, having missed
-//     it, would say otherwise.
+//     SYN only, every tracked TCP flow begins with one) SYN_SENT. Any ACK
+//     from the client after the SYN-ACK counts as the handshake's last,
+//     whatever it acknowledges.
 func tcpStateOf(fwd, reply uint8) dataplane.TCPState {
 	switch {
 	case (fwd|reply)&tcpFlagRST != 0:

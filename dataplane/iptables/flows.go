@@ -397,8 +397,8 @@ func tcpStateOf(s uint8) dataplane.TCPState {
 // flowOf maps a conntrack entry of a DNATed connection to a Flow: the
 // client is the original source, the VIP the original destination and the
 // backend the source of the reply direction. A TCP flow's state is
-// conntrack's, where the message carries it (dumps and DESTROY events
-// always do). It skips protocols vipd does not serve.
+// conntrack's, where the message carries it (dumps, NEW and DESTROY events
+// do). It skips protocols vipd does not serve.
 func flowOf(f *conntrack.Flow) (dataplane.Flow, bool) {
 	var proto dataplane.Protocol
 	switch f.TupleOrig.Proto.Protocol {
