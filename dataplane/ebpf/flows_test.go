@@ -400,6 +400,40 @@ func TestFlowsList(t *testing.T) {
 	}
 }
 
+// TestFlowsIdleTCPTimesOut: an open TCP connection that stays idle past
+// its lifetime is closed by the collector as a timeout, in the state it
+// was in (ESTABLISHED).
+func TestFlowsIdleTCPTimesOut(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
+	e.cfg.GCInterval = 200 * time.Millisecond
+	e.cfg.ConntrackTimeouts.TCPEstablished = 2 * time.Second
+	svc := e.service("test/idle", dpVIPA, dataplane.TCP, dpReady("be1"))
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	w := flWatchFlows(t, dp, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(dpVIPA))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	r, err := c.Request(ctx)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	evs, _ := w.waitFor("the CLOSED event of the idle connection", 6*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool {
+		return flCount(evs, dataplane.FlowClosed) > 0
+	})
+	i := slices.IndexFunc(evs, func(ev dataplane.FlowEvent) bool { return ev.Type == dataplane.FlowClosed })
+	f := evs[i].Flow
+	e.flCheckTuple("idle connection CLOSED", f, dataplane.TCP, dpVIPA, r)
+	if f.CloseReason != dataplane.CloseTimeout || f.TCPState != dataplane.TCPEstablished {
+		t.Errorf("idle connection closed by %q in TCP state %v, want timeout in ESTABLISHED", f.CloseReason, f.TCPState)
+	}
+}
+
 // TestFlowsRingBufferFull: events that find the ring full while the reader
 // is stalled are counted in the kernel and reported lost, exactly.
 func TestFlowsRingBufferFull(t *testing.T) {
