@@ -22,7 +22,7 @@ type FlowSource interface {
 	// returns ctx's error, or an error if the source cannot be read.
 	WatchFlows(ctx context.Context, emit func(FlowEvent), lost func(count uint64)) error
 	// ListFlows returns the flows through any VIP that are live now,
-	// with their counters so far.
+	// with their counters so far and, for TCP, their state.
 	ListFlows(ctx context.Context) ([]Flow, error)
 }
 
@@ -88,6 +88,59 @@ type Flow struct {
 	Duration time.Duration
 	// CloseReason is set on close: one of the Close* constants.
 	CloseReason string
+	// TCPState is a TCP flow's conntrack state where the dataplane knows
+	// it, always in ListFlows; TCPStateUnknown otherwise and for other
+	// protocols.
+	TCPState TCPState
+}
+
+// TCPState is the state of a tracked TCP connection, with the names and
+// meanings of the kernel's conntrack (enum tcp_conntrack), which both
+// dataplanes can report.
+type TCPState uint8
+
+// TCP conntrack states.
+const (
+	TCPStateUnknown TCPState = iota
+	// TCPSynSent: the client's SYN was seen, no answer yet.
+	TCPSynSent
+	// TCPSynRecv: the backend's SYN-ACK was seen, the client's ACK not yet.
+	TCPSynRecv
+	// TCPEstablished: the handshake completed, no FIN or RST since.
+	TCPEstablished
+	// TCPFinWait: the client sent a FIN.
+	TCPFinWait
+	// TCPCloseWait: the backend sent a FIN.
+	TCPCloseWait
+	// TCPLastAck: both sent a FIN; the last one is not acknowledged.
+	TCPLastAck
+	// TCPTimeWait: both FINs were acknowledged.
+	TCPTimeWait
+	// TCPClose: a RST was seen.
+	TCPClose
+)
+
+// String is the state as conntrack -L prints it: ESTABLISHED, TIME_WAIT.
+func (s TCPState) String() string {
+	switch s {
+	case TCPSynSent:
+		return "SYN_SENT"
+	case TCPSynRecv:
+		return "SYN_RECV"
+	case TCPEstablished:
+		return "ESTABLISHED"
+	case TCPFinWait:
+		return "FIN_WAIT"
+	case TCPCloseWait:
+		return "CLOSE_WAIT"
+	case TCPLastAck:
+		return "LAST_ACK"
+	case TCPTimeWait:
+		return "TIME_WAIT"
+	case TCPClose:
+		return "CLOSE"
+	}
+	return "unknown"
 }
 
 // Explainer is implemented by dataplanes that can say, for one client,

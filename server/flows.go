@@ -185,6 +185,7 @@ func flowEvent(t vipdv1.FlowEventType, at time.Time, f *flows.Flow) *vipdv1.Flow
 		Vip:      endpoint(f.VIP),
 		Backend:  endpoint(f.Backend),
 		FlowId:   f.ID,
+		TcpState: tcpStateToProto[f.TCPState],
 	}
 	if !at.IsZero() {
 		ev.Time = timestamppb.New(at)
@@ -206,6 +207,19 @@ func flowEvent(t vipdv1.FlowEventType, at time.Time, f *flows.Flow) *vipdv1.Flow
 	ev.PacketsToBackend, ev.BytesToBackend = f.OrigPackets, f.OrigBytes
 	ev.PacketsToClient, ev.BytesToClient = f.ReplyPackets, f.ReplyBytes
 	return ev
+}
+
+// tcpStateToProto maps the dataplane's TCP states to the API's; any other
+// is TCP_STATE_UNSPECIFIED.
+var tcpStateToProto = map[dataplane.TCPState]vipdv1.TcpState{
+	dataplane.TCPSynSent:     vipdv1.TcpState_TCP_STATE_SYN_SENT,
+	dataplane.TCPSynRecv:     vipdv1.TcpState_TCP_STATE_SYN_RECV,
+	dataplane.TCPEstablished: vipdv1.TcpState_TCP_STATE_ESTABLISHED,
+	dataplane.TCPFinWait:     vipdv1.TcpState_TCP_STATE_FIN_WAIT,
+	dataplane.TCPCloseWait:   vipdv1.TcpState_TCP_STATE_CLOSE_WAIT,
+	dataplane.TCPLastAck:     vipdv1.TcpState_TCP_STATE_LAST_ACK,
+	dataplane.TCPTimeWait:    vipdv1.TcpState_TCP_STATE_TIME_WAIT,
+	dataplane.TCPClose:       vipdv1.TcpState_TCP_STATE_CLOSE,
 }
 
 // endpoint is ap as an Endpoint, or nil when ap is unset.

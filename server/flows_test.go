@@ -417,6 +417,48 @@ func TestWatchFlowsIncludeExisting(t *testing.T) {
 	}
 }
 
+// TestFlowEventsCarryTCPState: each TCP state a dataplane reports reaches
+// the API under conntrack's name, on EXISTING and on live events; a UDP
+// flow has none.
+func TestFlowEventsCarryTCPState(t *testing.T) {
+	env := startFlows(t)
+	var (
+		set  []dataplane.Flow
+		want = map[uint64]string{}
+	)
+	for s := dataplane.TCPSynSent; s <= dataplane.TCPClose; s++ {
+		f := webFlow(uint64(s))
+		f.TCPState = s
+		set = append(set, f)
+		want[f.ID] = "TCP_STATE_" + s.String()
+	}
+	udp := dnsFlow(100)
+	set = append(set, udp)
+	want[udp.ID] = "TCP_STATE_UNSPECIFIED"
+	env.srv.Dataplane().SetFlows(set, nil)
+
+	resp, err := env.flows.ListFlows(ctxT(t), &vipdv1.ListFlowsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]string{}
+	for _, f := range resp.GetFlows() {
+		got[f.GetFlowId()] = f.GetTcpState().String()
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ListFlows: tcp_state by flow_id (-want +got):\n%s", diff)
+	}
+
+	stream := env.watch(t, env.flows, &vipdv1.WatchFlowsRequest{})
+	closed := webFlow(1)
+	closed.TCPState = dataplane.TCPTimeWait
+	closed.CloseReason = dataplane.CloseFIN
+	env.srv.Dataplane().Emit(dataplane.FlowEvent{Type: dataplane.FlowClosed, Flow: closed})
+	if ev := recv(t, stream).GetFlow(); ev.GetTcpState() != vipdv1.TcpState_TCP_STATE_TIME_WAIT {
+		t.Errorf("CLOSED event of a flow in TIME_WAIT: tcp_state %v", ev.GetTcpState())
+	}
+}
+
 func TestListFlowsLimit(t *testing.T) {
 	env := startFlows(t)
 	var live []dataplane.Flow

@@ -157,6 +157,9 @@ func flowsUDP(t *testing.T, dp string) {
 		e.fatalf("ListFlows of UDP flows from client: want the flow of %v once, got %d of it among %s", c.client, len(listed), fmtEvents(list.GetFlows()))
 	}
 	e.checkFlowEvent("ListFlows", listed[0], vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING, vip, "udp", c)
+	if st := listed[0].GetTcpState(); st != vipdv1.TcpState_TCP_STATE_UNSPECIFIED {
+		e.errorf("ListFlows: the UDP flow of %v has tcp_state %v, want none", c.client, st)
+	}
 	if listed[0].GetFlowId() != newEv.GetFlowId() {
 		e.errorf("ListFlows: the UDP flow of %v has flow_id %d, its NEW event %d", c.client, listed[0].GetFlowId(), newEv.GetFlowId())
 	}
@@ -176,7 +179,8 @@ func flowsUDP(t *testing.T, dp string) {
 
 // A connection that is open when a stream starts comes first as EXISTING
 // with include_existing, and ListFlows shows it, with the flow_id of its
-// NEW event and its counters so far; filters on the backend select it.
+// NEW event, its counters so far and its TCP state, ESTABLISHED; filters
+// on the backend select it.
 func flowsExisting(t *testing.T, dp string) {
 	e := newEnv(t, dp, "flows/include-existing-and-list")
 	e.shortenConntrackTimeouts()
@@ -211,6 +215,9 @@ func flowsExisting(t *testing.T, dp string) {
 		e.errorf("%s: want one event of %v (EXISTING), got %s", after.name, c.client, fmtEvents(evs))
 	} else {
 		e.checkFlowEvent(after.name, evs[0], vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING, vip, "tcp", c)
+		if st := evs[0].GetTcpState(); st != vipdv1.TcpState_TCP_STATE_ESTABLISHED {
+			e.errorf("%s: EXISTING of the open connection of %v has tcp_state %v, want ESTABLISHED", after.name, c.client, st)
+		}
 		if evs[0].GetFlowId() != id {
 			e.errorf("%s: EXISTING of %v has flow_id %d, its NEW %d", after.name, c.client, evs[0].GetFlowId(), id)
 		}
@@ -228,6 +235,9 @@ func flowsExisting(t *testing.T, dp string) {
 		e.errorf("ListFlows {service %s}: want the flow of %v once, got %s", svcName, c.client, fmtEvents(evs))
 	} else {
 		e.checkFlowEvent("ListFlows", evs[0], vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING, vip, "tcp", c)
+		if st := evs[0].GetTcpState(); st != vipdv1.TcpState_TCP_STATE_ESTABLISHED {
+			e.errorf("ListFlows: the open connection of %v has tcp_state %v, want ESTABLISHED", c.client, st)
+		}
 		if evs[0].GetFlowId() != id {
 			e.errorf("ListFlows: the flow of %v has flow_id %d, its NEW %d", c.client, evs[0].GetFlowId(), id)
 		}

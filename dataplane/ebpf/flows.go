@@ -241,7 +241,8 @@ func decodeFlowEvent(raw []byte, ev *bpfFlowEvent) bool {
 	return true
 }
 
-// flowEvent turns a ring buffer event into a dataplane.FlowEvent.
+// flowEvent turns a ring buffer event into a dataplane.FlowEvent. A TCP
+// flow's state is known on NEW (SYN_SENT) and on a CLOSED by RST (CLOSE).
 func (d *Dataplane) flowEvent(ev *bpfFlowEvent) (dataplane.FlowEvent, bool) {
 	f := dataplane.Flow{
 		ID:       ev.FlowId,
@@ -252,15 +253,25 @@ func (d *Dataplane) flowEvent(ev *bpfFlowEvent) (dataplane.FlowEvent, bool) {
 		Start:    d.wallTime(ev.StartNs),
 	}
 	out := dataplane.FlowEvent{Time: d.wallTime(ev.TimeNs), Flow: f}
+	tcp := f.Protocol == dataplane.TCP
 	switch ev.Type {
 	case flowEvNew:
 		out.Type = dataplane.FlowNew
+		if tcp {
+			// The programs track a TCP flow only from its SYN.
+			out.Flow.TCPState = dataplane.TCPSynSent
+		}
 	case flowEvClosed:
 		out.Type = dataplane.FlowClosed
 		out.Flow.OrigPackets, out.Flow.OrigBytes = ev.OrigPackets, ev.OrigBytes
 		out.Flow.ReplyPackets, out.Flow.ReplyBytes = ev.ReplyPackets, ev.ReplyBytes
 		out.Flow.Duration = time.Duration(ev.TimeNs - ev.StartNs)
 		out.Flow.CloseReason = closeReason(ev.Reason)
+		// The event does not say which side sent a FIN, so only a RST
+		// tells the state.
+		if tcp && ev.Reason == flowCloseRST {
+			out.Flow.TCPState = dataplane.TCPClose
+		}
 	default:
 		return out, false
 	}
@@ -295,9 +306,47 @@ func protocolOf(proto uint8) dataplane.Protocol {
 	return 0
 }
 
+// tcpStateOf derives a TCP flow's conntrack state from the flags that its
+// forward entry (client to backend) and its reply entry (backend to client)
+// have seen. An entry holds the union of the flags of every packet, not
+// their order or sequence numbers, so the mapping is approximate where
+// netfilter's conntrack follows the sequence numbers:
+//
+//   - a RST either way is CLOSE;
+//   - a FIN from the client only is FIN_WAIT, from the backend only
+//     CLOSE_WAIT, and FINs from both are TIME_WAIT: whether the last FIN
+//     was acknowledged yet (LAST_ACK) cannot be told;
+//   - else a SYN-ACK from the backend and an ACK from the client is
+//     ESTABLISHED, a SYN-ACK alone SYN_RECV, and anything less (the client's
+//     SYN only, every tracked TCP flow begins with one) SYN_SENT. Any ACK
+//     from the client after the SYN-ACK counts as the handshake's last,
+//     whatever it acknowledges.
+func tcpStateOf(fwd, reply uint8) dataplane.TCPState {
+	switch {
+	case (fwd|reply)&tcpFlagRST != 0:
+		return dataplane.TCPClose
+	case fwd&tcpFlagFIN != 0 && reply&tcpFlagFIN != 0:
+		return dataplane.TCPTimeWait
+	case fwd&tcpFlagFIN != 0:
+		return dataplane.TCPFinWait
+	case reply&tcpFlagFIN != 0:
+		return dataplane.TCPCloseWait
+	case reply&(tcpFlagSYN|tcpFlagACK) == tcpFlagSYN|tcpFlagACK && fwd&tcpFlagACK != 0:
+		return dataplane.TCPEstablished
+	case reply&(tcpFlagSYN|tcpFlagACK) == tcpFlagSYN|tcpFlagACK:
+		return dataplane.TCPSynRecv
+	}
+	return dataplane.TCPSynSent
+}
+
 // ctFlow is the flow of the forward conntrack entry (k, e), with the
-// counters of its reply entry r (zero when it has none).
+// counters of its reply entry r (zero when it has none) and, for TCP, the
+// state both entries' flags tell (tcpStateOf).
 func (d *Dataplane) ctFlow(k *bpfCtKey, e, r *bpfCtEntry) dataplane.Flow {
+	var state dataplane.TCPState
+	if k.Proto == ipprotoTCP {
+		state = tcpStateOf(e.TcpFlags, r.TcpFlags)
+	}
 	return dataplane.Flow{
 		ID:           e.FlowId,
 		Protocol:     protocolOf(k.Proto),
@@ -309,6 +358,7 @@ func (d *Dataplane) ctFlow(k *bpfCtKey, e, r *bpfCtEntry) dataplane.Flow {
 		OrigBytes:    e.Bytes,
 		ReplyPackets: r.Packets,
 		ReplyBytes:   r.Bytes,
+		TCPState:     state,
 	}
 }
 
@@ -327,34 +377,36 @@ func (d *Dataplane) timedOut(k *bpfCtKey, e, r *bpfCtEntry, now uint64) dataplan
 // vipd_ct that have neither expired nor been reported closed (a TCP flow
 // is, on its first FIN or RST, though its entries live on for
 // ConntrackTimeouts.TCPClose), ordered by start. The counters are the
-// forward entry's (client to backend) and its reply entry's.
+// forward entry's (client to backend) and its reply entry's, and a TCP
+// flow's state is what their flags tell (tcpStateOf): SYN_SENT, SYN_RECV
+// or ESTABLISHED, since closing flows are not listed.
 func (d *Dataplane) ListFlows(ctx context.Context) ([]dataplane.Flow, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	now := monotonicSeconds()
-	var (
-		flows []dataplane.Flow
-		rks   []bpfCtKey
-	)
+	type entry struct {
+		k bpfCtKey
+		e bpfCtEntry
+	}
+	var live []entry
 	replies := map[bpfCtKey]bpfCtEntry{}
 	err := forEach(d.objs.VipdCt, func(k bpfCtKey, e bpfCtEntry) {
 		switch {
 		case k.Dir == ctDirReply:
-			replies[k] = bpfCtEntry{Packets: e.Packets, Bytes: e.Bytes}
+			replies[k] = e
 		case expired(e.Expires, now) || e.EvFlags&ctEvClosed != 0:
 		default:
-			flows = append(flows, d.ctFlow(&k, &e, &bpfCtEntry{}))
-			rks = append(rks, replyKeyOf(&k, &e))
+			live = append(live, entry{k, e})
 		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read conntrack map: %w", err)
 	}
-	for i := range flows {
-		if r, ok := replies[rks[i]]; ok {
-			flows[i].ReplyPackets, flows[i].ReplyBytes = r.Packets, r.Bytes
-		}
+	flows := make([]dataplane.Flow, len(live))
+	for i, l := range live {
+		r := replies[replyKeyOf(&l.k, &l.e)] // zero when it has none
+		flows[i] = d.ctFlow(&l.k, &l.e, &r)
 	}
 	slices.SortFunc(flows, func(a, b dataplane.Flow) int {
 		if c := a.Start.Compare(b.Start); c != 0 {

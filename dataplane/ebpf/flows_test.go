@@ -333,13 +333,15 @@ func TestFlowsUDP(t *testing.T) {
 	}
 }
 
-// TestFlowsList: a live connection is listed with its tuple and counters
-// under the ID of its NEW event, until it closes.
+// TestFlowsList: a live connection is listed with its tuple, counters and
+// TCP state (ESTABLISHED) under the ID of its NEW event, until it closes; a
+// UDP flow is listed without a TCP state.
 func TestFlowsList(t *testing.T) {
 	e := newDPEnv(t, []string{"client", "be1", "be2"}, dpSmallMaps)
 	svc := e.service("test/list", dpVIPA, dataplane.TCP, dpReady("be1"), dpReady("be2"))
+	dns := e.service("test/dns", dpVIPB, dataplane.UDP, dpReady("be1"))
 	dp := e.open(nil)
-	e.apply(dpState(1, nil, svc))
+	e.apply(dpState(1, nil, svc, dns))
 	w := flWatchFlows(t, dp, nil)
 
 	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
@@ -356,15 +358,27 @@ func TestFlowsList(t *testing.T) {
 		}
 	}
 	evs, _ := w.waitFor("the NEW event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool { return len(evs) > 0 })
+	// The UDP flow lives for a minute (the default lifetime).
+	ur, err := e.pod("client").Request(ctx, "udp", dpVIPPort(dpVIPB))
+	if err != nil {
+		t.Fatalf("UDP request: %v", err)
+	}
 	flows, err := dp.ListFlows(context.Background())
 	if err != nil {
 		t.Fatalf("ListFlows: %v", err)
 	}
-	if len(flows) != 1 {
-		t.Fatalf("ListFlows: %d flows, want 1: %+v", len(flows), flows)
+	if len(flows) != 2 {
+		t.Fatalf("ListFlows: %d flows, want 2: %+v", len(flows), flows)
 	}
-	f := flows[0]
+	f, uf := flows[0], flows[1] // oldest first
+	e.flCheckTuple("listed UDP flow", uf, dataplane.UDP, dpVIPB, ur)
+	if uf.TCPState != dataplane.TCPStateUnknown {
+		t.Errorf("listed UDP flow has TCP state %v, want none", uf.TCPState)
+	}
 	e.flCheckTuple("listed flow", f, dataplane.TCP, dpVIPA, r)
+	if f.TCPState != dataplane.TCPEstablished || evs[0].Flow.TCPState != dataplane.TCPSynSent {
+		t.Errorf("open connection: TCP state %v when listed, %v on its NEW event; want ESTABLISHED and SYN_SENT", f.TCPState, evs[0].Flow.TCPState)
+	}
 	if f.ID != evs[0].Flow.ID || !f.Start.Equal(evs[0].Flow.Start) {
 		t.Errorf("listed flow ID %x started %v, its NEW event says %x at %v", f.ID, f.Start, evs[0].Flow.ID, evs[0].Flow.Start)
 	}
@@ -381,8 +395,42 @@ func TestFlowsList(t *testing.T) {
 	w.waitFor("the CLOSED event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool {
 		return flCount(evs, dataplane.FlowClosed) == 1
 	})
-	if flows, err := dp.ListFlows(context.Background()); err != nil || len(flows) != 0 {
-		t.Errorf("ListFlows after the close: %+v (err %v), want none", flows, err)
+	if flows, err := dp.ListFlows(context.Background()); err != nil || len(flows) != 1 || flows[0].Protocol != dataplane.UDP {
+		t.Errorf("ListFlows after the close: %+v (err %v), want the UDP flow only", flows, err)
+	}
+}
+
+// TestFlowsIdleTCPTimesOut: an open TCP connection that stays idle past
+// its lifetime is closed by the collector as a timeout, in the state it
+// was in (ESTABLISHED).
+func TestFlowsIdleTCPTimesOut(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
+	e.cfg.GCInterval = 200 * time.Millisecond
+	e.cfg.ConntrackTimeouts.TCPEstablished = 2 * time.Second
+	svc := e.service("test/idle", dpVIPA, dataplane.TCP, dpReady("be1"))
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	w := flWatchFlows(t, dp, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.pod("client").Dial(ctx, "tcp", dpVIPPort(dpVIPA))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	r, err := c.Request(ctx)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	evs, _ := w.waitFor("the CLOSED event of the idle connection", 6*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool {
+		return flCount(evs, dataplane.FlowClosed) > 0
+	})
+	i := slices.IndexFunc(evs, func(ev dataplane.FlowEvent) bool { return ev.Type == dataplane.FlowClosed })
+	f := evs[i].Flow
+	e.flCheckTuple("idle connection CLOSED", f, dataplane.TCP, dpVIPA, r)
+	if f.CloseReason != dataplane.CloseTimeout || f.TCPState != dataplane.TCPEstablished {
+		t.Errorf("idle connection closed by %q in TCP state %v, want timeout in ESTABLISHED", f.CloseReason, f.TCPState)
 	}
 }
 
@@ -748,6 +796,127 @@ func TestProgRunFlowEvents(t *testing.T) {
 			t.Errorf("the moved flow's CLOSED event counts %d packets, want 1", evs[1].OrigPackets)
 		}
 	})
+}
+
+// TestProgRunTCPState: the TCP state ListFlows and the flow events report
+// follows a connection through the handshake, from the flags the programs
+// record in the conntrack entries, and tcpStateOf reads the closing states
+// from them too (ListFlows no longer shows a closing flow).
+func TestProgRunTCPState(t *testing.T) {
+	r := newPREnv(t)
+	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
+	be := prBackends4[0]
+	r.addService(fe, be)
+	ring := flOpenRing(r)
+	dp := &Dataplane{objs: &r.objs}
+	listed := func(client netip.AddrPort) dataplane.TCPState {
+		t.Helper()
+		flows, err := dp.ListFlows(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if f.Client == client {
+				return f.TCPState
+			}
+		}
+		t.Fatalf("ListFlows: no flow of %v in %+v", client, flows)
+		return 0
+	}
+	entries := func(client netip.AddrPort) dataplane.TCPState {
+		t.Helper()
+		fwd, ok := r.ct(client, prVIP4, prTCP, prDirForward)
+		rev, ok2 := r.ct(be.addr, client, prTCP, prDirReply)
+		if !ok || !ok2 {
+			t.Fatalf("conntrack entries of %v: forward %v, reply %v", client, ok, ok2)
+		}
+		return tcpStateOf(fwd.TcpFlags, rev.TcpFlags)
+	}
+	event := func(want uint8) dataplane.FlowEvent {
+		t.Helper()
+		evs := ring.next()
+		if len(evs) != 1 || evs[0].Type != want {
+			t.Fatalf("events %+v, want one of type %d", evs, want)
+		}
+		ev, ok := dp.flowEvent(&evs[0])
+		if !ok {
+			t.Fatalf("event %+v not decoded", evs[0])
+		}
+		return ev
+	}
+	from := func(client netip.AddrPort, seq, ack uint32, flags uint8) {
+		r.run(r.objs.VipdFromPod, prTCPFrame(client, prVIP4, seq, ack, flags, nil))
+	}
+	to := func(client netip.AddrPort, seq, ack uint32, flags uint8) {
+		r.run(r.objs.VipdToPod, prTCPFrame(be.addr, client, seq, ack, flags, nil))
+	}
+	expect := func(what string, got, want dataplane.TCPState) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: TCP state %v, want %v", what, got, want)
+		}
+	}
+
+	client := prWithPort(prClient4, 40100)
+	from(client, 1000, 0, prSYN)
+	expect("NEW event", event(flowEvNew).Flow.TCPState, dataplane.TCPSynSent)
+	expect("after the SYN", listed(client), dataplane.TCPSynSent)
+	to(client, 5000, 1001, prSYN|prACK)
+	expect("after the SYN-ACK", listed(client), dataplane.TCPSynRecv)
+	from(client, 1001, 5001, prACK)
+	expect("after the handshake", listed(client), dataplane.TCPEstablished)
+	from(client, 1001, 5001, prACK|prPSH)
+	to(client, 5001, 1001, prACK|prPSH)
+	expect("after data both ways", listed(client), dataplane.TCPEstablished)
+	to(client, 5001, 1001, prACK|flFIN)
+	expect("CLOSED event on a FIN", event(flowEvClosed).Flow.TCPState, dataplane.TCPStateUnknown)
+	expect("after the backend's FIN", entries(client), dataplane.TCPCloseWait)
+	from(client, 1001, 5002, prACK|flFIN)
+	expect("after both FINs", entries(client), dataplane.TCPTimeWait)
+
+	client = prWithPort(prClient4, 40200)
+	from(client, 1000, 0, prSYN)
+	event(flowEvNew)
+	to(client, 5000, 1001, prSYN|prACK)
+	from(client, 1001, 5001, prACK)
+	from(client, 1001, 5001, prACK|flFIN)
+	event(flowEvClosed)
+	expect("after the client's FIN", entries(client), dataplane.TCPFinWait)
+	from(client, 1002, 5001, prRST)
+	expect("after a RST", entries(client), dataplane.TCPClose)
+
+	client = prWithPort(prClient4, 40300)
+	from(client, 1000, 0, prSYN)
+	event(flowEvNew)
+	to(client, 0, 1001, prRST|prACK)
+	expect("CLOSED event on a RST", event(flowEvClosed).Flow.TCPState, dataplane.TCPClose)
+}
+
+// TestTCPStateOf: the state of every combination of flags the entries of
+// one flow can hold.
+func TestTCPStateOf(t *testing.T) {
+	const (
+		syn, ack, fin, rst = tcpFlagSYN, tcpFlagACK, tcpFlagFIN, tcpFlagRST
+	)
+	for _, tc := range []struct {
+		fwd, reply uint8
+		want       dataplane.TCPState
+	}{
+		{syn, 0, dataplane.TCPSynSent},
+		{syn, ack, dataplane.TCPSynSent}, // an ACK without SYN answers no SYN
+		{syn, syn | ack, dataplane.TCPSynRecv},
+		{syn | ack, syn | ack, dataplane.TCPEstablished},
+		{syn | ack | fin, syn | ack, dataplane.TCPFinWait},
+		{syn | ack, syn | ack | fin, dataplane.TCPCloseWait},
+		{syn | ack | fin, syn | ack | fin, dataplane.TCPTimeWait},
+		{syn | rst, 0, dataplane.TCPClose},
+		{syn, rst | ack, dataplane.TCPClose},
+		{syn | ack | fin | rst, syn | ack | fin, dataplane.TCPClose},
+	} {
+		if got := tcpStateOf(tc.fwd, tc.reply); got != tc.want {
+			t.Errorf("tcpStateOf(forward %#02x, reply %#02x) = %v, want %v", tc.fwd, tc.reply, got, tc.want)
+		}
+	}
 }
 
 // TestProgRunConntrackTimeouts: the lifetimes come from vipd_config, with

@@ -35,6 +35,14 @@ const (
 	flowCloseReplaced       = 5
 )
 
+// TCP header flags, as ct_entry.tcp_flags collects them (bpf/vipd.c).
+const (
+	tcpFlagFIN = 0x01
+	tcpFlagSYN = 0x02
+	tcpFlagRST = 0x04
+	tcpFlagACK = 0x10
+)
+
 // addrWords is the union addr of the BPF maps: the 16 address bytes in
 // network order, IPv4 mapped into IPv6.
 type addrWords = [4]uint32

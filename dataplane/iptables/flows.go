@@ -325,11 +325,16 @@ func (d *Dataplane) flowEvent(m syscall.NetlinkMessage, now time.Time) (dataplan
 // Conntrack protocol states, from the kernel's enum tcp_conntrack and enum
 // sctp_conntrack.
 const (
-	tcpFinWait   = 4
-	tcpCloseWait = 5
-	tcpLastAck   = 6
-	tcpTimeWait  = 7
-	tcpClose     = 8
+	tcpSynSent     = 1
+	tcpSynRecv     = 2
+	tcpEstablished = 3
+	tcpFinWait     = 4
+	tcpCloseWait   = 5
+	tcpLastAck     = 6
+	tcpTimeWait    = 7
+	tcpClose       = 8
+	// tcpSynSent2 is a simultaneous open: a SYN answered by a SYN.
+	tcpSynSent2 = 9
 
 	sctpClosed          = 1
 	sctpShutdownSent    = 5
@@ -365,10 +370,35 @@ func (d *Dataplane) closeReason(f *conntrack.Flow, deleter uint32) string {
 	return dataplane.CloseTimeout
 }
 
+// tcpStateOf maps conntrack's TCP state to the dataplane's: the same
+// states, except that a simultaneous open (SYN_SENT2) counts as SYN_SENT.
+func tcpStateOf(s uint8) dataplane.TCPState {
+	switch s {
+	case tcpSynSent, tcpSynSent2:
+		return dataplane.TCPSynSent
+	case tcpSynRecv:
+		return dataplane.TCPSynRecv
+	case tcpEstablished:
+		return dataplane.TCPEstablished
+	case tcpFinWait:
+		return dataplane.TCPFinWait
+	case tcpCloseWait:
+		return dataplane.TCPCloseWait
+	case tcpLastAck:
+		return dataplane.TCPLastAck
+	case tcpTimeWait:
+		return dataplane.TCPTimeWait
+	case tcpClose:
+		return dataplane.TCPClose
+	}
+	return dataplane.TCPStateUnknown
+}
+
 // flowOf maps a conntrack entry of a DNATed connection to a Flow: the
 // client is the original source, the VIP the original destination and the
-// backend the source of the reply direction. It skips protocols vipd does
-// not serve.
+// backend the source of the reply direction. A TCP flow's state is
+// conntrack's, where the message carries it (dumps, NEW and DESTROY events
+// do). It skips protocols vipd does not serve.
 func flowOf(f *conntrack.Flow) (dataplane.Flow, bool) {
 	var proto dataplane.Protocol
 	switch f.TupleOrig.Proto.Protocol {
@@ -382,6 +412,10 @@ func flowOf(f *conntrack.Flow) (dataplane.Flow, bool) {
 		return dataplane.Flow{}, false
 	}
 	ap := func(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a.Unmap(), port) }
+	var state dataplane.TCPState
+	if proto == dataplane.TCP && f.ProtoInfo.TCP != nil {
+		state = tcpStateOf(f.ProtoInfo.TCP.State)
+	}
 	return dataplane.Flow{
 		ID:           uint64(f.ID),
 		Protocol:     proto,
@@ -393,6 +427,7 @@ func flowOf(f *conntrack.Flow) (dataplane.Flow, bool) {
 		OrigBytes:    f.CountersOrig.Bytes,
 		ReplyPackets: f.CountersReply.Packets,
 		ReplyBytes:   f.CountersReply.Bytes,
+		TCPState:     state,
 	}, true
 }
 

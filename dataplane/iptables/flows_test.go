@@ -313,6 +313,11 @@ func TestFlowEventsTCP(t *testing.T) {
 		if cl.CloseReason != dataplane.CloseFIN || cl.Duration <= 0 || cl.Start.IsZero() {
 			t.Errorf("connection from %s: CLOSED reason %q, duration %s, start %s; want fin, a duration and a start", r.local, cl.CloseReason, cl.Duration, cl.Start)
 		}
+		// conntrack's state: the client's SYN, and TIME_WAIT, where the
+		// entry ends after a FIN handshake.
+		if nw.TCPState != dataplane.TCPSynSent || cl.TCPState != dataplane.TCPTimeWait {
+			t.Errorf("connection from %s: TCP state %v on NEW and %v on CLOSED, want SYN_SENT and TIME_WAIT", r.local, nw.TCPState, cl.TCPState)
+		}
 		if closes[0].Time.Before(news[0].Time) {
 			t.Errorf("connection from %s: CLOSED at %s before NEW at %s", r.local, closes[0].Time, news[0].Time)
 		}
@@ -356,8 +361,9 @@ func TestFlowEventsUDPTimeout(t *testing.T) {
 	cl := closes[0].Flow
 	vip := netip.AddrPortFrom(netip.MustParseAddr(flowVIP), flowPort)
 	if cl.Protocol != dataplane.UDP || cl.VIP != vip || cl.Backend != l.backendAddr("web1") || cl.ID != news[0].Flow.ID ||
-		cl.CloseReason != dataplane.CloseTimeout || cl.OrigPackets != 1 || cl.ReplyPackets != 1 {
-		t.Fatalf("CLOSED %+v; want UDP %s -> %s, closed by timeout after one packet each way", cl, vip, l.backendAddr("web1"))
+		cl.CloseReason != dataplane.CloseTimeout || cl.OrigPackets != 1 || cl.ReplyPackets != 1 ||
+		cl.TCPState != dataplane.TCPStateUnknown || news[0].Flow.TCPState != dataplane.TCPStateUnknown {
+		t.Fatalf("CLOSED %+v; want UDP %s -> %s, closed by timeout after one packet each way, without a TCP state on it or its NEW", cl, vip, l.backendAddr("web1"))
 	}
 }
 
@@ -367,8 +373,14 @@ func TestListFlows(t *testing.T) {
 	l := newFlowLab(t, 2, func(l *flowLab) []*dataplane.Service {
 		web6 := service("web6", []string{flowVIP6}, tcp(flowPort, flowTarget),
 			dataplane.Backend{IP: l.lab.Pod("web2").IPv6(), State: dataplane.BackendReady, Weight: 1})
-		return []*dataplane.Service{l.web(dataplane.TCP, "web1", "web2"), web6}
+		dns := l.web(dataplane.UDP, "web1")
+		dns.Name = "dns"
+		return []*dataplane.Service{l.web(dataplane.TCP, "web1", "web2"), web6, dns}
 	})
+	// The UDP flow must live until it is listed, however slow the machine.
+	if err := l.node.SetSysctl("net.netfilter.nf_conntrack_udp_timeout", "60"); err != nil {
+		t.Fatal(err)
+	}
 	rec := l.watch(t, flowReadBuffer, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), flowTimeout)
 	defer cancel()
@@ -406,14 +418,23 @@ func TestListFlows(t *testing.T) {
 		t.Fatalf("request through the IPv6 VIP: %+v %v", reply6, err)
 	}
 
+	udp, err := l.client.Request(ctx, "udp", fmt.Sprintf("%s:%d", flowVIP, flowPort))
+	if err != nil || udp.Backend != "web1" {
+		t.Fatalf("UDP request through the VIP: %+v %v", udp, err)
+	}
+
 	flows, err := l.dp.ListFlows(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	vip := netip.AddrPortFrom(netip.MustParseAddr(flowVIP), flowPort)
+	// The TCP connections are open and idle: ESTABLISHED.
 	want := map[netip.AddrPort]dataplane.Flow{
-		reply.Local:  {Protocol: dataplane.TCP, Client: reply.Local, VIP: vip, Backend: l.backendAddr(reply.Backend)},
-		reply6.Local: {Protocol: dataplane.TCP, Client: reply6.Local, VIP: vip6, Backend: netip.AddrPortFrom(l.lab.Pod("web2").IPv6(), flowTarget)},
+		reply.Local: {Protocol: dataplane.TCP, Client: reply.Local, VIP: vip, Backend: l.backendAddr(reply.Backend),
+			TCPState: dataplane.TCPEstablished},
+		reply6.Local: {Protocol: dataplane.TCP, Client: reply6.Local, VIP: vip6, Backend: netip.AddrPortFrom(l.lab.Pod("web2").IPv6(), flowTarget),
+			TCPState: dataplane.TCPEstablished},
+		udp.Local: {Protocol: dataplane.UDP, Client: udp.Local, VIP: vip, Backend: l.backendAddr("web1")},
 	}
 	if len(flows) != len(want) {
 		t.Fatalf("ListFlows: %+v, want only the connections through the VIPs", flows)
@@ -421,8 +442,12 @@ func TestListFlows(t *testing.T) {
 	for _, f := range flows {
 		w := want[f.Client]
 		w.ID = f.ID
-		if got := (dataplane.Flow{ID: f.ID, Protocol: f.Protocol, Client: f.Client, VIP: f.VIP, Backend: f.Backend}); got != w ||
-			f.Start.IsZero() || f.OrigPackets < 3 || f.ReplyPackets < 2 || f.OrigBytes == 0 || f.CloseReason != "" {
+		minOrig, minReply := uint64(3), uint64(2) // SYN, ACK, request; SYN-ACK, reply
+		if f.Protocol == dataplane.UDP {
+			minOrig, minReply = 1, 1
+		}
+		if got := (dataplane.Flow{ID: f.ID, Protocol: f.Protocol, Client: f.Client, VIP: f.VIP, Backend: f.Backend, TCPState: f.TCPState}); got != w ||
+			f.Start.IsZero() || f.OrigPackets < minOrig || f.ReplyPackets < minReply || f.OrigBytes == 0 || f.CloseReason != "" {
 			t.Errorf("ListFlows: %+v; want %+v with a start and counters so far", f, w)
 		}
 		// The same flow, with the same ID, was reported as new.
@@ -542,6 +567,9 @@ func TestFlowCloseReasons(t *testing.T) {
 	c.Close()
 	if got := closeReason(local); got != dataplane.CloseRST {
 		t.Errorf("reset connection: close reason %q, want rst", got)
+	}
+	if _, closes := rec.of(local); closes[0].Flow.TCPState != dataplane.TCPClose {
+		t.Errorf("reset connection: TCP state %v on CLOSED, want CLOSE", closes[0].Flow.TCPState)
 	}
 
 	// An entry deleted by hand.

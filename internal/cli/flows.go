@@ -40,8 +40,10 @@ happen, until interrupted.
 
 One line per event: time, event (NEW, CLOSED, or EXISTING for a live flow,
 with the time it began), protocol, client → VIP → backend, and the
-service:port. CLOSED and EXISTING lines add the packets and bytes each way,
-CLOSED lines the close reason and duration, EXISTING lines the flow's age.
+service:port. CLOSED lines add the close reason, the packets and bytes each
+way and the duration; EXISTING lines the TCP state as conntrack names it
+(ESTABLISHED, TIME_WAIT, ...; "-" for UDP and SCTP, or where the dataplane
+does not know), the packets and bytes each way and the flow's age.
 Filter flags are ANDed; --timeout applies to the listing, not to --follow.
 
 vipd buffers --flow-buffer events for each stream; a stream read too slowly
@@ -240,7 +242,8 @@ func lostLine(l *vipdv1.LostEvents) string {
 const flowTimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // flowLine is one event: time, event, protocol, client → VIP → backend,
-// service:port, then what CLOSED and EXISTING events add.
+// service:port, then what CLOSED events add (close reason, counters,
+// duration) and EXISTING events (TCP state, counters, age).
 func flowLine(ev *vipdv1.FlowEvent) string {
 	// An EXISTING event happened when the flow began; the time it was
 	// listed is the same on every line.
@@ -271,12 +274,21 @@ func flowLine(ev *vipdv1.FlowEvent) string {
 		}
 		line += fmt.Sprintf("  %s  %s, %v", reason, counters, ev.GetDuration().AsDuration())
 	case vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING:
-		line += "  " + counters
+		line += "  " + tcpStateString(ev.GetTcpState()) + "  " + counters
 		if ev.GetDuration() != nil {
 			line += fmt.Sprintf(", age %v", ev.GetDuration().AsDuration().Round(time.Millisecond))
 		}
 	}
 	return line
+}
+
+// tcpStateString is s as conntrack -L spells it (ESTABLISHED, SYN_SENT), or
+// "-" when unspecified.
+func tcpStateString(s vipdv1.TcpState) string {
+	if s == vipdv1.TcpState_TCP_STATE_UNSPECIFIED {
+		return "-"
+	}
+	return strings.TrimPrefix(s.String(), "TCP_STATE_")
 }
 
 // endpointString is ip:port, [ip]:port for IPv6, or "-" when unset.

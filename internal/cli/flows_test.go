@@ -35,11 +35,11 @@ func webFlows() []dataplane.Flow {
 	return []dataplane.Flow{
 		{ID: 7, Protocol: dataplane.TCP, Client: netip.MustParseAddrPort("10.0.0.9:43512"), VIP: netip.MustParseAddrPort("10.96.0.10:80"),
 			Backend: netip.MustParseAddrPort("10.0.1.6:9090"), Start: flowT0,
-			OrigPackets: 5, OrigBytes: 420, ReplyPackets: 4, ReplyBytes: 1800},
+			OrigPackets: 5, OrigBytes: 420, ReplyPackets: 4, ReplyBytes: 1800, TCPState: dataplane.TCPEstablished},
 		{ID: 8, Protocol: dataplane.UDP, Client: netip.MustParseAddrPort("[fd00::9]:5353"), VIP: netip.MustParseAddrPort("[fd00:96::10]:53"),
 			Backend: netip.MustParseAddrPort("[fd00::5]:53"), Start: flowT0.Add(time.Second)},
 		{ID: 9, Protocol: dataplane.TCP, Client: netip.MustParseAddrPort("10.0.0.10:40000"), VIP: netip.MustParseAddrPort("10.96.0.99:80"),
-			Backend: netip.MustParseAddrPort("10.0.1.99:80"), Start: flowT0.Add(2 * time.Second)},
+			Backend: netip.MustParseAddrPort("10.0.1.99:80"), Start: flowT0.Add(2 * time.Second), TCPState: dataplane.TCPSynSent},
 	}
 }
 
@@ -64,9 +64,9 @@ func TestFlowsList(t *testing.T) {
 
 	r := vipctl(t, sock, "", "flows")
 	r.stdout = withoutAge(r.stdout)
-	r.check(t, `2026-01-02T03:04:05.250Z  EXISTING  TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http  client→backend 5 pkts 420 B, backend→client 4 pkts 1800 B, age AGE
-2026-01-02T03:04:06.250Z  EXISTING  UDP   [fd00::9]:5353 → [fd00:96::10]:53 → [fd00::5]:53  default/web:dns  client→backend 0 pkts 0 B, backend→client 0 pkts 0 B, age AGE
-2026-01-02T03:04:07.250Z  EXISTING  TCP   10.0.0.10:40000 → 10.96.0.99:80 → 10.0.1.99:80  -  client→backend 0 pkts 0 B, backend→client 0 pkts 0 B, age AGE
+	r.check(t, `2026-01-02T03:04:05.250Z  EXISTING  TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http  ESTABLISHED  client→backend 5 pkts 420 B, backend→client 4 pkts 1800 B, age AGE
+2026-01-02T03:04:06.250Z  EXISTING  UDP   [fd00::9]:5353 → [fd00:96::10]:53 → [fd00::5]:53  default/web:dns  -  client→backend 0 pkts 0 B, backend→client 0 pkts 0 B, age AGE
+2026-01-02T03:04:07.250Z  EXISTING  TCP   10.0.0.10:40000 → 10.96.0.99:80 → 10.0.1.99:80  -  SYN_SENT  client→backend 0 pkts 0 B, backend→client 0 pkts 0 B, age AGE
 `, "", ExitOK)
 
 	r = vipctl(t, sock, "", "flows", "--service", "default/web", "--protocol", "udp", "-o", "json")
@@ -75,6 +75,13 @@ func TestFlowsList(t *testing.T) {
 		!strings.Contains(r.stdout, `"service":"default/web","portName":"dns","protocol":"PROTOCOL_UDP","client":{"ip":"fd00::9","port":5353},"vip":{"ip":"fd00:96::10","port":53},"backend":{"ip":"fd00::5","port":53},`) ||
 		!strings.Contains(r.stdout, `"flowId":"8","start":"2026-01-02T03:04:06.250Z"}}`) {
 		t.Errorf("flows -o json: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stdout, "tcpState") {
+		t.Errorf("flows -o json of a UDP flow carries a TCP state:\n%s", r.stdout)
+	}
+	r = vipctl(t, sock, "", "flows", "--vip", "10.96.0.10", "-o", "json")
+	if r.code != ExitOK || strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, `"tcpState":"TCP_STATE_ESTABLISHED"`) {
+		t.Errorf("flows -o json of an established TCP flow: code %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 
 	r = vipctl(t, sock, "", "flows", "--client", "10.0.0.0/24", "--vip", "10.96.0.10:80", "--backend", "10.0.1.6", "--limit", "5")
@@ -141,6 +148,7 @@ func TestFlowsFollow(t *testing.T) {
 	closed := live[0]
 	closed.Duration = 2500 * time.Millisecond
 	closed.CloseReason = dataplane.CloseRST
+	closed.TCPState = dataplane.TCPClose
 	emit := func() {
 		dp.Emit(dataplane.FlowEvent{Type: dataplane.FlowNew, Time: flowT0, Flow: live[0]})
 		dp.Emit(dataplane.FlowEvent{Type: dataplane.FlowNew, Time: flowT0.Add(time.Second), Flow: live[1]})
@@ -155,7 +163,7 @@ func TestFlowsFollow(t *testing.T) {
 
 	follow(t, vipd, 2, emit, "--types", "closed", "--protocol", "tcp", "-o", "json").check(t,
 		`{"lost":{"count":"3","source":"LOST_EVENTS_SOURCE_KERNEL"}}
-{"flow":{"type":"FLOW_EVENT_TYPE_CLOSED","time":"2026-01-02T03:04:08.250Z","service":"default/web","portName":"http","protocol":"PROTOCOL_TCP","client":{"ip":"10.0.0.9","port":43512},"vip":{"ip":"10.96.0.10","port":80},"backend":{"ip":"10.0.1.6","port":9090},"packetsToBackend":"5","bytesToBackend":"420","packetsToClient":"4","bytesToClient":"1800","duration":"2.500s","closeReason":"rst","flowId":"7","start":"2026-01-02T03:04:05.250Z"}}
+{"flow":{"type":"FLOW_EVENT_TYPE_CLOSED","time":"2026-01-02T03:04:08.250Z","service":"default/web","portName":"http","protocol":"PROTOCOL_TCP","client":{"ip":"10.0.0.9","port":43512},"vip":{"ip":"10.96.0.10","port":80},"backend":{"ip":"10.0.1.6","port":9090},"packetsToBackend":"5","bytesToBackend":"420","packetsToClient":"4","bytesToClient":"1800","duration":"2.500s","closeReason":"rst","flowId":"7","start":"2026-01-02T03:04:05.250Z","tcpState":"TCP_STATE_CLOSE"}}
 `, "", ExitOK)
 
 	// --existing lists first.
@@ -165,7 +173,7 @@ func TestFlowsFollow(t *testing.T) {
 	},
 		"--existing", "--service", "default/web", "--protocol", "tcp")
 	r.stdout = withoutAge(r.stdout)
-	r.check(t, `2026-01-02T03:04:05.250Z  EXISTING  TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http  client→backend 5 pkts 420 B, backend→client 4 pkts 1800 B, age AGE
+	r.check(t, `2026-01-02T03:04:05.250Z  EXISTING  TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http  ESTABLISHED  client→backend 5 pkts 420 B, backend→client 4 pkts 1800 B, age AGE
 2026-01-02T03:04:08.250Z  CLOSED    TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http  rst  client→backend 5 pkts 420 B, backend→client 4 pkts 1800 B, 2.5s
 `, "", ExitOK)
 }

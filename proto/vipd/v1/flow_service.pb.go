@@ -82,6 +82,91 @@ func (FlowEventType) EnumDescriptor() ([]byte, []int) {
 	return file_vipd_v1_flow_service_proto_rawDescGZIP(), []int{0}
 }
 
+// TcpState is the state of a TCP flow as the kernel's connection tracking
+// records it, with conntrack's names ("conntrack -L" prints them): it is
+// the state of the tracked connection between client and backend, not of
+// either end's socket. The iptables dataplane reports conntrack's own
+// state; the eBPF dataplane derives it from the TCP flags its conntrack map
+// has seen in each direction, which tells fewer states apart (see
+// FlowEvent.tcp_state).
+type TcpState int32
+
+const (
+	// TCP_STATE_UNSPECIFIED: not a TCP flow, or the dataplane does not know.
+	TcpState_TCP_STATE_UNSPECIFIED TcpState = 0
+	// TCP_STATE_SYN_SENT: the client's SYN was seen, no answer yet.
+	TcpState_TCP_STATE_SYN_SENT TcpState = 1
+	// TCP_STATE_SYN_RECV: the backend's SYN-ACK was seen, the client's ACK
+	// not yet.
+	TcpState_TCP_STATE_SYN_RECV TcpState = 2
+	// TCP_STATE_ESTABLISHED: the handshake completed; no FIN or RST yet.
+	TcpState_TCP_STATE_ESTABLISHED TcpState = 3
+	// TCP_STATE_FIN_WAIT: the client sent a FIN.
+	TcpState_TCP_STATE_FIN_WAIT TcpState = 4
+	// TCP_STATE_CLOSE_WAIT: the backend sent a FIN.
+	TcpState_TCP_STATE_CLOSE_WAIT TcpState = 5
+	// TCP_STATE_LAST_ACK: both sent a FIN; the last one is not acknowledged.
+	TcpState_TCP_STATE_LAST_ACK TcpState = 6
+	// TCP_STATE_TIME_WAIT: both FINs were acknowledged; the entry waits out
+	// late packets.
+	TcpState_TCP_STATE_TIME_WAIT TcpState = 7
+	// TCP_STATE_CLOSE: a RST was seen.
+	TcpState_TCP_STATE_CLOSE TcpState = 8
+)
+
+// Enum value maps for TcpState.
+var (
+	TcpState_name = map[int32]string{
+		0: "TCP_STATE_UNSPECIFIED",
+		1: "TCP_STATE_SYN_SENT",
+		2: "TCP_STATE_SYN_RECV",
+		3: "TCP_STATE_ESTABLISHED",
+		4: "TCP_STATE_FIN_WAIT",
+		5: "TCP_STATE_CLOSE_WAIT",
+		6: "TCP_STATE_LAST_ACK",
+		7: "TCP_STATE_TIME_WAIT",
+		8: "TCP_STATE_CLOSE",
+	}
+	TcpState_value = map[string]int32{
+		"TCP_STATE_UNSPECIFIED": 0,
+		"TCP_STATE_SYN_SENT":    1,
+		"TCP_STATE_SYN_RECV":    2,
+		"TCP_STATE_ESTABLISHED": 3,
+		"TCP_STATE_FIN_WAIT":    4,
+		"TCP_STATE_CLOSE_WAIT":  5,
+		"TCP_STATE_LAST_ACK":    6,
+		"TCP_STATE_TIME_WAIT":   7,
+		"TCP_STATE_CLOSE":       8,
+	}
+)
+
+func (x TcpState) Enum() *TcpState {
+	p := new(TcpState)
+	*p = x
+	return p
+}
+
+func (x TcpState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TcpState) Descriptor() protoreflect.EnumDescriptor {
+	return file_vipd_v1_flow_service_proto_enumTypes[1].Descriptor()
+}
+
+func (TcpState) Type() protoreflect.EnumType {
+	return &file_vipd_v1_flow_service_proto_enumTypes[1]
+}
+
+func (x TcpState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TcpState.Descriptor instead.
+func (TcpState) EnumDescriptor() ([]byte, []int) {
+	return file_vipd_v1_flow_service_proto_rawDescGZIP(), []int{1}
+}
+
 // LostEventsSource says where events were lost.
 type LostEventsSource int32
 
@@ -120,11 +205,11 @@ func (x LostEventsSource) String() string {
 }
 
 func (LostEventsSource) Descriptor() protoreflect.EnumDescriptor {
-	return file_vipd_v1_flow_service_proto_enumTypes[1].Descriptor()
+	return file_vipd_v1_flow_service_proto_enumTypes[2].Descriptor()
 }
 
 func (LostEventsSource) Type() protoreflect.EnumType {
-	return &file_vipd_v1_flow_service_proto_enumTypes[1]
+	return &file_vipd_v1_flow_service_proto_enumTypes[2]
 }
 
 func (x LostEventsSource) Number() protoreflect.EnumNumber {
@@ -133,7 +218,7 @@ func (x LostEventsSource) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LostEventsSource.Descriptor instead.
 func (LostEventsSource) EnumDescriptor() ([]byte, []int) {
-	return file_vipd_v1_flow_service_proto_rawDescGZIP(), []int{1}
+	return file_vipd_v1_flow_service_proto_rawDescGZIP(), []int{2}
 }
 
 // FlowFilter selects flows. Every field that is set must match; an empty
@@ -259,7 +344,24 @@ type FlowEvent struct {
 	// unique among the live flows; the kernel may reuse it once a flow closed.
 	FlowId uint64 `protobuf:"varint,15,opt,name=flow_id,json=flowId,proto3" json:"flow_id,omitempty"`
 	// start is when the flow began, where the kernel records it.
-	Start         *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=start,proto3" json:"start,omitempty"`
+	Start *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=start,proto3" json:"start,omitempty"`
+	// tcp_state is a TCP flow's state (see TcpState). Every dataplane sets
+	// it on FLOW_EVENT_TYPE_EXISTING events of TCP flows, and on other events
+	// where it knows it:
+	//   - FLOW_EVENT_TYPE_NEW: TCP_STATE_SYN_SENT, both dataplanes;
+	//   - FLOW_EVENT_TYPE_CLOSED: iptables, the state conntrack's entry ended
+	//     in (TIME_WAIT after a FIN handshake, CLOSE after a RST, else the
+	//     state it expired in); eBPF, TCP_STATE_CLOSE after a RST and, for a
+	//     flow that its collector found expired, the state it expired in.
+	//
+	// It is TCP_STATE_UNSPECIFIED for UDP and SCTP flows, and where the
+	// dataplane does not know (an eBPF CLOSED event on a FIN).
+	//
+	// The eBPF dataplane lists a flow only until its first FIN or RST, so its
+	// EXISTING events show TCP_STATE_SYN_SENT, TCP_STATE_SYN_RECV or
+	// TCP_STATE_ESTABLISHED; the iptables dataplane lists closing connections
+	// too, until their TIME_WAIT is over.
+	TcpState      TcpState `protobuf:"varint,17,opt,name=tcp_state,json=tcpState,proto3,enum=vipd.v1.TcpState" json:"tcp_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +506,13 @@ func (x *FlowEvent) GetStart() *timestamppb.Timestamp {
 		return x.Start
 	}
 	return nil
+}
+
+func (x *FlowEvent) GetTcpState() TcpState {
+	if x != nil {
+		return x.TcpState
+	}
+	return TcpState_TCP_STATE_UNSPECIFIED
 }
 
 // LostEvents reports events that a stream missed, exactly counted.
@@ -732,7 +841,7 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12-\n" +
-	"\bprotocol\x18\x05 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\"\x9b\x05\n" +
+	"\bprotocol\x18\x05 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\"\xcb\x05\n" +
 	"\tFlowEvent\x12*\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x16.vipd.v1.FlowEventTypeR\x04type\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
@@ -750,7 +859,8 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\bduration\x18\r \x01(\v2\x19.google.protobuf.DurationR\bduration\x12!\n" +
 	"\fclose_reason\x18\x0e \x01(\tR\vcloseReason\x12\x17\n" +
 	"\aflow_id\x18\x0f \x01(\x04R\x06flowId\x120\n" +
-	"\x05start\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\"U\n" +
+	"\x05start\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12.\n" +
+	"\ttcp_state\x18\x11 \x01(\x0e2\x11.vipd.v1.TcpStateR\btcpState\"U\n" +
 	"\n" +
 	"LostEvents\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\x121\n" +
@@ -773,7 +883,17 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\x1bFLOW_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13FLOW_EVENT_TYPE_NEW\x10\x01\x12\x1a\n" +
 	"\x16FLOW_EVENT_TYPE_CLOSED\x10\x02\x12\x1c\n" +
-	"\x18FLOW_EVENT_TYPE_EXISTING\x10\x03*x\n" +
+	"\x18FLOW_EVENT_TYPE_EXISTING\x10\x03*\xe8\x01\n" +
+	"\bTcpState\x12\x19\n" +
+	"\x15TCP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12TCP_STATE_SYN_SENT\x10\x01\x12\x16\n" +
+	"\x12TCP_STATE_SYN_RECV\x10\x02\x12\x19\n" +
+	"\x15TCP_STATE_ESTABLISHED\x10\x03\x12\x16\n" +
+	"\x12TCP_STATE_FIN_WAIT\x10\x04\x12\x18\n" +
+	"\x14TCP_STATE_CLOSE_WAIT\x10\x05\x12\x16\n" +
+	"\x12TCP_STATE_LAST_ACK\x10\x06\x12\x17\n" +
+	"\x13TCP_STATE_TIME_WAIT\x10\a\x12\x13\n" +
+	"\x0fTCP_STATE_CLOSE\x10\b*x\n" +
 	"\x10LostEventsSource\x12\"\n" +
 	"\x1eLOST_EVENTS_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19LOST_EVENTS_SOURCE_KERNEL\x10\x01\x12!\n" +
@@ -795,49 +915,51 @@ func file_vipd_v1_flow_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_flow_service_proto_rawDescData
 }
 
-var file_vipd_v1_flow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_vipd_v1_flow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_vipd_v1_flow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vipd_v1_flow_service_proto_goTypes = []any{
 	(FlowEventType)(0),            // 0: vipd.v1.FlowEventType
-	(LostEventsSource)(0),         // 1: vipd.v1.LostEventsSource
-	(*FlowFilter)(nil),            // 2: vipd.v1.FlowFilter
-	(*FlowEvent)(nil),             // 3: vipd.v1.FlowEvent
-	(*LostEvents)(nil),            // 4: vipd.v1.LostEvents
-	(*WatchFlowsRequest)(nil),     // 5: vipd.v1.WatchFlowsRequest
-	(*WatchFlowsResponse)(nil),    // 6: vipd.v1.WatchFlowsResponse
-	(*ListFlowsRequest)(nil),      // 7: vipd.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),     // 8: vipd.v1.ListFlowsResponse
-	(Protocol)(0),                 // 9: vipd.v1.Protocol
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*Endpoint)(nil),              // 11: vipd.v1.Endpoint
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(TcpState)(0),                 // 1: vipd.v1.TcpState
+	(LostEventsSource)(0),         // 2: vipd.v1.LostEventsSource
+	(*FlowFilter)(nil),            // 3: vipd.v1.FlowFilter
+	(*FlowEvent)(nil),             // 4: vipd.v1.FlowEvent
+	(*LostEvents)(nil),            // 5: vipd.v1.LostEvents
+	(*WatchFlowsRequest)(nil),     // 6: vipd.v1.WatchFlowsRequest
+	(*WatchFlowsResponse)(nil),    // 7: vipd.v1.WatchFlowsResponse
+	(*ListFlowsRequest)(nil),      // 8: vipd.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),     // 9: vipd.v1.ListFlowsResponse
+	(Protocol)(0),                 // 10: vipd.v1.Protocol
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Endpoint)(nil),              // 12: vipd.v1.Endpoint
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
 }
 var file_vipd_v1_flow_service_proto_depIdxs = []int32{
-	9,  // 0: vipd.v1.FlowFilter.protocol:type_name -> vipd.v1.Protocol
+	10, // 0: vipd.v1.FlowFilter.protocol:type_name -> vipd.v1.Protocol
 	0,  // 1: vipd.v1.FlowEvent.type:type_name -> vipd.v1.FlowEventType
-	10, // 2: vipd.v1.FlowEvent.time:type_name -> google.protobuf.Timestamp
-	9,  // 3: vipd.v1.FlowEvent.protocol:type_name -> vipd.v1.Protocol
-	11, // 4: vipd.v1.FlowEvent.client:type_name -> vipd.v1.Endpoint
-	11, // 5: vipd.v1.FlowEvent.vip:type_name -> vipd.v1.Endpoint
-	11, // 6: vipd.v1.FlowEvent.backend:type_name -> vipd.v1.Endpoint
-	12, // 7: vipd.v1.FlowEvent.duration:type_name -> google.protobuf.Duration
-	10, // 8: vipd.v1.FlowEvent.start:type_name -> google.protobuf.Timestamp
-	1,  // 9: vipd.v1.LostEvents.source:type_name -> vipd.v1.LostEventsSource
-	2,  // 10: vipd.v1.WatchFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
-	0,  // 11: vipd.v1.WatchFlowsRequest.types:type_name -> vipd.v1.FlowEventType
-	3,  // 12: vipd.v1.WatchFlowsResponse.flow:type_name -> vipd.v1.FlowEvent
-	4,  // 13: vipd.v1.WatchFlowsResponse.lost:type_name -> vipd.v1.LostEvents
-	2,  // 14: vipd.v1.ListFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
-	3,  // 15: vipd.v1.ListFlowsResponse.flows:type_name -> vipd.v1.FlowEvent
-	5,  // 16: vipd.v1.FlowService.WatchFlows:input_type -> vipd.v1.WatchFlowsRequest
-	7,  // 17: vipd.v1.FlowService.ListFlows:input_type -> vipd.v1.ListFlowsRequest
-	6,  // 18: vipd.v1.FlowService.WatchFlows:output_type -> vipd.v1.WatchFlowsResponse
-	8,  // 19: vipd.v1.FlowService.ListFlows:output_type -> vipd.v1.ListFlowsResponse
-	18, // [18:20] is the sub-list for method output_type
-	16, // [16:18] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	11, // 2: vipd.v1.FlowEvent.time:type_name -> google.protobuf.Timestamp
+	10, // 3: vipd.v1.FlowEvent.protocol:type_name -> vipd.v1.Protocol
+	12, // 4: vipd.v1.FlowEvent.client:type_name -> vipd.v1.Endpoint
+	12, // 5: vipd.v1.FlowEvent.vip:type_name -> vipd.v1.Endpoint
+	12, // 6: vipd.v1.FlowEvent.backend:type_name -> vipd.v1.Endpoint
+	13, // 7: vipd.v1.FlowEvent.duration:type_name -> google.protobuf.Duration
+	11, // 8: vipd.v1.FlowEvent.start:type_name -> google.protobuf.Timestamp
+	1,  // 9: vipd.v1.FlowEvent.tcp_state:type_name -> vipd.v1.TcpState
+	2,  // 10: vipd.v1.LostEvents.source:type_name -> vipd.v1.LostEventsSource
+	3,  // 11: vipd.v1.WatchFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
+	0,  // 12: vipd.v1.WatchFlowsRequest.types:type_name -> vipd.v1.FlowEventType
+	4,  // 13: vipd.v1.WatchFlowsResponse.flow:type_name -> vipd.v1.FlowEvent
+	5,  // 14: vipd.v1.WatchFlowsResponse.lost:type_name -> vipd.v1.LostEvents
+	3,  // 15: vipd.v1.ListFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
+	4,  // 16: vipd.v1.ListFlowsResponse.flows:type_name -> vipd.v1.FlowEvent
+	6,  // 17: vipd.v1.FlowService.WatchFlows:input_type -> vipd.v1.WatchFlowsRequest
+	8,  // 18: vipd.v1.FlowService.ListFlows:input_type -> vipd.v1.ListFlowsRequest
+	7,  // 19: vipd.v1.FlowService.WatchFlows:output_type -> vipd.v1.WatchFlowsResponse
+	9,  // 20: vipd.v1.FlowService.ListFlows:output_type -> vipd.v1.ListFlowsResponse
+	19, // [19:21] is the sub-list for method output_type
+	17, // [17:19] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_flow_service_proto_init() }
@@ -855,7 +977,7 @@ func file_vipd_v1_flow_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_flow_service_proto_rawDesc), len(file_vipd_v1_flow_service_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
