@@ -13,7 +13,6 @@ import (
 	"errors"
 	"math"
 	"net/netip"
-	"os"
 	"slices"
 	"structs"
 	"testing"
@@ -21,6 +20,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/testkit/require"
 )
 
 const (
@@ -111,18 +112,16 @@ func newPREnv(t *testing.T) *prEnv {
 	return r
 }
 
-// prSkipIfNoPermission skips t when err says that BPF is not permitted. A
-// verifier rejection can carry EACCES too: that is a bug, never a skip.
+// prSkipIfNoPermission skips t when err says that BPF is not permitted, or
+// fails it under CI=true (require.KernelFeature). A verifier rejection can
+// carry EACCES too: that is a bug, never a skip.
 func prSkipIfNoPermission(t *testing.T, err error) {
 	t.Helper()
 	var ve *ebpf.VerifierError
 	if errors.As(err, &ve) || !errors.Is(err, unix.EPERM) {
 		return
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("BPF not permitted under CI=true (need root or CAP_BPF+CAP_NET_ADMIN): %v", err)
-	}
-	t.Skipf("BPF not permitted (need root or CAP_BPF+CAP_NET_ADMIN): %v", err)
+	require.KernelFeature(t, "BPF (needs root or CAP_BPF+CAP_NET_ADMIN)", err)
 }
 
 // run runs prog once over frame and returns its verdict and output frame.
@@ -1166,7 +1165,7 @@ func TestProgRunChecksumComplete(t *testing.T) {
 	r := newPREnv(t)
 	arp := prARPRequest(prClient4.Addr(), prVIP4.Addr())
 	if _, _, err := prRun(r.objs.VipdFromPod, arp, prTestChecksumComplete); errors.Is(err, unix.EINVAL) {
-		t.Skip("kernel lacks BPF_F_TEST_SKB_CHECKSUM_COMPLETE (Linux 6.17+)")
+		require.KernelFeature(t, "BPF_F_TEST_SKB_CHECKSUM_COMPLETE (Linux 6.17+)", err)
 	}
 	r.addService(prFrontend{vip: prVIP4, proto: prTCP, id: 1}, prBackends4[0])
 	r.addService(prFrontend{vip: prWithPort(prVIP4, 53), proto: prUDP, id: 2}, prBackends4[0])

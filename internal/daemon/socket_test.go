@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/daemon"
+	"github.com/vipd/vipd/internal/testkit/require"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -56,23 +57,11 @@ func runSocketChildIfRequested() bool {
 
 func must[T any](v T, _ error) T { return v }
 
-// requireRoot skips without root, and fails instead under CI=true.
-func requireRoot(t *testing.T, why string) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s needs root (CI=true: not skipping)", why)
-	}
-	t.Skipf("%s needs root", why)
-}
-
 // TestSocketGroup checks --socket-group: the socket is mode 0660 and owned
 // by the group, a user outside the group cannot connect, and one with the
 // group as a supplementary group can.
 func TestSocketGroup(t *testing.T) {
-	requireRoot(t, "changing a socket's group and running clients as other users")
+	require.Root(t, "changing a socket's group and running clients as other users")
 	const gid, nobody = 65533, 65534
 	// Traversable by anyone, so that only the socket's own mode decides.
 	dir, err := os.MkdirTemp("", "vipdgrp")

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipd/vipd/internal/testkit/require"
 )
 
 // ErrClosed is returned by operations on a closed Lab or a removed pod.
@@ -89,19 +91,12 @@ func New(tb testing.TB, spec Spec) *Lab {
 	return l
 }
 
-// RequireRoot skips the test unless it runs as root, which netlab needs to
-// create namespaces. With CI=true in the environment it fails the test
-// instead, so that CI cannot pass by skipping.
+// RequireRoot is require.Root for a test that builds a lab: it skips the
+// test unless it runs as root, which netlab needs to create namespaces, and
+// fails it instead with CI=true in the environment.
 func RequireRoot(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const reason = "netlab needs root to create network namespaces"
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(reason + " (CI=true: not skipping)")
-	}
-	tb.Skip(reason)
+	require.Root(tb, "creating netlab's network namespaces")
 }
 
 // Build creates the lab spec and returns once every link and address in it

@@ -20,6 +20,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/require"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
@@ -242,18 +243,14 @@ func Dataplanes() []string {
 }
 
 // RequireDataplane skips the test when dataplane dp cannot run on this
-// kernel (only eBPF may not), and fails it instead when CI=true.
+// kernel (only eBPF may not), and fails it instead when CI=true: the
+// require.KernelFeature policy.
 func RequireDataplane(t testing.TB, dp string) {
 	t.Helper()
 	if dp != "ebpf" {
 		return
 	}
-	if err := ebpf.Supported(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the eBPF dataplane cannot run here (CI=true: not skipping): %v", err)
-		}
-		t.Skipf("the eBPF dataplane cannot run here: %v", err)
-	}
+	require.KernelFeature(t, "the eBPF dataplane", ebpf.Supported())
 }
 
 // Full reports whether the tests run in their full form (VIPD_SOAK=full)

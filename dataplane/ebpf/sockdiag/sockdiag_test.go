@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/nsdo"
+	"github.com/vipd/vipd/internal/testkit/require"
 )
 
 // The tests run every socket in a private network namespace, so fixed
@@ -251,24 +251,12 @@ func TestDestroySkipsGoneSockets(t *testing.T) {
 	}
 }
 
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const reason = "sock_diag tests need root to make a network namespace and destroy sockets"
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(reason + " (CI=true: not skipping)")
-	}
-	tb.Skip(reason)
-}
-
 // newNetNS makes a private network namespace with lo up, holding 127.0.0.1,
 // ::1 and otherAddr, and returns it with a path that names it. Nothing
 // outside the process refers to it, so it goes away when the test closes it.
 func newNetNS(t *testing.T) (netns.NsHandle, string) {
 	t.Helper()
-	requireRoot(t)
+	require.Root(t, "making a network namespace and destroying sockets")
 	type result struct {
 		ns  netns.NsHandle
 		err error
