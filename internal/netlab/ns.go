@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/nsdo"
 )
 
 // runDir is where named network namespaces are bind-mounted, as with
@@ -65,8 +66,10 @@ func (n *NS) String() string { return n.name }
 // socket inside it, the sysctls in nsSysctls, loopback up. On error nothing
 // is left behind.
 func createNS(name string, log hclog.Logger) (*NS, error) {
-	var h netns.NsHandle
-	err := onLockedThread(func(orig netns.NsHandle) error {
+	h := netns.None()
+	err := nsdo.OnLockedThread(func(orig netns.NsHandle) error {
+		// NewNamed moves the locked thread into the new namespace;
+		// OnLockedThread moves it back.
 		var err error
 		if h, err = netns.NewNamed(name); err != nil {
 			return err
@@ -184,9 +187,9 @@ func deleteNamed(name string) error {
 // its namespace work on its own goroutine (goroutines it starts run on
 // ordinary threads) and must not unlock the thread.
 //
-// The caller's thread never changes namespace. Do runs f on a fresh goroutine
-// locked to its thread; if that thread cannot be moved back, it stays locked,
-// so the runtime destroys it instead of reusing it.
+// The caller's thread never changes namespace: Do is nsdo.In, which runs f
+// on a fresh goroutine locked to its thread; if that thread cannot be moved
+// back, it stays locked, so the runtime destroys it instead of reusing it.
 //
 // Do fails with ErrClosed once the namespace has been removed.
 func (n *NS) Do(f func() error) error {
@@ -195,12 +198,7 @@ func (n *NS) Do(f func() error) error {
 		return err
 	}
 	defer h.Close()
-	return onLockedThread(func(netns.NsHandle) error {
-		if err := netns.Set(h); err != nil {
-			return fmt.Errorf("enter netns %s: %w", n.name, err)
-		}
-		return f()
-	})
+	return nsdo.In(h, f)
 }
 
 // dupHandle returns a new descriptor for the namespace, which the caller
@@ -217,33 +215,6 @@ func (n *NS) dupHandle() (netns.NsHandle, error) {
 		return netns.None(), fmt.Errorf("duplicate netns %s handle: %w", n.name, err)
 	}
 	return netns.NsHandle(fd), nil
-}
-
-// onLockedThread runs f on a new goroutine locked to its OS thread, passing
-// the thread's original namespace, and moves the thread back there after f.
-// It is the only place netlab switches namespaces.
-func onLockedThread(f func(orig netns.NsHandle) error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		ferr := f(orig)
-		if err := netns.Set(orig); err != nil {
-			// Stay locked: the thread is in a foreign namespace and must
-			// die with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("restore netns: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // sysctl is a sysctl key, dotted as in "net.ipv4.ip_forward", and a value.

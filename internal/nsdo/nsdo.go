@@ -1,5 +1,7 @@
 // Package nsdo runs code inside a network namespace, on an OS thread locked
-// for the duration. It owns nothing else.
+// for the duration. It is the tree's one way into a network namespace: the
+// daemon, the dataplanes and the test harness (netlab) all go through it.
+// It owns nothing else, and imports no test code.
 package nsdo
 
 import (
@@ -35,6 +37,26 @@ func In(ns netns.NsHandle, f func() error) error {
 	if ns < 0 {
 		return f()
 	}
+	return OnLockedThread(func(netns.NsHandle) error {
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("enter network namespace: %w", err)
+		}
+		return f()
+	})
+}
+
+// OnLockedThread runs f on a new goroutine locked to its OS thread, passing
+// the thread's original network namespace, and returns f's error. f may
+// move the thread into another namespace (netns.Set, or netns.New and
+// netns.NewNamed, which enter the namespace they create); after f the
+// thread moves back to orig. If it cannot, the error says so, and the
+// thread stays locked so that the Go runtime discards it with the
+// goroutine instead of running anything else in the wrong namespace. f must
+// not unlock the thread, and must not keep orig, which is closed after f.
+//
+// In is OnLockedThread for the common case of running code in a namespace
+// that already exists.
+func OnLockedThread(f func(orig netns.NsHandle) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -45,14 +67,10 @@ func In(ns netns.NsHandle, f func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace: %w", err)
-			return
-		}
-		ferr := f()
+		ferr := f(orig)
 		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: the runtime kills it on exit.
+			// Stay locked: the thread is in a foreign namespace and must
+			// die with this goroutine.
 			errc <- errors.Join(ferr, fmt.Errorf("return from network namespace: %w", err))
 			return
 		}

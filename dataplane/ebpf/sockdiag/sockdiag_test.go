@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"testing"
 	"time"
 
@@ -257,39 +256,29 @@ func TestDestroySkipsGoneSockets(t *testing.T) {
 func newNetNS(t *testing.T) (netns.NsHandle, string) {
 	t.Helper()
 	require.Root(t, "making a network namespace and destroying sockets")
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
+	ns := netns.None()
+	err := nsdo.OnLockedThread(func(netns.NsHandle) error {
+		var err error
+		ns, err = netns.New() // moves the locked thread into the new namespace
+		return err
+	})
+	if err != nil {
+		if ns.IsOpen() {
+			ns.Close()
 		}
-		defer orig.Close()
-		ns, nerr := netns.New() // moves this thread into the new namespace
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: the runtime discards it.
-			if nerr == nil {
-				ns.Close()
-			}
-			ch <- result{err: errors.Join(nerr, fmt.Errorf("restore netns: %w", err))}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{ns: ns, err: nerr}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("new netns: %v", r.err)
+		t.Fatalf("new netns: %v", err)
 	}
-	t.Cleanup(func() { r.ns.Close() })
+	t.Cleanup(func() { ns.Close() })
 
-	h, err := netlink.NewHandleAt(r.ns)
+	// Opened inside ns through nsdo, not by NewHandleAt(ns), which would
+	// switch namespaces itself and unlock the thread even when switching
+	// back fails.
+	var h *netlink.Handle
+	err = nsdo.In(ns, func() error {
+		var err error
+		h, err = netlink.NewHandleAt(netns.None())
+		return err
+	})
 	if err != nil {
 		t.Fatalf("netlink handle in test netns: %v", err)
 	}
@@ -305,7 +294,7 @@ func newNetNS(t *testing.T) (netns.NsHandle, string) {
 	if err := h.AddrAdd(lo, addr); err != nil {
 		t.Fatalf("test netns: add %s to lo: %v", otherAddr, err)
 	}
-	return r.ns, fmt.Sprintf("/proc/self/fd/%d", int(r.ns))
+	return ns, fmt.Sprintf("/proc/self/fd/%d", int(ns))
 }
 
 // openUDP opens a UDP socket in ns, bound to bind and connected to dst when
