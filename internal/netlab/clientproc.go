@@ -353,6 +353,13 @@ func (c *Client) Request(ctx context.Context, network, addr string, opts ...Dial
 	_, err = c.stdin.Write(append(req, '\n'))
 	c.writeMu.Unlock()
 	if err != nil {
+		// A client that has died fails the write (EPIPE) before the
+		// reader has seen it exit; its exit status is the better error.
+		select {
+		case <-c.done:
+			return fail(c.err)
+		case <-time.After(clientGrace):
+		}
 		return fail(fmt.Errorf("send to client process: %w", err))
 	}
 	// An expired ctx only starts the grace period: the client's own
