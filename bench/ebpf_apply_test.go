@@ -15,8 +15,8 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 // dpServices returns n dataplane services with k backends each, every
@@ -62,7 +62,7 @@ func BenchmarkEBPFApply(b *testing.B) {
 			lab := netlab.New(b, netlab.Spec{})
 			bpffs := filepath.Join(b.TempDir(), "bpf")
 			ctx := context.Background()
-			cfg := ebpf.Config{NetNS: lab.Node(1).Path(), BPFFS: bpffs, CgroupPath: cgroup2.NewTestGroup(b)}
+			cfg := ebpf.Config{NetNS: lab.Node(1).Path(), BPFFS: bpffs, CgroupPath: cgroup2test.New(b)}
 			dp, err := ebpf.New(ctx, hclog.NewNullLogger(), cfg)
 			if err != nil {
 				b.Fatal(err)

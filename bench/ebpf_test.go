@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/procstat"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
@@ -61,7 +61,7 @@ func BenchmarkEBPFScale(b *testing.B) {
 	for _, n := range []int{1, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("present=%d", n), func(b *testing.B) {
 			lab := netlab.New(b, netlab.Spec{})
-			args := []string{"--dataplane", "ebpf", "--cgroup-path", cgroup2.NewTestGroup(b)}
+			args := []string{"--dataplane", "ebpf", "--cgroup-path", cgroup2test.New(b)}
 			prof := newProfiler(b, fmt.Sprintf("present%d", n))
 			args = append(args, prof.args()...)
 			args = append(args, strings.Fields(os.Getenv("VIPD_BENCH_VIPD_ARGS"))...)

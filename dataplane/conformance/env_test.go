@@ -21,9 +21,9 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
@@ -216,7 +216,7 @@ func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 		{Pods: []string{"be4"}},
 	}})
 	n1, n2 := e.lab.Node(1), e.lab.Node(2)
-	e.cgroup = cgroup2.NewTestGroup(t)
+	e.cgroup = cgroup2test.New(t)
 	node1Client := &cgroupClient{dir: e.cgroup}
 	t.Cleanup(func() {
 		// Before the cgroup goes, which would kill the client anyway.

@@ -3,7 +3,7 @@ package ebpf
 // Dataplane tests: the whole eBPF dataplane (New, Apply, Close, Cleanup)
 // in a fresh netlab node, with real sockets. Each test attaches its tc
 // programs to the veths of its own lab, its socket hooks to a test cgroup
-// (cgroup2.NewTestGroup), and pins its maps in a bpffs of its own; a
+// (cgroup2test.New), and pins its maps in a bpffs of its own; a
 // cleanup removes all of it, also when the test fails.
 
 import (
@@ -40,9 +40,9 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 // The UDP client process of TestDataplaneConnectedUDPSocketRecovers: this
@@ -110,7 +110,7 @@ func newDPEnv(t *testing.T, pods []string, sizes MapSizes) *dpEnv {
 			}
 		}
 	}
-	cg := cgroup2.NewTestGroup(t)
+	cg := cgroup2test.New(t)
 	bpffs := filepath.Join(t.TempDir(), "bpf") // New mounts a bpffs here
 	e := &dpEnv{
 		t: t, lab: lab, node: node, cgroup: cg, bpffs: bpffs,

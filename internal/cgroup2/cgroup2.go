@@ -36,11 +36,6 @@ func Mount(dir string) error {
 	if ok {
 		return nil
 	}
-	return mount(dir)
-}
-
-// mount mounts cgroup2 at dir, whatever dir is.
-func mount(dir string) error {
 	data, err := hierarchyOptions()
 	if err != nil {
 		return fmt.Errorf("mount cgroup2 at %s: %w", dir, err)
@@ -66,16 +61,16 @@ var hierarchyFlags = []string{
 // hierarchyOptions returns the hierarchy flags of an existing cgroup2 mount
 // of this mount namespace, comma-separated, or "" when there is none.
 func hierarchyOptions() (string, error) {
-	mounts, err := readMountinfo()
+	mounts, err := Mountinfo()
 	if err != nil {
 		return "", err
 	}
 	for _, m := range mounts {
-		if m.fstype != "cgroup2" {
+		if m.FSType != "cgroup2" {
 			continue
 		}
 		var opts []string
-		for o := range strings.SplitSeq(m.superOptions, ",") {
+		for o := range strings.SplitSeq(m.SuperOptions, ",") {
 			if slices.Contains(hierarchyFlags, o) {
 				opts = append(opts, o)
 			}
@@ -85,20 +80,23 @@ func hierarchyOptions() (string, error) {
 	return "", nil
 }
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	mountPoint   string
-	fstype       string
-	superOptions string
+// MountEntry is one line of /proc/self/mountinfo: one mount of the
+// caller's mount namespace.
+type MountEntry struct {
+	MountPoint   string // unescaped
+	FSType       string // "cgroup2", "tmpfs", ...
+	SuperOptions string // comma-separated, as the kernel lists them
 }
 
-func readMountinfo() ([]mountEntry, error) {
+// Mountinfo returns the mounts of the caller's mount namespace, in the order
+// of /proc/self/mountinfo.
+func Mountinfo() ([]MountEntry, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var mounts []mountEntry
+	var mounts []MountEntry
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -108,7 +106,7 @@ func readMountinfo() ([]mountEntry, error) {
 		if !ok || len(f1) < 5 || len(f2) < 3 {
 			return nil, fmt.Errorf("parse /proc/self/mountinfo: malformed line %q", sc.Text())
 		}
-		mounts = append(mounts, mountEntry{mountPoint: unescapeMountinfo(f1[4]), fstype: f2[0], superOptions: f2[2]})
+		mounts = append(mounts, MountEntry{MountPoint: unescapeMountinfo(f1[4]), FSType: f2[0], SuperOptions: f2[2]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read /proc/self/mountinfo: %w", err)

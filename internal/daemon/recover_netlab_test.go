@@ -16,10 +16,10 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -134,7 +134,7 @@ func testRecoverKeepsKernelRules(t *testing.T, dp string) {
 		"--state-dir", stateDir, "--log-level", "debug", "--resync-period", "200ms"}}
 	if dp == "ebpf" {
 		// Never the machine's root cgroup, and pins in a private bpffs.
-		cg := cgroup2.NewTestGroup(t)
+		cg := cgroup2test.New(t)
 		bpffs := filepath.Join(dir, "bpf")
 		if err := os.Mkdir(bpffs, 0o700); err != nil {
 			t.Fatal(err)

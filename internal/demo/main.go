@@ -41,6 +41,7 @@ import (
 
 	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 // Dataplanes the demo runs vipd with.
@@ -83,10 +84,10 @@ type demo struct {
 	vipdArgs        []string
 	lab             *netlab.Lab
 	node            *netlab.Node
-	cgroup          *cgroup2.Group // eBPF only
-	client          *netlab.Client // eBPF only: the process on the node
-	vipd            *exec.Cmd      // the running vipd, or nil
-	vipdStartedOnce bool           // the kernel may hold what vipd programmed
+	cgroup          *cgroup2test.Group // eBPF only
+	client          *netlab.Client     // eBPF only: the process on the node
+	vipd            *exec.Cmd          // the running vipd, or nil
+	vipdStartedOnce bool               // the kernel may hold what vipd programmed
 }
 
 func (d *demo) ebpf() bool { return d.dataplane == dataplaneEBPF }
@@ -174,7 +175,7 @@ func run(ctx context.Context, bin, dataplane string) error {
 	defer d.close()
 
 	if d.ebpf() {
-		if d.cgroup, err = cgroup2.NewGroup(func(string, ...any) {}); err != nil {
+		if d.cgroup, err = cgroup2test.NewGroup(func(string, ...any) {}); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 func TestClient(t *testing.T) {
@@ -21,7 +22,7 @@ func TestClient(t *testing.T) {
 	if _, err := a1.StartEcho("", echoPort); err != nil {
 		t.Fatal(err)
 	}
-	group := cgroup2.NewTestGroup(t)
+	group := cgroup2test.New(t)
 	wantCgroup := "/" + filepath.Base(group)
 	c, err := n1.StartClient(t.Context(), group)
 	if err != nil {

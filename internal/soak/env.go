@@ -18,8 +18,8 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/require"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
@@ -75,7 +75,7 @@ func NewEnv(t testing.TB, bin, dp string, spec Spec) *Env {
 			t.Fatalf("start echo: %v", err)
 		}
 	}
-	cg := cgroup2.NewTestGroup(t)
+	cg := cgroup2test.New(t)
 	sweepDirs(t)
 	// Short: the socket path must fit in sun_path. The pid lets sweepDirs
 	// find the directories of test processes that died without cleaning up.

@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/cgroup2"
 	"github.com/vipd/vipd/internal/netlab"
 	"github.com/vipd/vipd/internal/procstat"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 // daemon is one vipd process serving one netlab node, with its state
@@ -28,7 +28,7 @@ type daemon struct {
 	dataplane string
 	node      *netlab.Node
 	dir       string
-	cgroup    *cgroup2.Group
+	cgroup    *cgroup2test.Group
 	extra     []string // added to the command line of every start
 
 	cmd *exec.Cmd
@@ -48,7 +48,7 @@ func newDaemon(bin string, extra []string, dataplane string, node *netlab.Node, 
 	}
 	d := &daemon{bin: bin, extra: extra, dataplane: dataplane, node: node, dir: dir}
 	if dataplane == "ebpf" {
-		if d.cgroup, err = cgroup2.NewGroup(func(string, ...any) {}); err != nil {
+		if d.cgroup, err = cgroup2test.NewGroup(func(string, ...any) {}); err != nil {
 			return nil, fmt.Errorf("cgroup for vipd: %w", err)
 		}
 	}

@@ -1,4 +1,19 @@
-package cgroup2
+// Package cgroup2test makes throwaway cgroups for tests, the demo and the
+// benchmarks to start their own client processes in, so that nothing is
+// ever attached to the machine's root cgroup.
+//
+// Each group is a child of the cgroup2 root (of the caller's cgroup
+// namespace), made through a private cgroup2 mount in the temporary
+// directory, so it works whether or not the machine mounts cgroup2
+// somewhere (every cgroup2 mount shows the same single hierarchy, so a child
+// made there is a real child of the cgroup2 root). The mount copies the
+// hierarchy's options (see cgroup2.Mount). The package never moves an
+// existing process between cgroups and never changes a cgroup it did not
+// create.
+//
+// It is test harness: New imports "testing", and no product package may
+// import it.
+package cgroup2test
 
 import (
 	"crypto/rand"
@@ -14,13 +29,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vipd/vipd/internal/cgroup2"
+	"github.com/vipd/vipd/internal/testkit/require"
 )
 
 // removeTimeout bounds how long a test group's cleanup waits for killed
 // processes to leave the group.
 const removeTimeout = 10 * time.Second
 
-// NewTestGroup makes a new, empty cgroup for the test's own processes and
+// New makes a new, empty cgroup for the test's own processes and
 // returns its absolute path, inside a private cgroup2 mount. The cgroup is a
 // child of the cgroup2 root (of the test's cgroup namespace) called
 // "vipd-test-<pid>-<random>"; /proc/PID/cgroup shows a process in it as
@@ -33,13 +51,13 @@ const removeTimeout = 10 * time.Second
 // the private mount and removes its mount point. It also runs when the test
 // fails.
 //
-// NewTestGroup skips the test without root, or fails it with CI=true in the
-// environment. It fails the test if cgroup2 cannot be mounted. It also
+// New skips the test without root, or fails it with CI=true in the
+// environment (require.Root). It fails the test if cgroup2 cannot be mounted. It also
 // removes the mounts and empty groups that test processes which died without
 // cleaning up left behind.
-func NewTestGroup(tb testing.TB) string {
+func New(tb testing.TB) string {
 	tb.Helper()
-	requireRoot(tb)
+	require.Root(tb, "mounting cgroup2 and creating test cgroups")
 	g, err := NewGroup(tb.Logf)
 	if err != nil {
 		tb.Fatalf("new test cgroup: %v (is the kernel built with cgroup v2, and does the test have CAP_SYS_ADMIN?)", err)
@@ -60,7 +78,7 @@ func NewTestGroup(tb testing.TB) string {
 // the cgroup2 root (of the caller's cgroup namespace) through a private
 // cgroup2 mount in the temporary directory: something to attach socket hooks
 // to and start processes in without touching the machine's root cgroup.
-// Processes get into the group by being born there (see NewTestGroup).
+// Processes get into the group by being born there (see New).
 type Group struct {
 	mnt, dir string
 }
@@ -77,7 +95,7 @@ func NewGroup(logf func(string, ...any)) (_ *Group, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mount(mnt); err != nil {
+	if err := cgroup2.Mount(mnt); err != nil {
 		os.Remove(mnt)
 		return nil, err
 	}
@@ -132,7 +150,7 @@ func (g *Group) Remove() (killed []int, err error) {
 func removeGroup(dir string, timeout time.Duration) (killed []int, err error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		pids, err := Procs(dir)
+		pids, err := cgroup2.Procs(dir)
 		if errors.Is(err, os.ErrNotExist) {
 			return killed, nil
 		}
@@ -167,20 +185,6 @@ func removeGroup(dir string, timeout time.Duration) (killed []int, err error) {
 	}
 }
 
-// requireRoot skips the test unless it runs as root, or fails it with
-// CI=true in the environment, so that CI cannot pass by skipping.
-func requireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const reason = "cgroup2 test groups need root to mount cgroup2 and create cgroups"
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(reason + " (CI=true: not skipping)")
-	}
-	tb.Skip(reason)
-}
-
 // unmount detaches the private mount mnt and removes its mount point. A
 // mount point that is no longer mounted is only removed.
 func unmount(mnt string) error {
@@ -212,24 +216,24 @@ var (
 // processes, this one included, and mounts it did not name. As with
 // netlab.Sweep, the check is by pid only.
 func sweepMounts(logf func(string, ...any)) error {
-	mounts, err := readMountinfo()
+	mounts, err := cgroup2.Mountinfo()
 	if err != nil {
 		return err
 	}
 	tmp := filepath.Clean(os.TempDir())
 	var errs []error
 	for _, m := range mounts {
-		if m.fstype != "cgroup2" || filepath.Dir(m.mountPoint) != tmp {
+		if m.FSType != "cgroup2" || filepath.Dir(m.MountPoint) != tmp {
 			continue
 		}
-		if pid, ok := pidOf(leftoverMountRE, filepath.Base(m.mountPoint)); !ok || alive(pid) {
+		if pid, ok := pidOf(leftoverMountRE, filepath.Base(m.MountPoint)); !ok || alive(pid) {
 			continue
 		}
-		if err := unmount(m.mountPoint); err != nil {
+		if err := unmount(m.MountPoint); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		logf("removed leftover cgroup2 mount %s", m.mountPoint)
+		logf("removed leftover cgroup2 mount %s", m.MountPoint)
 	}
 	return errors.Join(errs...)
 }
