@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -35,13 +34,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/internal/childproc"
 	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/nsdo"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
@@ -832,16 +831,22 @@ func TestDataplaneChurnNoFailures(t *testing.T) {
 // and prints one line for each: "ok", "reply <backend>", "error <errno>
 // <message>" or "timeout".
 func dpServeUDPClient(vip, nsPath string) int {
-	runtime.LockOSThread() // never unlocked: the thread stays in nsPath
-	h, err := netns.GetFromPath(nsPath)
+	code := 2
+	// The whole life runs in nsPath, on nsdo's locked thread, so that
+	// every socket it opens belongs to the namespace.
+	err := nsdo.Do(nsPath, func() error {
+		code = dpServeUDPClientIn(vip)
+		return nil
+	})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "open netns %s: %v\n", nsPath, err)
+		fmt.Fprintf(os.Stderr, "netns %s: %v\n", nsPath, err)
 		return 2
 	}
-	if err := netns.Set(h); err != nil {
-		fmt.Fprintf(os.Stderr, "enter netns %s: %v\n", nsPath, err)
-		return 2
-	}
+	return code
+}
+
+// dpServeUDPClientIn is dpServeUDPClient once inside the namespace.
+func dpServeUDPClientIn(vip string) int {
 	dst, err := netip.ParseAddrPort(vip)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "parse %s: %v\n", vip, err)
