@@ -53,13 +53,23 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*}; \
 	done
 
+# buf.yaml (a workspace of the one module proto/) and buf.gen.yaml sit at
+# the repository root, so buf runs from here.
 generate:
-	cd proto && $(TOOL) buf generate
+	$(TOOL) buf generate
 	$(GO) generate ./dataplane/ebpf/
 
+# lint fails on an incompatible API change: buf breaking compares the API
+# with the last release tag, or without one with main (see
+# scripts/buf-against.sh; BUF_AGAINST=<buf input> overrides).
 lint:
 	$(GO) vet ./...
-	cd proto && $(TOOL) buf lint
+	$(TOOL) buf lint
+	@against=$$(./scripts/buf-against.sh) || exit 1; \
+	if [ -n "$$against" ]; then \
+		echo "$(TOOL) buf breaking --against '$$against'"; \
+		$(TOOL) buf breaking --against "$$against"; \
+	fi
 
 # DATAPLANE picks vipd's dataplane for the demo: ebpf or iptables.
 DATAPLANE ?= ebpf

@@ -12,7 +12,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/authz"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -56,7 +56,7 @@ type API struct {
 	caps      dataplane.Capabilities
 	limits    validation.Limits
 	version   string
-	flows     *flows.Hub
+	flows     *flowhub.Hub
 	explainer dataplane.Explainer
 	warnings  func() []*vipdv1.StatusWarning
 }
@@ -66,7 +66,7 @@ type APIOption func(*API)
 
 // WithFlows serves FlowService from h, which the caller runs (Hub.Run).
 // Without it, FlowService answers Unimplemented.
-func WithFlows(h *flows.Hub) APIOption { return func(a *API) { a.flows = h } }
+func WithFlows(h *flowhub.Hub) APIOption { return func(a *API) { a.flows = h } }
 
 // WithExplainer lets StatusService.Explain ask e, normally the dataplane,
 // for a client's session-affinity entry and deterministic pick. Without

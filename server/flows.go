@@ -8,7 +8,7 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/grpc"
@@ -22,11 +22,11 @@ import (
 // above it, means this many.
 const MaxListFlows = 100_000
 
-// FlowResolver returns the resolver a flows.Hub needs: it maps a flow to
+// FlowResolver returns the resolver a flowhub.Hub needs: it maps a flow to
 // the service port that claims its VIP, port and protocol in the snapshot
 // that snapshot returns when the flow is resolved, such as
 // reconcile.Reconciler.Snapshot.
-func FlowResolver(snapshot func() *store.Snapshot) flows.Resolver {
+func FlowResolver(snapshot func() *store.Snapshot) flowhub.Resolver {
 	return func(p dataplane.Protocol, vip netip.AddrPort) (string, string, bool) {
 		e, port, ok := claimant(snapshot(), p, vip)
 		if !ok {
@@ -61,11 +61,11 @@ func (a *API) noFlows() error {
 
 // flowStatus turns an error from the flow hub into a status.
 func flowStatus(err error) error {
-	var srcErr *flows.SourceError
+	var srcErr *flowhub.SourceError
 	switch {
 	case errors.As(err, &srcErr):
 		return status.Errorf(codes.Unavailable, "%v; events may have been missed, watch again", err)
-	case errors.Is(err, flows.ErrStopped):
+	case errors.Is(err, flowhub.ErrStopped):
 		return status.Error(codes.Unavailable, "flow events stopped: vipd is shutting down or cannot read them")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return toStatus(err)
@@ -87,7 +87,7 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 	existing = existing || req.IncludeExisting
 	ctx := stream.Context()
 
-	var sub *flows.Subscription
+	var sub *flowhub.Subscription
 	if watch {
 		// Subscribe before listing, so that no event falls between the
 		// listing and the stream. A flow that begins or ends during the
@@ -155,10 +155,10 @@ func (a *API) ListFlows(ctx context.Context, req *vipdv1.ListFlowsRequest) (*vip
 	return resp, nil
 }
 
-func watchResponse(m *flows.Message) *vipdv1.WatchFlowsResponse {
+func watchResponse(m *flowhub.Message) *vipdv1.WatchFlowsResponse {
 	if m.Lost != nil {
 		src := vipdv1.LostEventsSource_LOST_EVENTS_SOURCE_SUBSCRIBER
-		if m.Lost.Source == flows.LostKernel {
+		if m.Lost.Source == flowhub.LostKernel {
 			src = vipdv1.LostEventsSource_LOST_EVENTS_SOURCE_KERNEL
 		}
 		return &vipdv1.WatchFlowsResponse{Event: &vipdv1.WatchFlowsResponse_Lost{Lost: &vipdv1.LostEvents{Count: m.Lost.Count, Source: src}}}
@@ -175,7 +175,7 @@ func watchResponse(m *flows.Message) *vipdv1.WatchFlowsResponse {
 
 // flowEvent is f as an event of type t at time at. An EXISTING flow's
 // duration is its age at that time.
-func flowEvent(t vipdv1.FlowEventType, at time.Time, f *flows.Flow) *vipdv1.FlowEvent {
+func flowEvent(t vipdv1.FlowEventType, at time.Time, f *flowhub.Flow) *vipdv1.FlowEvent {
 	ev := &vipdv1.FlowEvent{
 		Type:     t,
 		Service:  f.Service,

@@ -17,7 +17,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/cli"
 	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/kubeconvert"
 	"github.com/vipd/vipd/internal/logsetup"
@@ -40,10 +39,7 @@ func rootCommand() *cobra.Command {
 		logLevel          string
 		logJSON           bool
 	)
-	socket := cli.DefaultSocket
-	if v := os.Getenv(cli.SocketEnv); v != "" {
-		socket = v
-	}
+	socket := client.SocketFromEnv()
 	root := &cobra.Command{
 		Use:   "vipd-k8s",
 		Short: "vipd-k8s programs the node's vipd from the cluster's Services and EndpointSlices",
@@ -77,7 +73,7 @@ program on this node. It never changes services of other owners. Stopping it
 	f := root.Flags()
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: the in-cluster config)")
 	f.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: its endpoints are node-local (default: $NODE_NAME)")
-	f.StringVar(&cfg.VIPD, "vipd", socket, "vipd's API: a Unix socket path, unix:///path, or tcp://host:port (env "+cli.SocketEnv+" gives the default)")
+	f.StringVar(&cfg.VIPD, "vipd", socket, "vipd's API: a Unix socket path, unix:///path, or tcp://host:port (env "+client.SocketEnv+" gives the default)")
 	f.StringVar(&caCert, "cacert", "", "tcp:// --vipd: CA bundle (PEM) that vipd's certificate must chain to")
 	f.StringVar(&cert, "cert", "", "tcp:// --vipd: this client's certificate (PEM)")
 	f.StringVar(&key, "key", "", "tcp:// --vipd: this client's private key (PEM)")

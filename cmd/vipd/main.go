@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
@@ -25,7 +26,7 @@ import (
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/validation"
 )
 
@@ -117,7 +118,7 @@ func runCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Socket, "socket", "/run/vipd/vipd.sock", "Unix socket to serve the API on")
+	f.StringVar(&cfg.Socket, "socket", client.DefaultSocket, "Unix socket to serve the API on")
 	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal; others may have no permission")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")
 	f.StringVar(&cfg.Remote.Listen, "listen", "", "also serve the API on tcp://HOST:PORT (in vipd's own network namespace); needs --tls-cert, --tls-key and --tls-client-ca")
@@ -160,7 +161,7 @@ func runCommand() *cobra.Command {
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.Other, "bpf-ct-timeout-other", ebpf.DefaultConntrackTimeouts.Other, "ebpf: conntrack lifetime of an idle UDP or SCTP flow")
 	f.DurationVar(&cfg.EBPF.GCInterval, "bpf-ct-gc-interval", 30*time.Second, "ebpf: how often expired conntrack entries are collected (and reported closed)")
 	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
-	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flows.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
+	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flowhub.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
 	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100)")

@@ -17,13 +17,6 @@ import (
 	"github.com/vipd/vipd/client"
 )
 
-// DefaultSocket is where vipd listens unless told otherwise.
-const DefaultSocket = "/run/vipd/vipd.sock"
-
-// SocketEnv names the environment variable that replaces DefaultSocket as
-// the default of --socket.
-const SocketEnv = "VIPD_SOCKET"
-
 // Environment variables that give --server, --cacert, --cert and --key
 // their defaults.
 const (
@@ -66,14 +59,11 @@ type App struct {
 	endpoint endpoint
 }
 
-// New builds vipctl's command tree, reading SocketEnv for the default of
-// --socket. An App runs once.
+// New builds vipctl's command tree, reading client.SocketEnv for the
+// default of --socket. An App runs once.
 func New(s Streams) *App {
 	a := &App{streams: s}
-	socket := DefaultSocket
-	if v := os.Getenv(SocketEnv); v != "" {
-		socket = v
-	}
+	socket := client.SocketFromEnv()
 	root := &cobra.Command{
 		Use:   "vipctl",
 		Short: "Control vipd, the node's service load balancer",
@@ -84,7 +74,7 @@ fails changes nothing. Output is a table by default; -o json and -o yaml print
 vipd's answers in the API's form, which "vipctl apply -f" reads back.
 
 Environment:
-  ` + SocketEnv + `  the default of --socket
+  ` + client.SocketEnv + `  the default of --socket
   ` + ServerEnv + `  the default of --server
   ` + CACertEnv + `, ` + CertEnv + `, ` + KeyEnv + `  the defaults of --cacert, --cert, --key
 
@@ -114,7 +104,7 @@ may connect. Over TCP (vipd --listen), vipd requires mutual TLS: give
 	root.SetOut(s.Out)
 	root.SetErr(s.Err)
 	f := root.PersistentFlags()
-	f.StringVar(&a.socket, "socket", socket, "vipd's Unix socket (env "+SocketEnv+")")
+	f.StringVar(&a.socket, "socket", socket, "vipd's Unix socket (env "+client.SocketEnv+")")
 	f.StringVar(&a.server, "server", os.Getenv(ServerEnv), "vipd's TCP address, [tcp://]host:port, instead of --socket; needs --cacert, --cert and --key (env "+ServerEnv+")")
 	f.StringVar(&a.caCert, "cacert", os.Getenv(CACertEnv), "--server: CA bundle (PEM) that vipd's certificate must chain to (env "+CACertEnv+")")
 	f.StringVar(&a.cert, "cert", os.Getenv(CertEnv), "--server: this client's certificate (PEM), which vipd verifies (env "+CertEnv+")")
@@ -199,7 +189,7 @@ func (a *App) dial() (*client.Client, error) {
 	case a.root.PersistentFlags().Changed("server") && a.server == "":
 		return nil, usageErrorf("--server is empty: give vipd's address, [tcp://]host:port, or leave the flag out for --socket")
 	case !useServer && a.socket == "":
-		return nil, usageErrorf("--socket is empty: give the path of vipd's socket (default %s)", DefaultSocket)
+		return nil, usageErrorf("--socket is empty: give the path of vipd's socket (default %s)", client.DefaultSocket)
 	}
 	if useServer {
 		target = a.server

@@ -578,7 +578,7 @@ func TestUsageErrors(t *testing.T) {
 
 func TestSocketFromEnvironment(t *testing.T) {
 	sock := testserver.Start(t).Socket()
-	t.Setenv(SocketEnv, sock)
+	t.Setenv(client.SocketEnv, sock)
 	vipctl(t, "", "", "status").checkCode(t, ExitOK)
 }
 

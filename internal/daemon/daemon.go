@@ -22,7 +22,7 @@ import (
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -265,8 +265,8 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	var apiOpts []server.APIOption
 	stopHub := func() {}
 	if src, ok := dp.(dataplane.FlowSource); ok {
-		hub := flows.New(log.Named("flows"), src, flows.WithBuffer(cfg.FlowBuffer),
-			flows.WithResolver(server.FlowResolver(rec.Snapshot)), flows.WithObserver(m))
+		hub := flowhub.New(log.Named("flows"), src, flowhub.WithBuffer(cfg.FlowBuffer),
+			flowhub.WithResolver(server.FlowResolver(rec.Snapshot)), flowhub.WithObserver(m))
 		apiOpts = append(apiOpts, server.WithFlows(hub))
 		hubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		hubDone := make(chan struct{})

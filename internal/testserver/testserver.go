@@ -15,7 +15,7 @@ import (
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
@@ -46,7 +46,7 @@ type Server struct {
 	stopReconciler context.CancelFunc
 	reconcilerDone chan error
 	serveDone      chan error
-	hub            *flows.Hub
+	hub            *flowhub.Hub
 	stopFlows      context.CancelFunc
 	flowsDone      chan error
 
@@ -122,7 +122,7 @@ func WithoutWaiting() Option {
 }
 
 // WithFlowBuffer sets the size of each WatchFlows stream's buffer, as
-// vipd's --flow-buffer does. The default is flows.DefaultBuffer.
+// vipd's --flow-buffer does. The default is flowhub.DefaultBuffer.
 func WithFlowBuffer(n int) Option {
 	return func(c *config) { c.flowBuffer = n }
 }
@@ -208,7 +208,7 @@ func (s *Server) start(cfg config) error {
 	s.ready = rec.Ready()
 	var apiOpts []server.APIOption
 	if !cfg.noFlows {
-		s.hub = flows.New(log, s.dp, flows.WithBuffer(cfg.flowBuffer), flows.WithResolver(server.FlowResolver(rec.Snapshot)))
+		s.hub = flowhub.New(log, s.dp, flowhub.WithBuffer(cfg.flowBuffer), flowhub.WithResolver(server.FlowResolver(rec.Snapshot)))
 		apiOpts = append(apiOpts, server.WithFlows(s.hub), server.WithExplainer(s.dp))
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopFlows = cancel
@@ -268,7 +268,7 @@ func (s *Server) Dataplane() *fake.Dataplane { return s.dp }
 // Flows is the hub that serves FlowService from the fake dataplane's
 // events, or nil WithoutFlows. Tests wait on its Subscribers to know that a
 // WatchFlows stream is subscribed.
-func (s *Server) Flows() *flows.Hub { return s.hub }
+func (s *Server) Flows() *flowhub.Hub { return s.hub }
 
 // Close stops the server as vipd stops on SIGTERM: health turns NOT_SERVING,
 // calls in flight get a second to finish, then the reconciler stops. It

@@ -7,14 +7,14 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 )
 
 // FlowFilter validates a flow filter, named field in the request, and
 // returns it as the hub filters flows. A nil filter matches everything.
-func FlowFilter(in *vipdv1.FlowFilter, field string) (flows.Filter, Violations) {
+func FlowFilter(in *vipdv1.FlowFilter, field string) (flowhub.Filter, Violations) {
 	var v Violations
-	var f flows.Filter
+	var f flowhub.Filter
 	if in == nil {
 		return f, nil
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/validation"
 )
 
@@ -15,33 +15,33 @@ func TestFlowFilter(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		in    *vipdv1.FlowFilter
-		want  flows.Filter
+		want  flowhub.Filter
 		field string // of the one violation expected, if any
 	}{
 		{name: "nil", in: nil},
 		{name: "empty", in: &vipdv1.FlowFilter{}},
-		{name: "service", in: &vipdv1.FlowFilter{Service: "default/web"}, want: flows.Filter{Service: "default/web"}},
+		{name: "service", in: &vipdv1.FlowFilter{Service: "default/web"}, want: flowhub.Filter{Service: "default/web"}},
 		{name: "bad service", in: &vipdv1.FlowFilter{Service: "Default/Web"}, field: "f.service"},
-		{name: "vip", in: &vipdv1.FlowFilter{Vip: "10.96.0.10"}, want: flows.Filter{VIP: netip.MustParseAddr("10.96.0.10")}},
-		{name: "vip:port", in: &vipdv1.FlowFilter{Vip: "10.96.0.10:80"}, want: flows.Filter{VIP: netip.MustParseAddr("10.96.0.10"), VIPPort: 80}},
-		{name: "ipv6 vip", in: &vipdv1.FlowFilter{Vip: "fd00::10"}, want: flows.Filter{VIP: netip.MustParseAddr("fd00::10")}},
-		{name: "[ipv6 vip]:port", in: &vipdv1.FlowFilter{Vip: "[fd00::10]:443"}, want: flows.Filter{VIP: netip.MustParseAddr("fd00::10"), VIPPort: 443}},
-		{name: "mapped vip", in: &vipdv1.FlowFilter{Vip: "::ffff:10.96.0.10"}, want: flows.Filter{VIP: netip.MustParseAddr("10.96.0.10")}},
+		{name: "vip", in: &vipdv1.FlowFilter{Vip: "10.96.0.10"}, want: flowhub.Filter{VIP: netip.MustParseAddr("10.96.0.10")}},
+		{name: "vip:port", in: &vipdv1.FlowFilter{Vip: "10.96.0.10:80"}, want: flowhub.Filter{VIP: netip.MustParseAddr("10.96.0.10"), VIPPort: 80}},
+		{name: "ipv6 vip", in: &vipdv1.FlowFilter{Vip: "fd00::10"}, want: flowhub.Filter{VIP: netip.MustParseAddr("fd00::10")}},
+		{name: "[ipv6 vip]:port", in: &vipdv1.FlowFilter{Vip: "[fd00::10]:443"}, want: flowhub.Filter{VIP: netip.MustParseAddr("fd00::10"), VIPPort: 443}},
+		{name: "mapped vip", in: &vipdv1.FlowFilter{Vip: "::ffff:10.96.0.10"}, want: flowhub.Filter{VIP: netip.MustParseAddr("10.96.0.10")}},
 		{name: "vip port 0", in: &vipdv1.FlowFilter{Vip: "10.96.0.10:0"}, field: "f.vip"},
 		{name: "vip with zone", in: &vipdv1.FlowFilter{Vip: "fe80::1%eth0"}, field: "f.vip"},
 		{name: "vip not an address", in: &vipdv1.FlowFilter{Vip: "web"}, field: "f.vip"},
-		{name: "backend:port", in: &vipdv1.FlowFilter{Backend: "10.0.1.5:8080"}, want: flows.Filter{Backend: netip.MustParseAddr("10.0.1.5"), BackendPort: 8080}},
+		{name: "backend:port", in: &vipdv1.FlowFilter{Backend: "10.0.1.5:8080"}, want: flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.5"), BackendPort: 8080}},
 		{name: "backend port out of range", in: &vipdv1.FlowFilter{Backend: "10.0.1.5:80800"}, field: "f.backend"},
-		{name: "client ip", in: &vipdv1.FlowFilter{Client: "10.0.0.9"}, want: flows.Filter{Client: netip.MustParsePrefix("10.0.0.9/32")}},
-		{name: "client ipv6", in: &vipdv1.FlowFilter{Client: "fd00::9"}, want: flows.Filter{Client: netip.MustParsePrefix("fd00::9/128")}},
-		{name: "client cidr is masked", in: &vipdv1.FlowFilter{Client: "10.0.0.9/8"}, want: flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
-		{name: "mapped client cidr", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.0/104"}, want: flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
-		{name: "mapped client cidr /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/96"}, want: flows.Filter{Client: netip.MustParsePrefix("0.0.0.0/0")}},
+		{name: "client ip", in: &vipdv1.FlowFilter{Client: "10.0.0.9"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.9/32")}},
+		{name: "client ipv6", in: &vipdv1.FlowFilter{Client: "fd00::9"}, want: flowhub.Filter{Client: netip.MustParsePrefix("fd00::9/128")}},
+		{name: "client cidr is masked", in: &vipdv1.FlowFilter{Client: "10.0.0.9/8"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
+		{name: "mapped client cidr", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.0/104"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
+		{name: "mapped client cidr /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/96"}, want: flowhub.Filter{Client: netip.MustParsePrefix("0.0.0.0/0")}},
 		// Found by FuzzFlowFilter: it also covers IPv6 addresses that no IPv4 CIDR can stand for.
 		{name: "mapped client cidr shorter than /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/90"}, field: "f.client"},
 		{name: "bad client cidr", in: &vipdv1.FlowFilter{Client: "10.0.0.0/33"}, field: "f.client"},
 		{name: "bad client", in: &vipdv1.FlowFilter{Client: "me"}, field: "f.client"},
-		{name: "protocol", in: &vipdv1.FlowFilter{Protocol: vipdv1.Protocol_PROTOCOL_SCTP}, want: flows.Filter{Protocol: dataplane.SCTP}},
+		{name: "protocol", in: &vipdv1.FlowFilter{Protocol: vipdv1.Protocol_PROTOCOL_SCTP}, want: flowhub.Filter{Protocol: dataplane.SCTP}},
 		{name: "unknown protocol", in: &vipdv1.FlowFilter{Protocol: 4}, field: "f.protocol"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

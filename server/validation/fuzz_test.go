@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -321,12 +321,12 @@ func FuzzFlowFilter(f *testing.F) {
 
 // checkFilterMatches checks that f, accepted from in, selects a flow built
 // from in's own addresses, parsed independently.
-func checkFilterMatches(t *testing.T, in *vipdv1.FlowFilter, f flows.Filter) {
+func checkFilterMatches(t *testing.T, in *vipdv1.FlowFilter, f flowhub.Filter) {
 	t.Helper()
 	if in == nil {
 		return
 	}
-	fl := &flows.Flow{Service: in.Service}
+	fl := &flowhub.Flow{Service: in.Service}
 	fl.Protocol = f.Protocol
 	addrPort := func(s string) netip.AddrPort {
 		if s == "" {

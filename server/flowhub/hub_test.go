@@ -1,4 +1,4 @@
-package flows_test
+package flowhub_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
-	"github.com/vipd/vipd/server/flows"
+	"github.com/vipd/vipd/server/flowhub"
 )
 
 var (
@@ -73,10 +73,10 @@ func newObserver() *observer {
 }
 
 // run starts a hub over a new fake and stops it at the end of the test.
-func run(t *testing.T, opts ...flows.Option) (*flows.Hub, *fake.Dataplane) {
+func run(t *testing.T, opts ...flowhub.Option) (*flowhub.Hub, *fake.Dataplane) {
 	t.Helper()
 	dp := fake.New()
-	h := flows.New(hclog.NewNullLogger(), dp, opts...)
+	h := flowhub.New(hclog.NewNullLogger(), dp, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
@@ -89,7 +89,7 @@ func run(t *testing.T, opts ...flows.Option) (*flows.Hub, *fake.Dataplane) {
 	return h, dp
 }
 
-func subscribe(t *testing.T, h *flows.Hub, f flows.Filter) *flows.Subscription {
+func subscribe(t *testing.T, h *flowhub.Hub, f flowhub.Filter) *flowhub.Subscription {
 	t.Helper()
 	s, err := h.Subscribe(f)
 	if err != nil {
@@ -117,7 +117,7 @@ func newEvent(id uint64) dataplane.FlowEvent {
 }
 
 // item is a Message in a form that is easy to compare: "new 3" or "lost subscriber 6".
-func item(m flows.Message) string {
+func item(m flowhub.Message) string {
 	if m.Lost != nil {
 		return fmt.Sprintf("lost %s %d", m.Lost.Source, m.Lost.Count)
 	}
@@ -125,7 +125,7 @@ func item(m flows.Message) string {
 }
 
 // next reads n messages from s.
-func next(t *testing.T, s *flows.Subscription, n int) []string {
+func next(t *testing.T, s *flowhub.Subscription, n int) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -141,7 +141,7 @@ func next(t *testing.T, s *flows.Subscription, n int) []string {
 }
 
 // idle checks that s has nothing to deliver.
-func idle(t *testing.T, s *flows.Subscription) {
+func idle(t *testing.T, s *flowhub.Subscription) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -160,8 +160,8 @@ func news(ids ...uint64) []string {
 
 func TestEverySubscriberGetsEveryEvent(t *testing.T) {
 	h, dp := run(t)
-	a := subscribe(t, h, flows.Filter{})
-	b := subscribe(t, h, flows.Filter{})
+	a := subscribe(t, h, flowhub.Filter{})
+	b := subscribe(t, h, flowhub.Filter{})
 	for id := range uint64(100) {
 		dp.Emit(newEvent(id))
 	}
@@ -169,7 +169,7 @@ func TestEverySubscriberGetsEveryEvent(t *testing.T) {
 	for id := range uint64(100) {
 		want = append(want, fmt.Sprintf("new %d", id))
 	}
-	for _, s := range []*flows.Subscription{a, b} {
+	for _, s := range []*flowhub.Subscription{a, b} {
 		if diff := cmp.Diff(want, next(t, s, 100)); diff != "" {
 			t.Errorf("events (-want +got):\n%s", diff)
 		}
@@ -179,9 +179,9 @@ func TestEverySubscriberGetsEveryEvent(t *testing.T) {
 
 func TestSlowSubscriberLosesExactly(t *testing.T) {
 	obs := newObserver()
-	h, dp := run(t, flows.WithBuffer(4), flows.WithObserver(obs))
-	slow := subscribe(t, h, flows.Filter{})
-	fast := subscribe(t, h, flows.Filter{})
+	h, dp := run(t, flowhub.WithBuffer(4), flowhub.WithObserver(obs))
+	slow := subscribe(t, h, flowhub.Filter{})
+	fast := subscribe(t, h, flowhub.Filter{})
 
 	var fastGot []string
 	for id := range uint64(10) {
@@ -214,14 +214,14 @@ func TestSlowSubscriberLosesExactly(t *testing.T) {
 		t.Errorf("slow (-want +got):\n%s", diff)
 	}
 	idle(t, slow)
-	if got := obs.lost[flows.LostSubscriber]; got != 8 {
+	if got := obs.lost[flowhub.LostSubscriber]; got != 8 {
 		t.Errorf("observer saw %d subscriber losses, want 8", got)
 	}
 }
 
 func TestBufferGrows(t *testing.T) {
-	h, dp := run(t, flows.WithBuffer(300))
-	s := subscribe(t, h, flows.Filter{})
+	h, dp := run(t, flowhub.WithBuffer(300))
+	s := subscribe(t, h, flowhub.Filter{})
 	var want []string
 	// Reading some first moves the ring's head, so that it grows wrapped.
 	for id := range uint64(40) {
@@ -242,9 +242,9 @@ func TestBufferGrows(t *testing.T) {
 
 func TestKernelLosses(t *testing.T) {
 	obs := newObserver()
-	h, dp := run(t, flows.WithBuffer(2), flows.WithObserver(obs))
-	a := subscribe(t, h, flows.Filter{})
-	b := subscribe(t, h, flows.Filter{Protocol: dataplane.UDP})
+	h, dp := run(t, flowhub.WithBuffer(2), flowhub.WithObserver(obs))
+	a := subscribe(t, h, flowhub.Filter{})
+	b := subscribe(t, h, flowhub.Filter{Protocol: dataplane.UDP})
 	dp.Emit(newEvent(1))
 	dp.Lose(5)
 	dp.Emit(newEvent(2))
@@ -261,39 +261,39 @@ func TestKernelLosses(t *testing.T) {
 	}
 	idle(t, a)
 	idle(t, b)
-	if diff := cmp.Diff(map[string]uint64{flows.LostKernel: 12, flows.LostSubscriber: 1}, obs.lost); diff != "" {
+	if diff := cmp.Diff(map[string]uint64{flowhub.LostKernel: 12, flowhub.LostSubscriber: 1}, obs.lost); diff != "" {
 		t.Errorf("observer (-want +got):\n%s", diff)
 	}
 }
 
 func TestFilter(t *testing.T) {
-	web := flows.Flow{Flow: flow(1, dataplane.TCP, vipWeb), Service: "default/web", PortName: "http"}
+	web := flowhub.Flow{Flow: flow(1, dataplane.TCP, vipWeb), Service: "default/web", PortName: "http"}
 	for _, tc := range []struct {
 		name   string
-		filter flows.Filter
+		filter flowhub.Filter
 		match  bool
 	}{
-		{"empty", flows.Filter{}, true},
-		{"service", flows.Filter{Service: "default/web"}, true},
-		{"other service", flows.Filter{Service: "default/api"}, false},
-		{"vip", flows.Filter{VIP: vipWeb.Addr()}, true},
-		{"vip and port", flows.Filter{VIP: vipWeb.Addr(), VIPPort: 80}, true},
-		{"vip, other port", flows.Filter{VIP: vipWeb.Addr(), VIPPort: 443}, false},
-		{"other vip", flows.Filter{VIP: vipDNS.Addr()}, false},
-		{"backend", flows.Filter{Backend: netip.MustParseAddr("10.0.1.1")}, true},
-		{"backend and port", flows.Filter{Backend: netip.MustParseAddr("10.0.1.1"), BackendPort: 8080}, true},
-		{"backend, other port", flows.Filter{Backend: netip.MustParseAddr("10.0.1.1"), BackendPort: 80}, false},
-		{"other backend", flows.Filter{Backend: netip.MustParseAddr("10.0.1.2")}, false},
-		{"client", flows.Filter{Client: netip.MustParsePrefix("10.0.0.2/32")}, true},
-		{"client cidr", flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/24")}, true},
-		{"other client", flows.Filter{Client: netip.MustParsePrefix("10.0.0.3/32")}, false},
-		{"other client cidr", flows.Filter{Client: netip.MustParsePrefix("10.1.0.0/16")}, false},
-		{"ipv6 client cidr", flows.Filter{Client: netip.MustParsePrefix("fd00::/8")}, false},
-		{"protocol", flows.Filter{Protocol: dataplane.TCP}, true},
-		{"other protocol", flows.Filter{Protocol: dataplane.UDP}, false},
-		{"all fields", flows.Filter{Service: "default/web", VIP: vipWeb.Addr(), Backend: netip.MustParseAddr("10.0.1.1"),
+		{"empty", flowhub.Filter{}, true},
+		{"service", flowhub.Filter{Service: "default/web"}, true},
+		{"other service", flowhub.Filter{Service: "default/api"}, false},
+		{"vip", flowhub.Filter{VIP: vipWeb.Addr()}, true},
+		{"vip and port", flowhub.Filter{VIP: vipWeb.Addr(), VIPPort: 80}, true},
+		{"vip, other port", flowhub.Filter{VIP: vipWeb.Addr(), VIPPort: 443}, false},
+		{"other vip", flowhub.Filter{VIP: vipDNS.Addr()}, false},
+		{"backend", flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.1")}, true},
+		{"backend and port", flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.1"), BackendPort: 8080}, true},
+		{"backend, other port", flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.1"), BackendPort: 80}, false},
+		{"other backend", flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.2")}, false},
+		{"client", flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.2/32")}, true},
+		{"client cidr", flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/24")}, true},
+		{"other client", flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.3/32")}, false},
+		{"other client cidr", flowhub.Filter{Client: netip.MustParsePrefix("10.1.0.0/16")}, false},
+		{"ipv6 client cidr", flowhub.Filter{Client: netip.MustParsePrefix("fd00::/8")}, false},
+		{"protocol", flowhub.Filter{Protocol: dataplane.TCP}, true},
+		{"other protocol", flowhub.Filter{Protocol: dataplane.UDP}, false},
+		{"all fields", flowhub.Filter{Service: "default/web", VIP: vipWeb.Addr(), Backend: netip.MustParseAddr("10.0.1.1"),
 			Client: netip.MustParsePrefix("10.0.0.0/8"), Protocol: dataplane.TCP}, true},
-		{"all fields but one", flows.Filter{Service: "default/web", VIP: vipWeb.Addr(), Backend: netip.MustParseAddr("10.0.1.1"),
+		{"all fields but one", flowhub.Filter{Service: "default/web", VIP: vipWeb.Addr(), Backend: netip.MustParseAddr("10.0.1.1"),
 			Client: netip.MustParsePrefix("10.0.0.0/8"), Protocol: dataplane.SCTP}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -307,25 +307,25 @@ func TestFilter(t *testing.T) {
 	mapped := web
 	mapped.Client = netip.AddrPortFrom(netip.AddrFrom16(web.Client.Addr().As16()), 1)
 	mapped.VIP = netip.AddrPortFrom(netip.AddrFrom16(web.VIP.Addr().As16()), 80)
-	f := flows.Filter{Client: netip.MustParsePrefix("10.0.0.0/24"), VIP: vipWeb.Addr()}
+	f := flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/24"), VIP: vipWeb.Addr()}
 	if !f.Match(&mapped) {
 		t.Errorf("a flow with IPv4-mapped addresses does not match %+v", f)
 	}
 
-	ev := flows.Event{Type: dataplane.FlowClosed, Flow: web}
-	if f := (flows.Filter{Types: []dataplane.FlowEventType{dataplane.FlowNew}}); f.MatchEvent(&ev) {
+	ev := flowhub.Event{Type: dataplane.FlowClosed, Flow: web}
+	if f := (flowhub.Filter{Types: []dataplane.FlowEventType{dataplane.FlowNew}}); f.MatchEvent(&ev) {
 		t.Errorf("a CLOSED event matches a filter for NEW events")
 	}
-	if f := (flows.Filter{Types: []dataplane.FlowEventType{dataplane.FlowNew, dataplane.FlowClosed}}); !f.MatchEvent(&ev) {
+	if f := (flowhub.Filter{Types: []dataplane.FlowEventType{dataplane.FlowNew, dataplane.FlowClosed}}); !f.MatchEvent(&ev) {
 		t.Errorf("a CLOSED event does not match a filter for NEW and CLOSED events")
 	}
 }
 
 func TestSubscriptionFilters(t *testing.T) {
 	r := &resolver{}
-	h, dp := run(t, flows.WithResolver(r.resolve))
-	web := subscribe(t, h, flows.Filter{Service: "default/web"})
-	udp := subscribe(t, h, flows.Filter{Protocol: dataplane.UDP, Types: []dataplane.FlowEventType{dataplane.FlowClosed}})
+	h, dp := run(t, flowhub.WithResolver(r.resolve))
+	web := subscribe(t, h, flowhub.Filter{Service: "default/web"})
+	udp := subscribe(t, h, flowhub.Filter{Protocol: dataplane.UDP, Types: []dataplane.FlowEventType{dataplane.FlowClosed}})
 
 	dns := flow(2, dataplane.UDP, vipDNS)
 	dp.Emit(newEvent(1))
@@ -345,8 +345,8 @@ func TestSubscriptionFilters(t *testing.T) {
 func TestResolve(t *testing.T) {
 	r := &resolver{}
 	obs := newObserver()
-	h, dp := run(t, flows.WithResolver(r.resolve), flows.WithObserver(obs))
-	s := subscribe(t, h, flows.Filter{})
+	h, dp := run(t, flowhub.WithResolver(r.resolve), flowhub.WithObserver(obs))
+	s := subscribe(t, h, flowhub.Filter{})
 	ctx := context.Background()
 
 	dp.Emit(newEvent(1))
@@ -355,7 +355,7 @@ func TestResolve(t *testing.T) {
 	// The service goes away: the flow that began under it keeps its name,
 	// in listings and in its CLOSED event; others no longer resolve.
 	r.forget()
-	list, _, err := h.List(ctx, flows.Filter{}, 0)
+	list, _, err := h.List(ctx, flowhub.Filter{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestResolve(t *testing.T) {
 
 func TestList(t *testing.T) {
 	r := &resolver{}
-	h, dp := run(t, flows.WithResolver(r.resolve))
+	h, dp := run(t, flowhub.WithResolver(r.resolve))
 	ctx := context.Background()
 	var live []dataplane.Flow
 	for id := uint64(10); id > 0; id-- {
@@ -404,7 +404,7 @@ func TestList(t *testing.T) {
 	}
 	dp.SetFlows(live, nil)
 
-	ids := func(fs []flows.Flow) []uint64 {
+	ids := func(fs []flowhub.Flow) []uint64 {
 		var res []uint64
 		for _, f := range fs {
 			res = append(res, f.ID)
@@ -413,16 +413,16 @@ func TestList(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name      string
-		filter    flows.Filter
+		filter    flowhub.Filter
 		limit     int
 		want      []uint64
 		truncated bool
 	}{
-		{"all, oldest first", flows.Filter{}, 0, []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, false},
-		{"service", flows.Filter{Service: "kube-system/dns"}, 0, []uint64{2, 4, 6, 8, 10}, false},
-		{"limit", flows.Filter{Protocol: dataplane.TCP}, 3, []uint64{1, 3, 5}, true},
-		{"limit not reached", flows.Filter{Protocol: dataplane.TCP}, 5, []uint64{1, 3, 5, 7, 9}, false},
-		{"types are ignored", flows.Filter{Types: []dataplane.FlowEventType{dataplane.FlowClosed}}, 1, []uint64{1}, true},
+		{"all, oldest first", flowhub.Filter{}, 0, []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, false},
+		{"service", flowhub.Filter{Service: "kube-system/dns"}, 0, []uint64{2, 4, 6, 8, 10}, false},
+		{"limit", flowhub.Filter{Protocol: dataplane.TCP}, 3, []uint64{1, 3, 5}, true},
+		{"limit not reached", flowhub.Filter{Protocol: dataplane.TCP}, 5, []uint64{1, 3, 5, 7, 9}, false},
+		{"types are ignored", flowhub.Filter{Types: []dataplane.FlowEventType{dataplane.FlowClosed}}, 1, []uint64{1}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, truncated, err := h.List(ctx, tc.filter, tc.limit)
@@ -436,19 +436,19 @@ func TestList(t *testing.T) {
 	}
 
 	dp.SetFlows(nil, errors.New("netlink: no buffer space"))
-	if _, _, err := h.List(ctx, flows.Filter{}, 0); err == nil {
+	if _, _, err := h.List(ctx, flowhub.Filter{}, 0); err == nil {
 		t.Errorf("List with a failing source succeeded")
 	}
 }
 
 func TestSourceFailure(t *testing.T) {
-	h, dp := run(t, flows.WithRetry(time.Millisecond, time.Millisecond))
-	s := subscribe(t, h, flows.Filter{})
+	h, dp := run(t, flowhub.WithRetry(time.Millisecond, time.Millisecond))
+	s := subscribe(t, h, flowhub.Filter{})
 	dp.Emit(newEvent(1))
 	dp.FailWatch(errors.New("netlink receive: no buffer space available"))
 	// What was buffered comes first, then the end.
 	next(t, s, 1)
-	var srcErr *flows.SourceError
+	var srcErr *flowhub.SourceError
 	if _, err := s.Next(context.Background()); !errors.As(err, &srcErr) {
 		t.Fatalf("Next after the source failed: %v, want a *SourceError", err)
 	}
@@ -456,7 +456,7 @@ func TestSourceFailure(t *testing.T) {
 		t.Errorf("%d subscribers after the source failed, want 0", n)
 	}
 	// The hub reads again, for new subscribers.
-	s2 := subscribe(t, h, flows.Filter{})
+	s2 := subscribe(t, h, flowhub.Filter{})
 	dp.Emit(newEvent(2))
 	if diff := cmp.Diff(news(2), next(t, s2, 1)); diff != "" {
 		t.Errorf("after the restart (-want +got):\n%s", diff)
@@ -465,8 +465,8 @@ func TestSourceFailure(t *testing.T) {
 
 func TestUnsupportedSourceStops(t *testing.T) {
 	dp := fake.New()
-	h := flows.New(hclog.NewNullLogger(), dp)
-	s, err := h.Subscribe(flows.Filter{})
+	h := flowhub.New(hclog.NewNullLogger(), dp)
+	s, err := h.Subscribe(flowhub.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,23 +479,23 @@ func TestUnsupportedSourceStops(t *testing.T) {
 	if _, err := s.Next(context.Background()); err == nil {
 		t.Errorf("the subscription outlived the hub")
 	}
-	if _, err := h.Subscribe(flows.Filter{}); !errors.Is(err, flows.ErrStopped) {
+	if _, err := h.Subscribe(flowhub.Filter{}); !errors.Is(err, flowhub.ErrStopped) {
 		t.Errorf("Subscribe after Run returned: %v, want ErrStopped", err)
 	}
 }
 
 func TestStopAndClose(t *testing.T) {
 	dp := fake.New()
-	h := flows.New(hclog.NewNullLogger(), dp)
+	h := flowhub.New(hclog.NewNullLogger(), dp)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
 
-	closed, err := h.Subscribe(flows.Filter{})
+	closed, err := h.Subscribe(flowhub.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := h.Subscribe(flows.Filter{})
+	s, err := h.Subscribe(flowhub.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +509,7 @@ func TestStopAndClose(t *testing.T) {
 	if diff := cmp.Diff(news(1), next(t, closed, 1)); diff != "" {
 		t.Errorf("closed (-want +got):\n%s", diff)
 	}
-	if _, err := closed.Next(context.Background()); !errors.Is(err, flows.ErrClosed) {
+	if _, err := closed.Next(context.Background()); !errors.Is(err, flowhub.ErrClosed) {
 		t.Errorf("Next after Close: %v, want ErrClosed", err)
 	}
 
@@ -526,10 +526,10 @@ func TestStopAndClose(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("Run: %v", err)
 	}
-	if err := <-got; !errors.Is(err, flows.ErrStopped) {
+	if err := <-got; !errors.Is(err, flowhub.ErrStopped) {
 		t.Errorf("Next after the hub stopped: %v, want ErrStopped", err)
 	}
-	if _, err := h.Subscribe(flows.Filter{}); !errors.Is(err, flows.ErrStopped) {
+	if _, err := h.Subscribe(flowhub.Filter{}); !errors.Is(err, flowhub.ErrStopped) {
 		t.Errorf("Subscribe after the hub stopped: %v, want ErrStopped", err)
 	}
 }

@@ -1,4 +1,4 @@
-// Package flows fans the flow events of one dataplane.FlowSource out to
+// Package flowhub fans the flow events of one dataplane.FlowSource out to
 // subscribers, the WatchFlows streams of the API.
 //
 // A Hub reads the source from one goroutine (Run), resolves each flow's VIP,
@@ -12,4 +12,4 @@
 //
 // It must not block the source's reader, speak gRPC (package server turns
 // subscriptions into streams), or touch the kernel.
-package flows
+package flowhub
