@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,6 +26,7 @@ type Option func(*options)
 
 type options struct {
 	dp         dataplane.Dataplane
+	listeners  []net.Listener
 	persister  func(*store.Dir) reconcile.Persister
 	serverOpts []server.Option
 	version    string
@@ -38,6 +40,13 @@ func WithDataplane(dp dataplane.Dataplane) Option {
 	return func(o *options) { o.dp = dp }
 }
 
+// WithListener serves the API on l too, besides the Unix socket, with its
+// clients trusted as the socket's are: a bufconn, say. The node owns l from
+// Assemble on, and closes it, also when Assemble fails.
+func WithListener(l net.Listener) Option {
+	return func(o *options) { o.listeners = append(o.listeners, l) }
+}
+
 // WithPersister wraps the state directory the reconciler saves to, for
 // example to make saves fail. The state is still loaded, locked and
 // recovered through the directory itself.
@@ -46,8 +55,8 @@ func WithPersister(wrap func(*store.Dir) reconcile.Persister) Option {
 }
 
 // WithServerOptions adds options to the gRPC server after those Config
-// asks for, so that they win where both set the same limit: another
-// listener (server.WithListener), say, or other limits.
+// asks for, so that they win where both set the same limit. Pass
+// listeners with WithListener, which closes them on a failed Assemble.
 func WithServerOptions(opts ...server.Option) Option {
 	return func(o *options) { o.serverOpts = append(o.serverOpts, opts...) }
 }
@@ -101,8 +110,8 @@ type Node struct {
 // opening its listeners, but starts nothing: call Start, then Stop.
 // Errors in cfg, a corrupt state, a dataplane that cannot open and a
 // listener that cannot bind are all reported here, before anything serves.
-// On error everything opened so far has been released; the listeners of
-// WithServerOptions are closed if the gRPC server had been built.
+// On error everything opened so far has been released, the WithListener
+// listeners included.
 func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option) (_ *Node, err error) {
 	o := options{version: version.String()}
 	for _, opt := range opts {
@@ -127,6 +136,10 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 	defer func() {
 		if err != nil {
 			n.release()
+			// server.New may have closed some of them already.
+			for _, l := range o.listeners {
+				l.Close()
+			}
 		}
 	}()
 	remoteOpts, rl, err := cfg.Remote.serverOptions(log)
@@ -198,6 +211,9 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 	}
 	srvOpts = append(srvOpts, remoteOpts...)
 	srvOpts = append(srvOpts, cfg.Limits.serverOptions()...)
+	for _, l := range o.listeners {
+		srvOpts = append(srvOpts, server.WithListener(l))
+	}
 	srvOpts = append(srvOpts, o.serverOpts...)
 	if n.srv, err = server.New(log, n.api, srvOpts...); err != nil {
 		return nil, err

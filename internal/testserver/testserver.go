@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -40,8 +39,8 @@ type Server struct {
 	dp       *fake.Dataplane
 	node     *daemon.Node
 
-	// extra are the WithListener listeners. The node's gRPC server closes
-	// them once it has them; until then Close does.
+	// extra are the WithListener listeners. The node owns them once
+	// daemon.Assemble has been called; until then Close closes them.
 	extra []net.Listener
 
 	closeOnce sync.Once
@@ -185,12 +184,11 @@ func (s *Server) start(cfg config) error {
 	if cfg.noFlows {
 		dp = withoutFlows{s.dp, s.dp}
 	}
-	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister)}
-	serverOpts := slices.Clone(cfg.serverOpts)
+	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister),
+		daemon.WithServerOptions(cfg.serverOpts...)}
 	for _, l := range s.extra {
-		serverOpts = append(serverOpts, server.WithListener(l))
+		opts = append(opts, daemon.WithListener(l))
 	}
-	opts = append(opts, daemon.WithServerOptions(serverOpts...))
 	node, err := daemon.Assemble(context.Background(), hclog.NewNullLogger(), nodeConfig(s.Socket(), s.stateDir, cfg), opts...)
 	if err != nil {
 		return err
@@ -303,7 +301,7 @@ func (s *Server) stop() error {
 	if s.node != nil {
 		errs = append(errs, s.node.Stop())
 	} else {
-		// The node's gRPC server may have closed some of them already.
+		// daemon.Assemble may have closed them already.
 		for _, l := range s.extra {
 			l.Close()
 		}
