@@ -142,6 +142,10 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 			}
 		}
 	}()
+	// Order matters: everything that can refuse the configuration comes
+	// before the state directory is locked, and the state is restored
+	// (or refused) before the dataplane is opened, so that vipd never
+	// touches the kernel over a state it cannot read.
 	remoteOpts, rl, err := cfg.Remote.serverOptions(log)
 	if err != nil {
 		return nil, err
@@ -163,7 +167,6 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 	}
 	n.holdReason = holdReason
 	log.Info("state restored", "path", n.dir.Path(), "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
-
 	if n.dp = o.dp; n.dp == nil {
 		if n.dp, err = openDataplane(ctx, log.Named("dataplane"), cfg); err != nil {
 			return nil, err
@@ -173,14 +176,25 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 	log.Info("dataplane opened", "dataplane", n.dp.Name(), "netns", cfg.NetNS)
 
 	m := metrics.New()
+	n.buildCore(m, snap, o)
+	if err := n.listen(m, remoteOpts, gid, o); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// buildCore builds the reconciler over snap, and the flow hub, node checks
+// and API over it, all reporting to m.
+func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
+	cfg, log := n.cfg, n.log
 	if dd, ok := n.dp.(dataplane.DriftDetector); ok {
 		m.InitDataplane(n.dp.Name(), dd.DriftKinds())
 	}
 	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m),
 		reconcile.WithDriftCheck(cfg.DriftCheckPeriod)}
-	if holdReason != "" {
-		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
-		recOpts = append(recOpts, reconcile.WithHold(holdReason))
+	if n.holdReason != "" {
+		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", n.holdReason)
+		recOpts = append(recOpts, reconcile.WithHold(n.holdReason))
 	}
 	var persister reconcile.Persister = n.dir
 	if o.persister != nil {
@@ -203,7 +217,14 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
 	n.api = server.NewAPI(log.Named("api"), n.rec, n.dp.Name(), n.dp.Capabilities(), limits, o.version, apiOpts...)
+}
 
+// listen builds the gRPC server, opening the Unix socket, the remote
+// listener (remoteOpts) and the WithListener ones, and the metrics
+// listener when Config.MetricsAddr is set. On error the caller releases
+// what it opened.
+func (n *Node) listen(m *metrics.Metrics, remoteOpts []server.Option, gid int, o options) error {
+	cfg, log := n.cfg, n.log
 	srvOpts := []server.Option{
 		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
@@ -215,29 +236,31 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 		srvOpts = append(srvOpts, server.WithListener(l))
 	}
 	srvOpts = append(srvOpts, o.serverOpts...)
+	var err error
 	if n.srv, err = server.New(log, n.api, srvOpts...); err != nil {
-		return nil, err
+		return err
 	}
 	m.InitializeGRPC(n.srv)
-	if cfg.MetricsAddr != "" {
-		var hopts []metrics.HandlerOption
-		if cfg.Pprof {
-			hopts = append(hopts, metrics.WithPprof())
-			log.Warn("serving Go profiles under /debug/pprof/ on the metrics listener", "addr", cfg.MetricsAddr)
-		}
-		ready := func() bool {
-			select {
-			case <-n.rec.Ready():
-				return true
-			default:
-				return false
-			}
-		}
-		if n.metricsSrv, err = metrics.Listen(log.Named("metrics"), cfg.MetricsAddr, m, ready, hopts...); err != nil {
-			return nil, fmt.Errorf("metrics listener: %w", err)
+	if cfg.MetricsAddr == "" {
+		return nil
+	}
+	var hopts []metrics.HandlerOption
+	if cfg.Pprof {
+		hopts = append(hopts, metrics.WithPprof())
+		log.Warn("serving Go profiles under /debug/pprof/ on the metrics listener", "addr", cfg.MetricsAddr)
+	}
+	ready := func() bool {
+		select {
+		case <-n.rec.Ready():
+			return true
+		default:
+			return false
 		}
 	}
-	return n, nil
+	if n.metricsSrv, err = metrics.Listen(log.Named("metrics"), cfg.MetricsAddr, m, ready, hopts...); err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	return nil
 }
 
 // Start runs the node: the reload of the TLS and authz files on

@@ -65,7 +65,9 @@ type Option func(*config)
 
 // WithLimits sets the limits an operator configures with --max-backends and
 // --service-cidr. The default is vipd's: validation.DefaultMaxBackends
-// backends a service, VIPs from anywhere.
+// backends a service, VIPs from anywhere. They become the daemon.Config
+// flags they stand for, so that a negative limit other than MaxPorts
+// (validation's "no limit" for ports) makes New fail, as vipd refuses it.
 func WithLimits(l validation.Limits) Option {
 	return func(c *config) { c.limits = l }
 }
