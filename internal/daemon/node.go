@@ -338,8 +338,8 @@ func (n *Node) watchReady() {
 // the first SyncServices) has succeeded and health says SERVING.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
 
-// Done is closed once the gRPC server has stopped serving: by Stop, or on
-// its own after an error, which Stop then returns.
+// Done is closed once the started gRPC server has stopped serving: by
+// Stop, or on its own after an error, which Stop then returns.
 func (n *Node) Done() <-chan struct{} { return n.served }
 
 // API is the handlers the gRPC server serves, for tests that call them
@@ -360,7 +360,7 @@ func (n *Node) Flows() *flows.Hub { return n.hub }
 // listener and the node checks; then the dataplane is closed, still
 // programmed (unless WithDataplane gave it), and the state directory's lock
 // released. Without Start it only releases what Assemble opened, which
-// removes the Unix socket. It returns the error that stopped the gRPC
+// removes the Unix socket; a Start after Stop does nothing. It returns the error that stopped the gRPC
 // server, if any, and errors from the reconciler and the state directory.
 // Stop may be called more than once; every call returns what the first
 // one did.
@@ -370,6 +370,9 @@ func (n *Node) Stop() error {
 }
 
 func (n *Node) stop() error {
+	// Waits for a Start in progress, and keeps a later one from starting
+	// what is being released.
+	n.startOnce.Do(func() {})
 	if !n.started {
 		return n.release()
 	}
