@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/fuzzcorpus"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -101,26 +101,22 @@ func FuzzAPI(f *testing.F) {
 	})
 }
 
+// fuzzAPIEnv is the API as internal/daemon assembles it (testserver), over
+// the fake dataplane; FuzzAPI calls its handlers without the wire.
 type fuzzAPIEnv struct {
+	srv  *testserver.Server
 	dp   *fake.Dataplane
-	rec  *reconcile.Reconciler
 	api  *server.API
 	stop func()
 }
 
 func startFuzzAPI(t *testing.T) *fuzzAPIEnv {
 	t.Helper()
-	log := hclog.NewNullLogger()
-	env := &fuzzAPIEnv{dp: fake.New()}
-	env.rec = reconcile.New(log, env.dp, nopPersister{}, store.Empty().WithLimits(fuzzAPILimits))
-	env.api = server.NewAPI(log, env.rec, env.dp.Name(), env.dp.Capabilities(), fuzzAPILimits, "fuzz")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- env.rec.Run(ctx) }()
-	env.stop = func() { cancel(); <-done }
-	<-env.rec.Ready()
+	srv := testserver.Start(t, testserver.WithLimits(fuzzAPILimits), testserver.WithVersion("fuzz"),
+		testserver.WithPersister(func(*store.Dir) reconcile.Persister { return nopPersister{} }))
+	env := &fuzzAPIEnv{srv: srv, dp: srv.Dataplane(), api: srv.API(), stop: func() { srv.Close() }}
 	for _, svc := range []*vipdv1.Service{fuzzWeb(), fuzzDB()} {
-		if _, err := env.api.UpsertService(ctx, &vipdv1.UpsertServiceRequest{Service: svc}); err != nil {
+		if _, err := env.api.UpsertService(context.Background(), &vipdv1.UpsertServiceRequest{Service: svc}); err != nil {
 			env.stop()
 			t.Fatalf("upsert %s: %v", svc.Name, err)
 		}
@@ -132,7 +128,7 @@ func startFuzzAPI(t *testing.T) *fuzzAPIEnv {
 // returns the service the call stored, if any.
 func (env *fuzzAPIEnv) call(t *testing.T, rpc string, req proto.Message, do func(context.Context) (*vipdv1.Service, error)) {
 	t.Helper()
-	revision, applies := env.rec.Snapshot().Revision(), len(env.dp.Records())
+	revision, applies := env.srv.Snapshot().Revision(), len(env.dp.Records())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stored, err := do(ctx)
@@ -172,7 +168,7 @@ func (env *fuzzAPIEnv) call(t *testing.T, rpc string, req proto.Message, do func
 	default:
 		t.Fatalf("%s: unexpected %v: %v", rpc, st.Code(), err)
 	}
-	if r, a := env.rec.Snapshot().Revision(), len(env.dp.Records()); r != revision || a != applies {
+	if r, a := env.srv.Snapshot().Revision(), len(env.dp.Records()); r != revision || a != applies {
 		t.Fatalf("%s failed (%v) but changed the store (revision %d → %d) or reached the dataplane (%d → %d applies)", rpc, err, revision, r, applies, a)
 	}
 }
@@ -191,7 +187,7 @@ func detail[T proto.Message](st *status.Status) T {
 // store holds, and a fixed point of validation.
 func checkStored(t *testing.T, env *fuzzAPIEnv, rpc string, svc *vipdv1.Service) {
 	t.Helper()
-	e, ok := env.rec.Snapshot().Get(svc.Name)
+	e, ok := env.srv.Snapshot().Get(svc.Name)
 	if !ok {
 		t.Fatalf("%s returned %s, which is not stored", rpc, svc.Name)
 	}
@@ -219,7 +215,7 @@ func checkSynced(t *testing.T, env *fuzzAPIEnv, req *vipdv1.SyncServicesRequest,
 	}
 	slices.Sort(want)
 	var have []string
-	for _, e := range env.rec.Snapshot().List(req.Owner) {
+	for _, e := range env.srv.Snapshot().List(req.Owner) {
 		have = append(have, e.Name())
 		checkStored(t, env, "SyncServices", e.Service())
 	}
@@ -232,7 +228,7 @@ func checkSynced(t *testing.T, env *fuzzAPIEnv, req *vipdv1.SyncServicesRequest,
 		t.Fatalf("SyncServices reported %v created, updated or unchanged; want %v", listed, want)
 	}
 	for _, name := range resp.Deleted {
-		if _, ok := env.rec.Snapshot().Get(name); ok {
+		if _, ok := env.srv.Snapshot().Get(name); ok {
 			t.Fatalf("SyncServices reported %s deleted, but it is stored", name)
 		}
 	}
@@ -240,7 +236,7 @@ func checkSynced(t *testing.T, env *fuzzAPIEnv, req *vipdv1.SyncServicesRequest,
 
 func (env *fuzzAPIEnv) checkInvariants(t *testing.T) {
 	t.Helper()
-	snap := env.rec.Snapshot()
+	snap := env.srv.Snapshot()
 	if snap.Len() > fuzzAPILimits.MaxServices || snap.BackendCount() > fuzzAPILimits.MaxTotalBackends {
 		t.Fatalf("the store holds %d services and %d backends, past its limits", snap.Len(), snap.BackendCount())
 	}

@@ -10,14 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
-	"github.com/vipd/vipd/server/reconcile"
-	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -32,12 +29,12 @@ import (
 // service would have more than --max-backends backends.
 const updateBackendsLimitField = "upsert"
 
-// limitsEnv is the API wired as internal/daemon wires it, with the totals of
-// its limits enforced by the store, over the fake dataplane and a real
-// state directory, served on a bufconn.
+// limitsEnv is the API as internal/daemon assembles it (testserver), with
+// the totals of its limits enforced by the store, over the fake dataplane
+// and a real state directory, served on a bufconn.
 type limitsEnv struct {
+	srv      *testserver.Server
 	dp       *fake.Dataplane
-	rec      *reconcile.Reconciler
 	stateDir string
 	lb       vipdv1.LoadBalancerServiceClient
 	status   vipdv1.StatusServiceClient
@@ -45,41 +42,11 @@ type limitsEnv struct {
 
 func startWithLimits(t *testing.T, lim validation.Limits, opts ...server.Option) *limitsEnv {
 	t.Helper()
-	env := &limitsEnv{dp: fake.New(), stateDir: t.TempDir()}
-	dir, err := store.OpenDir(env.stateDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dir.Close() })
-	snap, err := dir.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := hclog.NewNullLogger()
-	env.rec = reconcile.New(log, env.dp, dir, snap.WithLimits(lim))
-	api := server.NewAPI(log, env.rec, env.dp.Name(), env.dp.Capabilities(), lim, "test")
 	lis := bufconn.Listen(1 << 20)
-	srv, err := server.New(log, api, append([]server.Option{server.WithListener(lis)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	recDone, serveDone := make(chan error, 1), make(chan error, 1)
-	go func() { recDone <- env.rec.Run(ctx) }()
-	go func() { serveDone <- srv.Serve() }()
-	t.Cleanup(func() {
-		srv.Shutdown(5 * time.Second)
-		cancel()
-		<-recDone
-		if err := <-serveDone; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	select {
-	case <-env.rec.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reconciler did not apply the initial state")
-	}
+	env := &limitsEnv{stateDir: t.TempDir()}
+	env.srv = testserver.Start(t, testserver.WithLimits(lim), testserver.WithStateDir(env.stateDir),
+		testserver.WithListener(lis), testserver.WithServerOptions(opts...))
+	env.dp = env.srv.Dataplane()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
@@ -109,7 +76,7 @@ func (env *limitsEnv) state(t *testing.T) state {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := state{services: list.Services, revision: env.rec.Snapshot().Revision(), applies: len(env.dp.Records()), files: map[string]string{}}
+	st := state{services: list.Services, revision: env.srv.Snapshot().Revision(), applies: len(env.dp.Records()), files: map[string]string{}}
 	entries, err := os.ReadDir(env.stateDir)
 	if err != nil {
 		t.Fatal(err)
@@ -412,7 +379,7 @@ func TestLimitsAtTheEdges(t *testing.T) {
 			if _, err := env.lb.DeleteService(ctxT(t), &vipdv1.DeleteServiceRequest{Name: before.services[0].Name}); err != nil {
 				t.Fatalf("a change after the rejection: %v", err)
 			}
-			if got := env.rec.Snapshot().Revision(); got != before.revision+1 {
+			if got := env.srv.Snapshot().Revision(); got != before.revision+1 {
 				t.Errorf("the next change made revision %d, want %d", got, before.revision+1)
 			}
 		})

@@ -132,7 +132,7 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.Limits.MaxFlowWatchers, "max-flow-watchers", server.DefaultMaxFlowWatchers, "WatchFlows streams open at once over all clients; one more gets ResourceExhausted (0: no limit)")
 	f.BoolVar(&cfg.Recover, "recover", false, "start over an unreadable state file: move it aside, keep the kernel's rules, and apply nothing until the first SyncServices")
 	f.StringVar(&cfg.StateDir, "state-dir", defaultStateDir, "directory that persists the desired state")
-	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or fake (fake programs nothing; for tests and demos)")
+	f.StringVar(&cfg.Dataplane, "dataplane", daemon.DataplaneAuto, "dataplane: auto, ebpf, iptables or none (none programs nothing; for control-plane tests and demos; fake, deprecated, means none)")
 	f.StringVar(&cfg.NetNS, "netns", "", "program the network namespace at this path instead of the current one")
 	f.IntVar(&cfg.MaxBackends, "max-backends", validation.DefaultMaxBackends, "most backends one service may have (0: no limit)")
 	f.IntVar(&cfg.MaxPorts, "max-ports", validation.DefaultMaxPorts, "most ports one service may have (0: no limit)")

@@ -12,13 +12,13 @@ import (
 	"github.com/vipd/vipd/internal/version"
 )
 
-// execute runs vipd's command line in this process with the fake dataplane,
+// execute runs vipd's command line in this process with the none dataplane,
 // a socket and state directory of the test's and no metrics listener, then
 // args. A start that was not refused runs until a few seconds have passed.
 func execute(t *testing.T, args ...string) (dir string, err error) {
 	t.Helper()
 	dir = t.TempDir()
-	common := []string{"run", "--dataplane", "fake", "--socket", filepath.Join(dir, "vipd.sock"),
+	common := []string{"run", "--dataplane", "none", "--socket", filepath.Join(dir, "vipd.sock"),
 		"--state-dir", filepath.Join(dir, "state"), "--metrics-addr", ""}
 	cmd := rootCommand()
 	cmd.SetArgs(append(common, args...))

@@ -1,32 +1,21 @@
 package daemon
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/dataplane/iptables"
-	"github.com/vipd/vipd/internal/metrics"
-	"github.com/vipd/vipd/internal/version"
-	"github.com/vipd/vipd/server"
-	"github.com/vipd/vipd/server/flowhub"
-	"github.com/vipd/vipd/server/reconcile"
-	"github.com/vipd/vipd/server/store"
-	"github.com/vipd/vipd/server/validation"
-	"github.com/vishvananda/netns"
+	"github.com/vipd/vipd/dataplane/none"
 )
 
 // Config is everything vipd run is told on its command line.
@@ -45,7 +34,8 @@ type Config struct {
 	Recover bool
 	// StateDir holds the persisted desired state.
 	StateDir string
-	// Dataplane is auto, ebpf, iptables or fake.
+	// Dataplane is auto, ebpf, iptables or none (fake is a deprecated
+	// alias of none). Assemble's WithDataplane replaces it in tests.
 	Dataplane string
 	// NetNS, when set, is the network namespace to program instead of the current one.
 	NetNS string
@@ -151,7 +141,12 @@ const (
 	DataplaneAuto     = "auto"
 	DataplaneEBPF     = "ebpf"
 	DataplaneIPTables = "iptables"
-	DataplaneFake     = fake.Name
+	DataplaneNone     = none.Name
+	// DataplaneFake is the name that DataplaneNone had; it is accepted,
+	// with a warning, for one release, and means DataplaneNone.
+	//
+	// Deprecated: use DataplaneNone.
+	DataplaneFake = "fake"
 )
 
 // Cleanup removes everything vipd's dataplanes put into the kernel of the
@@ -178,191 +173,20 @@ func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
 // NOT_SERVING and GetStatus says why. A marker file in the state directory
 // keeps a restart during the hold from applying the empty state: without
 // --recover it refuses, with it it holds again.
+//
+// Run is Assemble (which checks cfg first), Start, a wait for ctx to end or
+// the gRPC server to fail, and Stop; see Node for the order of each.
 func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
-	if err := cfg.Check(); err != nil {
-		return err
-	}
-	cfg.warnUnsafe(log)
-	if cfg.Pprof && cfg.MetricsAddr == "" {
-		return errors.New("pprof is served on the metrics listener: set a metrics address (such as 127.0.0.1:9640) to use it")
-	}
-	remoteOpts, reload, err := cfg.Remote.serverOptions(log)
+	n, err := Assemble(ctx, log, cfg)
 	if err != nil {
 		return err
 	}
-	defer watchReload(ctx, log, cfg.Reload, reload)()
-	gid := -1
-	if cfg.SocketGroup != "" {
-		if gid, err = LookupGroup(cfg.SocketGroup); err != nil {
-			return err
-		}
-	}
-	cfg.Memory.apply(log)
-	dir, err := store.OpenDir(cfg.StateDir, store.WithLogger(log.Named("store")))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	pending, err := markerExists(cfg.StateDir)
-	if err != nil {
-		return err
-	}
-	snap, err := dir.Load()
-	var holdReason string
-	switch {
-	case errors.Is(err, store.ErrCorrupt) && !cfg.Recover:
-		return fmt.Errorf("refusing to start: %w. vipd does not start with an empty state over a state file it cannot read, "+
-			"because that would remove every service from the kernel. Restore the file from a backup, or start with --recover: "+
-			"vipd then moves it aside, keeps the kernel's rules, and applies nothing until the control plane's first SyncServices", err)
-	case errors.Is(err, store.ErrCorrupt):
-		log.Warn("--recover: the state is unreadable; moving it aside", "error", err)
-		moved, merr := moveAside(log, cfg.StateDir, time.Now())
-		if merr != nil {
-			return fmt.Errorf("--recover: %w", merr)
-		}
-		if snap, err = dir.Load(); err != nil {
-			return fmt.Errorf("--recover: load the state after moving %v aside: %w", moved, err)
-		}
-		holdReason = fmt.Sprintf("started with --recover over an unreadable state (moved to %s); "+
-			"the kernel keeps its rules until the first SyncServices", strings.Join(moved, ", "))
-	case err != nil:
-		return err
-	case pending && !cfg.Recover:
-		return fmt.Errorf("refusing to start: %s says an earlier vipd --recover has not had its first SyncServices yet, "+
-			"so the state in %s is not the control plane's, and applying it would remove services from the kernel. "+
-			"Start with --recover again", filepath.Join(cfg.StateDir, recoverMarker), cfg.StateDir)
-	case pending:
-		holdReason = "an earlier --recover start has not had its first SyncServices yet; the kernel keeps its rules until one arrives"
-	case cfg.Recover:
-		log.Info("--recover: the state is readable; starting normally")
-	}
-	log.Info("state restored", "path", dir.Path(), "services", snap.Len(), "backends", snap.BackendCount(), "generation", snap.Revision())
-
-	dp, err := openDataplane(ctx, log.Named("dataplane"), cfg)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := dp.Close(); err != nil {
-			log.Error("close dataplane", "error", err)
-		}
-	}()
-	log.Info("dataplane opened", "dataplane", dp.Name(), "netns", cfg.NetNS)
-
-	m := metrics.New()
-	if dd, ok := dp.(dataplane.DriftDetector); ok {
-		m.InitDataplane(dp.Name(), dd.DriftKinds())
-	}
-	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m),
-		reconcile.WithDriftCheck(cfg.DriftCheckPeriod)}
-	if holdReason != "" {
-		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
-		recOpts = append(recOpts, reconcile.WithHold(holdReason))
-	}
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: unlimitedIfZero(cfg.MaxPorts), MaxServices: cfg.MaxServices,
-		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
-	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap.WithLimits(limits), recOpts...)
-	var apiOpts []server.APIOption
-	stopHub := func() {}
-	if src, ok := dp.(dataplane.FlowSource); ok {
-		hub := flowhub.New(log.Named("flows"), src, flowhub.WithBuffer(cfg.FlowBuffer),
-			flowhub.WithResolver(server.FlowResolver(rec.Snapshot)), flowhub.WithObserver(m))
-		apiOpts = append(apiOpts, server.WithFlows(hub))
-		hubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		hubDone := make(chan struct{})
-		go func() {
-			defer close(hubDone)
-			if err := hub.Run(hubCtx); err != nil && !errors.Is(err, context.Canceled) {
-				log.Error("flow events", "error", err)
-			}
-		}()
-		// Stopped before the gRPC server: it ends open WatchFlows streams,
-		// which a graceful stop would otherwise wait for.
-		stopHub = func() { cancel(); <-hubDone }
-		defer stopHub()
-	}
-	if ex, ok := dp.(dataplane.Explainer); ok {
-		apiOpts = append(apiOpts, server.WithExplainer(ex))
-	}
-	checker, stopNodeCheck := startNodeCheck(ctx, log.Named("nodecheck"), cfg, dp.Name(), rec.Snapshot)
-	defer stopNodeCheck()
-	if checker != nil {
-		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(checker)))
-	}
-	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
-	srvOpts := []server.Option{
-		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
-		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
-		server.WithInterceptors(m.GRPCInterceptors()),
-	}
-	srvOpts = append(srvOpts, remoteOpts...)
-	srvOpts = append(srvOpts, cfg.Limits.serverOptions()...)
-	srv, err := server.New(log, api, srvOpts...)
-	if err != nil {
-		return err
-	}
-	m.InitializeGRPC(srv)
-	if cfg.MetricsAddr != "" {
-		var opts []metrics.HandlerOption
-		if cfg.Pprof {
-			opts = append(opts, metrics.WithPprof())
-			log.Warn("serving Go profiles under /debug/pprof/ on the metrics listener", "addr", cfg.MetricsAddr)
-		}
-		ms, err := metrics.Listen(log.Named("metrics"), cfg.MetricsAddr, m, func() bool {
-			select {
-			case <-rec.Ready():
-				return true
-			default:
-				return false
-			}
-		}, opts...)
-		if err != nil {
-			srv.Shutdown(0)
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		metricsCtx, stopMetrics := context.WithCancel(context.WithoutCancel(ctx))
-		metricsDone := make(chan struct{})
-		go func() {
-			defer close(metricsDone)
-			if err := ms.Serve(metricsCtx); err != nil {
-				log.Error("metrics listener", "error", err)
-			}
-		}()
-		defer func() { stopMetrics(); <-metricsDone }()
-	}
-
-	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
-	recDone := make(chan error, 1)
-	go func() { recDone <- rec.Run(recCtx) }()
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- srv.Serve() }()
-
-	var runErr error
+	n.Start(ctx)
 	select {
-	case <-rec.Ready():
-		if holdReason != "" {
-			// The first SyncServices is applied and saved: the state on
-			// disk is the control plane's again.
-			if err := removeMarker(cfg.StateDir); err != nil {
-				log.Error("the first SyncServices is applied, but the recover marker stays; the next start needs --recover", "error", err)
-			}
-		}
-		srv.MarkReady()
-		log.Info("ready")
-		select {
-		case <-ctx.Done():
-		case runErr = <-serveDone:
-		}
 	case <-ctx.Done():
-	case runErr = <-serveDone:
+	case <-n.Done():
 	}
-
-	log.Info("shutting down; the dataplane stays programmed")
-	stopHub()
-	srv.Shutdown(cfg.ShutdownTimeout)
-	stopRec()
-	<-recDone
-	return runErr
+	return n.Stop()
 }
 
 // unlimitedIfZero maps a flag's 0 (no limit) to validation's -1 for a limit
@@ -372,51 +196,4 @@ func unlimitedIfZero(n int) int {
 		return -1
 	}
 	return n
-}
-
-func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
-	if cfg.NetNS != "" {
-		h, err := netns.GetFromPath(cfg.NetNS)
-		if err != nil {
-			return nil, fmt.Errorf("open network namespace %s: %w", cfg.NetNS, err)
-		}
-		h.Close()
-	}
-	switch cfg.Dataplane {
-	case DataplaneFake:
-		log.Warn("using the fake dataplane: nothing is programmed into the kernel")
-		return fake.New(), nil
-	case DataplaneEBPF:
-		return openEBPF(ctx, log, cfg)
-	case DataplaneAuto:
-		dp, err := openEBPF(ctx, log, cfg)
-		if err != nil {
-			log.Warn("auto falls back to the iptables dataplane: the eBPF dataplane cannot run here", "reason", err)
-			return openIPTables(ctx, log, cfg)
-		}
-		log.Info("auto selected the eBPF dataplane")
-		return dp, nil
-	case DataplaneIPTables:
-		return openIPTables(ctx, log, cfg)
-	}
-	return nil, fmt.Errorf("unknown dataplane %q; use auto, ebpf, iptables or fake", cfg.Dataplane)
-}
-
-func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
-	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto)})
-	if err != nil {
-		return nil, fmt.Errorf("open iptables dataplane: %w", err)
-	}
-	log.Info("iptables dataplane ready", "mode", dp.Mode())
-	return dp, nil
-}
-
-func openEBPF(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
-	ecfg := cfg.EBPF
-	ecfg.NetNS = cfg.NetNS
-	dp, err := ebpf.New(ctx, log.Named("ebpf"), ecfg)
-	if err != nil {
-		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
-	}
-	return dp, nil
 }

@@ -19,7 +19,7 @@ func config(t *testing.T) daemon.Config {
 		Socket:          filepath.Join(dir, "vipd.sock"),
 		SocketMode:      0o660,
 		StateDir:        filepath.Join(dir, "state"),
-		Dataplane:       daemon.DataplaneFake,
+		Dataplane:       daemon.DataplaneNone,
 		MaxBackends:     10,
 		MaxRecvMsgSize:  1 << 20,
 		FlowBuffer:      64,

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"net/netip"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/ebpf"
@@ -29,25 +30,33 @@ func nodeNeeds(dp string) (needs nodecheck.Needs, ok bool) {
 	return nodecheck.Needs{}, false
 }
 
-// startNodeCheck checks the node prerequisites of dp once, then every
-// cfg.DriftCheckPeriod until the returned stop is called, against the VIPs
-// of the current snapshot. It returns nil checks for a dataplane that
-// programs nothing.
-func startNodeCheck(ctx context.Context, log hclog.Logger, cfg Config, dp string, snapshot func() *store.Snapshot) (*nodecheck.Checker, func()) {
+// newNodeCheck returns the checker of the node prerequisites of the
+// dataplane named dp, in cfg.NetNS, or nil for a dataplane that programs
+// nothing. It checks nothing yet: see runNodeCheck.
+func newNodeCheck(log hclog.Logger, cfg Config, dp string) *nodecheck.Checker {
 	needs, ok := nodeNeeds(dp)
 	if !ok {
-		return nil, func() {}
+		return nil
 	}
-	c := nodecheck.New(log, nodecheck.Config{NetNS: cfg.NetNS, Needs: needs, SetSysctls: cfg.SetSysctls})
+	return nodecheck.New(log, nodecheck.Config{NetNS: cfg.NetNS, Needs: needs, SetSysctls: cfg.SetSysctls})
+}
+
+// runNodeCheck checks c once, then every period until the returned stop is
+// called, against the VIPs of the current snapshot. A nil c checks
+// nothing.
+func runNodeCheck(ctx context.Context, c *nodecheck.Checker, period time.Duration, snapshot func() *store.Snapshot) (stop func()) {
+	if c == nil {
+		return func() {}
+	}
 	vips := snapshotVIPs(snapshot)
 	c.Check(vips())
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.Run(ctx, cfg.DriftCheckPeriod, vips)
+		c.Run(ctx, period, vips)
 	}()
-	return c, func() { cancel(); <-done }
+	return func() { cancel(); <-done }
 }
 
 // snapshotVIPs returns a func that lists the VIPs of the current snapshot,

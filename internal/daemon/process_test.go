@@ -40,7 +40,7 @@ func vipdPath(t *testing.T) string {
 	return vipdBinary.path
 }
 
-// proc is a vipd process run with the fake dataplane, a socket and a state
+// proc is a vipd process run with the none dataplane, a socket and a state
 // directory of the test's, and no metrics listener unless args set one.
 type proc struct {
 	t        *testing.T
@@ -56,7 +56,7 @@ type proc struct {
 // procArgs are the arguments every test vipd gets, before the test's own.
 func procArgs(dir string) (socket, stateDir string, args []string) {
 	socket, stateDir = filepath.Join(dir, "vipd.sock"), filepath.Join(dir, "state")
-	return socket, stateDir, []string{"run", "--dataplane", "fake", "--socket", socket, "--state-dir", stateDir, "--metrics-addr", ""}
+	return socket, stateDir, []string{"run", "--dataplane", "none", "--socket", socket, "--state-dir", stateDir, "--metrics-addr", ""}
 }
 
 // startProc starts vipd with args after the common ones and returns at

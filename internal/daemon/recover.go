@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,6 +21,47 @@ import (
 // control plane's, so a start without --recover refuses rather than apply
 // it, and a start with --recover holds again.
 const recoverMarker = "recover-pending"
+
+// restore loads the desired state from dir, the open state directory
+// cfg.StateDir, by the rules Run documents for an unreadable state and for
+// --recover. It returns the snapshot to start from and, when the dataplane
+// must be held until the first SyncServices, why; an empty holdReason means
+// apply the snapshot as usual.
+func restore(log hclog.Logger, cfg Config, dir *store.Dir) (snap *store.Snapshot, holdReason string, err error) {
+	pending, err := markerExists(cfg.StateDir)
+	if err != nil {
+		return nil, "", err
+	}
+	snap, err = dir.Load()
+	switch {
+	case errors.Is(err, store.ErrCorrupt) && !cfg.Recover:
+		return nil, "", fmt.Errorf("refusing to start: %w. vipd does not start with an empty state over a state file it cannot read, "+
+			"because that would remove every service from the kernel. Restore the file from a backup, or start with --recover: "+
+			"vipd then moves it aside, keeps the kernel's rules, and applies nothing until the control plane's first SyncServices", err)
+	case errors.Is(err, store.ErrCorrupt):
+		log.Warn("--recover: the state is unreadable; moving it aside", "error", err)
+		moved, merr := moveAside(log, cfg.StateDir, time.Now())
+		if merr != nil {
+			return nil, "", fmt.Errorf("--recover: %w", merr)
+		}
+		if snap, err = dir.Load(); err != nil {
+			return nil, "", fmt.Errorf("--recover: load the state after moving %v aside: %w", moved, err)
+		}
+		holdReason = fmt.Sprintf("started with --recover over an unreadable state (moved to %s); "+
+			"the kernel keeps its rules until the first SyncServices", strings.Join(moved, ", "))
+	case err != nil:
+		return nil, "", err
+	case pending && !cfg.Recover:
+		return nil, "", fmt.Errorf("refusing to start: %s says an earlier vipd --recover has not had its first SyncServices yet, "+
+			"so the state in %s is not the control plane's, and applying it would remove services from the kernel. "+
+			"Start with --recover again", filepath.Join(cfg.StateDir, recoverMarker), cfg.StateDir)
+	case pending:
+		holdReason = "an earlier --recover start has not had its first SyncServices yet; the kernel keeps its rules until one arrives"
+	case cfg.Recover:
+		log.Info("--recover: the state is readable; starting normally")
+	}
+	return snap, holdReason, nil
+}
 
 // moveAside renames the state files in dir to <name>.corrupt-<UTC time>,
 // after writing the recover marker, and syncs the directory. It returns the

@@ -51,7 +51,7 @@ func newDaemon(t *testing.T) *daemon {
 func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
-	d.cmd = exec.Command(filepath.Join(bin, "vipd"), "run", "--dataplane", "fake", "--metrics-addr=", "--socket", d.socket, "--state-dir", d.state, "--log-level", "debug")
+	d.cmd = exec.Command(filepath.Join(bin, "vipd"), "run", "--dataplane", "none", "--metrics-addr=", "--socket", d.socket, "--state-dir", d.state, "--log-level", "debug")
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -195,7 +195,7 @@ func TestCorruptStateRefusesToStart(t *testing.T) {
 	if err := os.WriteFile(path, data[:len(data)-3], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stdout, stderr, code := runCmd(filepath.Join(bin, "vipd"), "run", "--dataplane", "fake", "--metrics-addr=", "--socket", d.socket, "--state-dir", d.state)
+	stdout, stderr, code := runCmd(filepath.Join(bin, "vipd"), "run", "--dataplane", "none", "--metrics-addr=", "--socket", d.socket, "--state-dir", d.state)
 	if code == 0 || !strings.Contains(stderr, "refusing to start") || !strings.Contains(stderr, "truncated") {
 		t.Fatalf("vipd over a truncated state file: exit %d\n%s%s", code, stdout, stderr)
 	}

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
+	"github.com/vipd/vipd/internal/daemon"
 	"github.com/vipd/vipd/internal/version"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/flowhub"
@@ -35,20 +37,11 @@ type Server struct {
 	dir      string // temporary; holds the socket and, by default, the state directory
 	stateDir string
 	dp       *fake.Dataplane
-	ready    <-chan struct{}
-	state    *store.Dir
-	shell    *server.Server
+	node     *daemon.Node
 
-	// extra are the WithListener listeners. The shell closes them once it
-	// runs; until then Close does.
+	// extra are the WithListener listeners. The node owns them once
+	// daemon.Assemble has been called; until then Close closes them.
 	extra []net.Listener
-
-	stopReconciler context.CancelFunc
-	reconcilerDone chan error
-	serveDone      chan error
-	hub            *flowhub.Hub
-	stopFlows      context.CancelFunc
-	flowsDone      chan error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -72,7 +65,9 @@ type Option func(*config)
 
 // WithLimits sets the limits an operator configures with --max-backends and
 // --service-cidr. The default is vipd's: validation.DefaultMaxBackends
-// backends a service, VIPs from anywhere.
+// backends a service, VIPs from anywhere. They become the daemon.Config
+// flags they stand for, so that a negative limit other than MaxPorts
+// (validation's "no limit" for ports) makes New fail, as vipd refuses it.
 func WithLimits(l validation.Limits) Option {
 	return func(c *config) { c.limits = l }
 }
@@ -164,13 +159,7 @@ func New(opts ...Option) (*Server, error) {
 	if cfg.dp == nil {
 		cfg.dp = fake.New()
 	}
-	s := &Server{
-		dp:             cfg.dp,
-		extra:          cfg.listeners,
-		reconcilerDone: make(chan error, 1),
-		serveDone:      make(chan error, 1),
-		flowsDone:      make(chan error, 1),
-	}
+	s := &Server{dp: cfg.dp, extra: cfg.listeners}
 	if err := s.start(cfg); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("test vipd: %w", err)
@@ -178,8 +167,9 @@ func New(opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// start wires the store, reconciler, API and shell as internal/daemon does,
-// and runs them. Close undoes as much as start got through.
+// start assembles and starts a vipd node, as internal/daemon's Run does,
+// over the fake dataplane and a socket in a new temporary directory. Close
+// undoes as much as start got through.
 func (s *Server) start(cfg config) error {
 	// A short directory under os.TempDir, not t.TempDir, whose test-named
 	// paths can overflow the 107 bytes of sun_path.
@@ -192,62 +182,78 @@ func (s *Server) start(cfg config) error {
 	if s.stateDir == "" {
 		s.stateDir = filepath.Join(dir, "state")
 	}
-	if s.state, err = store.OpenDir(s.stateDir); err != nil {
-		return err
+	var dp dataplane.Dataplane = s.dp
+	if cfg.noFlows {
+		dp = withoutFlows{s.dp, s.dp}
 	}
-	snap, err := s.state.Load()
+	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister),
+		daemon.WithServerOptions(cfg.serverOpts...)}
+	for _, l := range s.extra {
+		opts = append(opts, daemon.WithListener(l))
+	}
+	node, err := daemon.Assemble(context.Background(), hclog.NewNullLogger(), nodeConfig(s.Socket(), s.stateDir, cfg), opts...)
 	if err != nil {
 		return err
 	}
-	log := hclog.NewNullLogger()
-	var persister reconcile.Persister = s.state
-	if cfg.persister != nil {
-		persister = cfg.persister(s.state)
-	}
-	rec := reconcile.New(log, s.dp, persister, snap.WithLimits(cfg.limits))
-	s.ready = rec.Ready()
-	var apiOpts []server.APIOption
-	if !cfg.noFlows {
-		s.hub = flowhub.New(log, s.dp, flowhub.WithBuffer(cfg.flowBuffer), flowhub.WithResolver(server.FlowResolver(rec.Snapshot)))
-		apiOpts = append(apiOpts, server.WithFlows(s.hub), server.WithExplainer(s.dp))
-		ctx, cancel := context.WithCancel(context.Background())
-		s.stopFlows = cancel
-		go func() { s.flowsDone <- s.hub.Run(ctx) }()
-	}
-	api := server.NewAPI(log, rec, s.dp.Name(), s.dp.Capabilities(), cfg.limits, cfg.version, apiOpts...)
-	listen := append([]server.Option{server.WithUnixSocket(s.Socket(), 0o660)}, cfg.serverOpts...)
-	for _, l := range s.extra {
-		listen = append(listen, server.WithListener(l))
-	}
-	if s.shell, err = server.New(log, api, listen...); err != nil {
-		return err
-	}
-
-	go func() { s.serveDone <- s.shell.Serve() }()
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stopReconciler = cancel
-	go func() { s.reconcilerDone <- rec.Run(ctx) }()
+	s.node = node
+	node.Start(context.Background())
 	if cfg.noWait {
-		go func() {
-			select {
-			case <-rec.Ready():
-				s.shell.MarkReady()
-			case <-ctx.Done():
-			}
-		}()
 		return nil
 	}
 	select {
-	case <-rec.Ready():
-		s.shell.MarkReady()
+	case <-node.Ready():
 		return nil
 	case <-time.After(readyTimeout):
 		return fmt.Errorf("the initial apply did not succeed within %v", readyTimeout)
 	}
 }
 
+// nodeConfig is the daemon.Config of a test vipd: the socket and state
+// directory it is given, the limits of cfg, and otherwise the gRPC
+// server's defaults, with no metrics listener, no periodic resync or
+// drift check, and a graceful stop of shutdownTimeout.
+func nodeConfig(socket, stateDir string, cfg config) daemon.Config {
+	l := cfg.limits
+	maxPorts := l.MaxPorts
+	switch {
+	case maxPorts == 0:
+		maxPorts = validation.DefaultMaxPorts
+	case maxPorts < 0:
+		maxPorts = 0 // the daemon's "no limit"
+	}
+	flowBuffer := cfg.flowBuffer
+	if flowBuffer < 1 {
+		flowBuffer = flowhub.DefaultBuffer
+	}
+	return daemon.Config{
+		Socket:     socket,
+		SocketMode: 0o660,
+		StateDir:   stateDir,
+		Limits: daemon.Limits{
+			MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,
+			MaxInflightRequests:  server.DefaultMaxInflightRequests,
+			MaxFlowWatchers:      server.DefaultMaxFlowWatchers,
+		},
+		MaxBackends:      l.MaxBackends,
+		MaxPorts:         maxPorts,
+		MaxServices:      l.MaxServices,
+		MaxTotalBackends: l.MaxTotalBackends,
+		ServiceCIDRs:     l.ServiceCIDRs,
+		MaxRecvMsgSize:   server.DefaultMaxRecvMsgSize,
+		FlowBuffer:       flowBuffer,
+		ShutdownTimeout:  shutdownTimeout,
+	}
+}
+
+// withoutFlows hides the fake's FlowSource and Explainer from the daemon,
+// for WithoutFlows.
+type withoutFlows struct {
+	dataplane.Dataplane
+	dataplane.DriftDetector
+}
+
 // Ready is closed once the initial apply has succeeded.
-func (s *Server) Ready() <-chan struct{} { return s.ready }
+func (s *Server) Ready() <-chan struct{} { return s.node.Ready() }
 
 // Socket is the path of the Unix socket the API listens on.
 func (s *Server) Socket() string { return filepath.Join(s.dir, "vipd.sock") }
@@ -268,10 +274,22 @@ func (s *Server) Dataplane() *fake.Dataplane { return s.dp }
 // Flows is the hub that serves FlowService from the fake dataplane's
 // events, or nil WithoutFlows. Tests wait on its Subscribers to know that a
 // WatchFlows stream is subscribed.
-func (s *Server) Flows() *flowhub.Hub { return s.hub }
+func (s *Server) Flows() *flowhub.Hub { return s.node.Flows() }
 
-// Close stops the server as vipd stops on SIGTERM: health turns NOT_SERVING,
-// calls in flight get a second to finish, then the reconciler stops. It
+// Node is the vipd node that serves, as daemon.Assemble built it.
+func (s *Server) Node() *daemon.Node { return s.node }
+
+// API is the handlers the gRPC server serves, for tests (fuzzers) that
+// call them without the wire.
+func (s *Server) API() *server.API { return s.node.API() }
+
+// Snapshot is the current desired state, which is also the applied one
+// once no change is in flight.
+func (s *Server) Snapshot() *store.Snapshot { return s.node.Snapshot() }
+
+// Close stops the server as vipd stops on SIGTERM (daemon.Node.Stop): the
+// flow hub stops, health turns NOT_SERVING, calls in flight get a second to
+// finish, then the reconciler stops. It
 // removes the socket and the state directory, but leaves the fake dataplane
 // open, so that a test can still read what was applied. Close may be called
 // more than once; every call returns what the first one did.
@@ -282,31 +300,13 @@ func (s *Server) Close() error {
 
 func (s *Server) stop() error {
 	var errs []error
-	// The flow hub stops first: it ends the WatchFlows streams, which a
-	// graceful stop would otherwise wait for.
-	if s.stopFlows != nil {
-		s.stopFlows()
-		if err := <-s.flowsDone; !errors.Is(err, context.Canceled) {
-			errs = append(errs, err)
-		}
-	}
-	if s.shell != nil {
-		s.shell.Shutdown(shutdownTimeout)
-		errs = append(errs, <-s.serveDone)
+	if s.node != nil {
+		errs = append(errs, s.node.Stop())
 	} else {
-		// server.New may have closed some of them already.
+		// daemon.Assemble may have closed them already.
 		for _, l := range s.extra {
 			l.Close()
 		}
-	}
-	if s.stopReconciler != nil {
-		s.stopReconciler()
-		if err := <-s.reconcilerDone; !errors.Is(err, context.Canceled) {
-			errs = append(errs, err)
-		}
-	}
-	if s.state != nil {
-		errs = append(errs, s.state.Close())
 	}
 	if s.dir != "" {
 		errs = append(errs, os.RemoveAll(s.dir))
