@@ -457,3 +457,86 @@ func TestSameMaglevTable(t *testing.T) {
 		t.Errorf("the old frontend had no Maglev table: same table")
 	}
 }
+
+// TestAuditEntries: the full apply's audit sorts each map entry it reads
+// into correct, to rewrite, stale (of a desired frontend, deleted after the
+// writes) and absent (of no frontend, deleted before them), and keeps what
+// a draining frontend still needs.
+func TestAuditEntries(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	gone := stepFE("ns/gone", "198.18.0.2", 80, ipprotoTCP, "10.0.0.3:8080")
+	p := newStepProgrammer()
+	stepApply(p, false, change{key: a.key, fe: a}, change{key: gone.key, fe: gone})
+	stepApply(p, false, change{key: gone.key}) // gone drains, with reverse-NAT ID 2
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	pr := pl.next[0]
+	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	absent := feKey{addr: netip.MustParseAddr("198.18.0.9"), port: 80, proto: ipprotoTCP}
+	revNatOf := func(k feKey) bpfRevNat {
+		var rn bpfRevNat
+		rn.Addr.W, rn.Port, rn.Proto = toWords(k.addr), be16(k.port), k.proto
+		return rn
+	}
+
+	au.revNatEntry(1, revNatOf(a.key))                                      // correct
+	au.revNatEntry(2, revNatOf(gone.key))                                   // draining: kept
+	au.revNatEntry(9, revNatOf(absent))                                     // absent
+	au.serviceEntry(svcKeyOf(a.key, 0), masterVal(pr))                      // correct
+	au.serviceEntry(svcKeyOf(a.key, 1), bpfSvcVal{BackendId: 1, Weight: 1}) // correct
+	au.serviceEntry(svcKeyOf(a.key, 2), bpfSvcVal{BackendId: 1, Weight: 2}) // wrong backend
+	au.serviceEntry(svcKeyOf(a.key, 3), bpfSvcVal{BackendId: 2, Weight: 3}) // past the count: stale
+	au.serviceEntry(svcKeyOf(absent, 1), bpfSvcVal{BackendId: 9})           // absent slot
+	au.serviceEntry(svcKeyOf(absent, 0), bpfSvcVal{Count: 1, RevNatId: 9})  // absent master
+	au.serviceEntry(svcKeyOf(gone.key, 0), bpfSvcVal{RevNatId: 2, Flags: svcFlagDraining})
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 1}, memberFlagEligible) // correct
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 2}, 0)                  // wrong flags
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 3}, memberFlagEligible) // not a member: stale
+	au.memberEntry(bpfMemberKey{RevNatId: 9, BackendId: 9}, memberFlagEligible) // absent
+	au.maglevEntry(1, 0)                                                        // a does not use Maglev: stale
+	au.maglevEntry(9, 0)                                                        // absent
+	au.countUsed()
+	var be1, be2, be9 bpfBackend
+	be1.Addr.W, be1.Port = toWords(netip.MustParseAddr("10.0.0.1")), be16(8080)
+	be2.Addr.W, be2.Port = toWords(netip.MustParseAddr("10.0.0.9")), be16(8080)
+	be9 = be1
+	au.backendEntry(1, be1) // correct
+	au.backendEntry(2, be2) // holds another address
+	au.backendEntry(9, be9) // no frontend uses ID 9: stale
+	au.au.absent.svcDeletes = append(au.au.absent.svcDeletes, au.absentSlots...)
+
+	got := au.au
+	if !got.revNatOK.has(0) || !got.masterOK.has(0) {
+		t.Errorf("a's reverse-NAT entry and master not found correct")
+	}
+	// The ID slab: members 0-1, then slots 2-3.
+	for i, want := range []bool{true, false, true, false} {
+		if got.entryOK.has(i) != want {
+			t.Errorf("entry %d found correct: %v, want %v", i, got.entryOK.has(i), want)
+		}
+	}
+	if !got.backendOK.has(1) || got.backendOK.has(2) {
+		t.Errorf("backends found correct: 1 %v, 2 %v; want 1 alone", got.backendOK.has(1), got.backendOK.has(2))
+	}
+	wantOK := [numServiceMaps]int{mapServices: 2, mapMembers: 1, mapRevNat: 1, mapBackends: 1}
+	wantWrong := [numServiceMaps]int{mapServices: 1, mapMembers: 1, mapBackends: 1}
+	if got.ok != wantOK || got.wrong != wantWrong {
+		t.Errorf("found correct %v and wrong %v, want %v and %v", got.ok, got.wrong, wantOK, wantWrong)
+	}
+	if want := []bpfSvcKey{svcKeyOf(absent, 0), svcKeyOf(absent, 1)}; !slices.Equal(got.absent.svcDeletes, want) {
+		t.Errorf("absent service entries %v, want the master, then the slot: %v", got.absent.svcDeletes, want)
+	}
+	if !slices.Equal(got.absent.revNatDeletes, []uint32{9}) || !slices.Equal(got.absent.maglevDeletes, []uint32{9}) ||
+		!slices.Equal(got.absent.memberDeletes, []bpfMemberKey{{RevNatId: 9, BackendId: 9}}) {
+		t.Errorf("absent: reverse NAT %v, Maglev %v, members %v; want those of ID 9 alone",
+			got.absent.revNatDeletes, got.absent.maglevDeletes, got.absent.memberDeletes)
+	}
+	if !slices.Equal(got.stale.svcDeletes, []bpfSvcKey{svcKeyOf(a.key, 3)}) ||
+		!slices.Equal(got.stale.memberDeletes, []bpfMemberKey{{RevNatId: 1, BackendId: 3}}) ||
+		!slices.Equal(got.stale.maglevDeletes, []uint32{1}) || !slices.Equal(got.stale.backendDeletes, []uint32{9}) {
+		t.Errorf("stale: services %v, members %v, Maglev %v, backends %v",
+			got.stale.svcDeletes, got.stale.memberDeletes, got.stale.maglevDeletes, got.stale.backendDeletes)
+	}
+	if got.used != 2 {
+		t.Errorf("%d backends used, want 2", got.used)
+	}
+}

@@ -125,178 +125,235 @@ const maxBackendBitset = 64 << 20
 // frontends leaving. It replaces a prune after the writes: a full apply
 // ends with the desired frontends and the draining ones alone.
 func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
-	au := &audit{
-		revNatOK: newBitset(len(changes)),
-		masterOK: newBitset(len(changes)),
-		entryOK:  newBitset(nids),
+	a := p.newAuditor(changes, next, offs, nids, gone)
+	if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
+		return nil, err
+	}
+	if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
+		return nil, err
+	}
+	a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
+	if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
+		return nil, err
+	}
+	if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
+		return nil, err
+	}
+	a.countUsed()
+	if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+		return nil, err
+	}
+	return a.au, nil
+}
+
+// auditor is one auditMaps under way: the audit it fills, map entry by map
+// entry, and the desired state it compares the entries with. Its entry
+// methods touch no map: auditMaps feeds them what it reads.
+type auditor struct {
+	p    *programmer
+	au   *audit
+	next []*programmed
+	offs []int32
+	// at are the desired frontends by their master's key, as the maps
+	// spell it (no address to convert for each of a million service
+	// entries); byRevNat the same by reverse-NAT ID; both give the index
+	// in changes.
+	at       map[bpfSvcKey]int
+	byRevNat map[uint32]int
+	// drains are the masters of the frontends that are not desired but
+	// keep their master and reverse-NAT entry while they drain, with
+	// their reverse-NAT IDs.
+	drains map[bpfSvcKey]uint32
+	// absentSlots are the slots of frontends that are neither desired
+	// nor draining: deleted after their masters.
+	absentSlots []bpfSvcKey
+	// memberIndex maps backend IDs to member indexes, for the frontends
+	// with many members, as they are met.
+	memberIndex map[int]map[uint32]int
+	// used are the IDs of the backends referenced after the apply, sorted.
+	used []uint32
+}
+
+func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
+	a := &auditor{
+		p: p,
+		au: &audit{
+			revNatOK: newBitset(len(changes)),
+			masterOK: newBitset(len(changes)),
+			entryOK:  newBitset(nids),
+		},
+		next:        next,
+		offs:        offs,
+		at:          make(map[bpfSvcKey]int, len(changes)),
+		byRevNat:    make(map[uint32]int, len(changes)),
+		drains:      make(map[bpfSvcKey]uint32, len(p.draining)+len(gone)),
+		memberIndex: map[int]map[uint32]int{},
 	}
 	if p.nextBackend <= maxBackendBitset {
-		au.backendOK = newBitset(int(p.nextBackend))
+		a.au.backendOK = newBitset(int(p.nextBackend))
 	}
-	// Desired frontends by key, as the maps spell it (no address to
-	// convert for each of a million service entries), and by reverse-NAT ID.
-	at := make(map[bpfSvcKey]int, len(changes))
-	byRevNat := make(map[uint32]int, len(changes))
 	for i, pr := range next {
 		if pr != nil {
-			at[svcKeyOf(changes[i].key, 0)] = i
-			byRevNat[pr.revNat] = i
+			a.at[svcKeyOf(changes[i].key, 0)] = i
+			a.byRevNat[pr.revNat] = i
 		}
 	}
 	// A frontend that is not desired keeps its master and reverse-NAT
 	// entry while it drains: those that drain already and, unless they go
 	// outright, those that leave now.
-	drains := make(map[bpfSvcKey]uint32, len(p.draining)+len(gone))
 	for k, id := range p.draining {
-		if _, ok := at[svcKeyOf(k, 0)]; !ok {
-			drains[svcKeyOf(k, 0)] = id
+		if _, ok := a.at[svcKeyOf(k, 0)]; !ok {
+			a.drains[svcKeyOf(k, 0)] = id
 		}
 	}
 	if !p.noDrain {
 		for _, c := range gone {
-			drains[svcKeyOf(c.key, 0)] = p.frontends[c.key].revNat
+			a.drains[svcKeyOf(c.key, 0)] = p.frontends[c.key].revNat
 		}
 	}
+	return a
+}
 
-	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
-		var k bpfSvcKey
-		k.Addr, k.Port, k.Proto = rn.Addr, rn.Port, rn.Proto
-		if i, ok := byRevNat[id]; ok {
-			if j, ok := at[k]; ok && j == i {
-				au.revNatOK.set(i)
-				au.ok[mapRevNat]++
-			} else {
-				au.wrong[mapRevNat]++ // rewritten
-			}
-			return
-		}
-		if d, ok := drains[k]; ok && d == id {
-			return
-		}
-		au.absent.deleteRevNat(id)
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	var absentSlots []bpfSvcKey
-	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
-		k := sk
-		k.Slot = 0
-		i, ok := at[k]
-		switch {
-		case !ok && sk.Slot == 0:
-			if _, drains := drains[k]; !drains {
-				au.absent.svcDeletes = append(au.absent.svcDeletes, sk) // masters first
-			}
-		case !ok:
-			absentSlots = append(absentSlots, sk)
-		case sk.Slot == 0:
-			if sv == masterVal(next[i]) {
-				au.masterOK.set(i)
-				au.ok[mapServices]++
-			} else {
-				au.wrong[mapServices]++
-			}
-		case int(sk.Slot) <= len(next[i].slotIDs):
-			j := int(sk.Slot) - 1
-			if sv == (bpfSvcVal{BackendId: next[i].slotIDs[j], Weight: next[i].fe.slots[j].cum}) {
-				au.entryOK.set(int(offs[i]) + len(next[i].memberIDs) + j)
-				au.ok[mapServices]++
-			} else {
-				au.wrong[mapServices]++
-			}
-		default:
-			au.stale.svcDeletes = append(au.stale.svcDeletes, sk)
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	au.absent.svcDeletes = append(au.absent.svcDeletes, absentSlots...)
-
-	// Member j of a frontend, by backend ID: most frontends have few
-	// members; the others get an index as they are met.
-	index := map[int]map[uint32]int{}
-	memberOf := func(i int, id uint32) int {
-		ids := next[i].memberIDs
-		if len(ids) <= 16 {
-			return slices.Index(ids, id)
-		}
-		m, ok := index[i]
-		if !ok {
-			m = make(map[uint32]int, len(ids))
-			for j, id := range ids {
-				m[id] = j
-			}
-			index[i] = m
-		}
-		if j, ok := m[id]; ok {
-			return j
-		}
-		return -1
-	}
-	err = forEach(p.maps.VipdMembers, func(mk bpfMemberKey, flags uint32) {
-		i, ok := byRevNat[mk.RevNatId]
-		if !ok {
-			au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
-			return
-		}
-		j := memberOf(i, mk.BackendId)
-		switch {
-		case j < 0:
-			au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
-		case next[i].fe.members[j].flags == flags:
-			au.entryOK.set(int(offs[i]) + j)
-			au.ok[mapMembers]++
-		default:
-			au.wrong[mapMembers]++
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	err = forEach(p.maps.VipdMaglev, func(id uint32, _ uint32) {
-		// Maglev tables are rebuilt whole in any case.
-		if i, ok := byRevNat[id]; !ok {
-			au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
-		} else if next[i].fe.flags&svcFlagMaglev == 0 {
-			au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
+// revNatEntry audits one reverse-NAT entry: correct, to rewrite, kept
+// for a draining frontend, or absent.
+func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
+	var k bpfSvcKey
+	k.Addr, k.Port, k.Proto = rn.Addr, rn.Port, rn.Proto
+	if i, ok := a.byRevNat[id]; ok {
+		if j, ok := a.at[k]; ok && j == i {
+			a.au.revNatOK.set(i)
+			a.au.ok[mapRevNat]++
 		} else {
-			au.ok[mapMaglev]++
+			a.au.wrong[mapRevNat]++ // rewritten
 		}
-	})
-	if err != nil {
-		return nil, err
+		return
 	}
+	if d, ok := a.drains[k]; ok && d == id {
+		return
+	}
+	a.au.absent.deleteRevNat(id)
+}
 
-	var used []uint32 // IDs of the backends referenced after the apply, sorted
-	for _, ref := range p.backendIDs.all() {
+// serviceEntry audits one service entry: a master or slot of a desired
+// frontend is correct or to rewrite, a slot beyond its count stale; a
+// master of a draining frontend stays; the rest is absent, masters first.
+func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
+	au := a.au
+	k := sk
+	k.Slot = 0
+	i, ok := a.at[k]
+	switch {
+	case !ok && sk.Slot == 0:
+		if _, drains := a.drains[k]; !drains {
+			au.absent.svcDeletes = append(au.absent.svcDeletes, sk) // masters first
+		}
+	case !ok:
+		a.absentSlots = append(a.absentSlots, sk)
+	case sk.Slot == 0:
+		if sv == masterVal(a.next[i]) {
+			au.masterOK.set(i)
+			au.ok[mapServices]++
+		} else {
+			au.wrong[mapServices]++
+		}
+	case int(sk.Slot) <= len(a.next[i].slotIDs):
+		j := int(sk.Slot) - 1
+		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs[j], Weight: a.next[i].fe.slots[j].cum}) {
+			au.entryOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
+			au.ok[mapServices]++
+		} else {
+			au.wrong[mapServices]++
+		}
+	default:
+		au.stale.svcDeletes = append(au.stale.svcDeletes, sk)
+	}
+}
+
+// memberOf returns the index of backend id among the members of the
+// desired frontend i, or -1. Most frontends have few members; the others
+// get an index as they are met.
+func (a *auditor) memberOf(i int, id uint32) int {
+	ids := a.next[i].memberIDs
+	if len(ids) <= 16 {
+		return slices.Index(ids, id)
+	}
+	m, ok := a.memberIndex[i]
+	if !ok {
+		m = make(map[uint32]int, len(ids))
+		for j, id := range ids {
+			m[id] = j
+		}
+		a.memberIndex[i] = m
+	}
+	if j, ok := m[id]; ok {
+		return j
+	}
+	return -1
+}
+
+// memberEntry audits one member entry: of a desired frontend, correct, to
+// rewrite or stale; of any other, absent.
+func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
+	au := a.au
+	i, ok := a.byRevNat[mk.RevNatId]
+	if !ok {
+		au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
+		return
+	}
+	j := a.memberOf(i, mk.BackendId)
+	switch {
+	case j < 0:
+		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
+	case a.next[i].fe.members[j].flags == flags:
+		au.entryOK.set(int(a.offs[i]) + j)
+		au.ok[mapMembers]++
+	default:
+		au.wrong[mapMembers]++
+	}
+}
+
+// maglevEntry audits one Maglev table by its frontend alone: tables are
+// rebuilt whole in any case.
+func (a *auditor) maglevEntry(id uint32, _ uint32) {
+	au := a.au
+	if i, ok := a.byRevNat[id]; !ok {
+		au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
+	} else if a.next[i].fe.flags&svcFlagMaglev == 0 {
+		au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
+	} else {
+		au.ok[mapMaglev]++
+	}
+}
+
+// countUsed collects the IDs of the backends referenced after the apply,
+// which backendEntry needs.
+func (a *auditor) countUsed() {
+	a.used = a.used[:0]
+	for _, ref := range a.p.backendIDs.all() {
 		if ref.refs > 0 {
-			used = append(used, ref.id)
+			a.used = append(a.used, ref.id)
 		}
 	}
-	slices.Sort(used)
-	au.used = len(used)
-	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
-		if _, ok := slices.BinarySearch(used, id); !ok {
-			au.stale.backendDeletes = append(au.stale.backendDeletes, id)
-			return
-		}
-		if ref, _ := p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
-			au.wrong[mapBackends]++
-			return
-		}
-		au.ok[mapBackends]++
-		if au.backendOK != nil {
-			au.backendOK.set(int(id))
-		}
-	})
-	if err != nil {
-		return nil, err
+	slices.Sort(a.used)
+	a.au.used = len(a.used)
+}
+
+// backendEntry audits one backend entry: stale when no frontend
+// references it after the apply, else correct or to rewrite.
+func (a *auditor) backendEntry(id uint32, be bpfBackend) {
+	au := a.au
+	if _, ok := slices.BinarySearch(a.used, id); !ok {
+		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
+		return
 	}
-	return au, nil
+	if ref, _ := a.p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
+		au.wrong[mapBackends]++
+		return
+	}
+	au.ok[mapBackends]++
+	if au.backendOK != nil {
+		au.backendOK.set(int(id))
+	}
 }
 
 // forget drops the in-memory IDs that no frontend, live or draining, holds
