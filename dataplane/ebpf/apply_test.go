@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipd/vipd/dataplane"
 )
 
 // The steps of programmer.apply that decide, tested without maps: a
@@ -538,5 +541,96 @@ func TestAuditEntries(t *testing.T) {
 	}
 	if got.used != 2 {
 		t.Errorf("%d backends used, want 2", got.used)
+	}
+}
+
+// TestChangesFor: an incremental Apply changes the frontends of the
+// services it names that differ from what is programmed, and removes those
+// they no longer have; a full one changes every frontend, and removes
+// those of services that are gone.
+func TestChangesFor(t *testing.T) {
+	svc := func(name, vip string, gen uint64, backends ...string) *dataplane.Service {
+		s := &dataplane.Service{
+			Name: name, Owner: "test", Generation: gen,
+			VIPs:          []netip.Addr{netip.MustParseAddr(vip)},
+			Ports:         []dataplane.Port{{Name: "p", Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+			TrafficPolicy: dataplane.TrafficPolicyCluster,
+			LoadBalancing: dataplane.LoadBalancingRandom,
+		}
+		for _, b := range backends {
+			s.Backends = append(s.Backends, dataplane.Backend{IP: netip.MustParseAddr(b), State: dataplane.BackendReady, Weight: 1})
+		}
+		return s
+	}
+	state := func(changed []string, svcs ...*dataplane.Service) *dataplane.State {
+		s := &dataplane.State{Services: map[string]*dataplane.Service{}, Changed: changed}
+		for _, v := range svcs {
+			s.Services[v.Name] = v
+		}
+		return s
+	}
+	view := func(changes []change) []string {
+		var out []string
+		for _, c := range changes {
+			what := "remove "
+			if c.fe != nil {
+				what = "write "
+			}
+			out = append(out, what+c.key.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	d := &Dataplane{prog: newStepProgrammer(), cfg: Config{MaglevTableSize: 251}}
+	a, b := svc("ns/a", "198.18.0.1", 1, "10.0.0.1"), svc("ns/b", "198.18.0.2", 1, "10.0.0.2")
+	changes, desired, err := d.changesFor(state(nil, a, b), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.1:80/TCP", "write 198.18.0.2:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("first full apply: %v, want %v", got, want)
+	}
+	if len(desired) != 2 {
+		t.Errorf("desired %v, want both frontends", desired)
+	}
+	d.prog.commit(d.prog.allocateIDs(changes, true))
+
+	// b gets another backend, c is new, a is unchanged but named.
+	b2 := svc("ns/b", "198.18.0.2", 2, "10.0.0.2", "10.0.0.3")
+	c := svc("ns/c", "198.18.0.3", 1, "10.0.0.4")
+	changes, _, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.2:80/TCP", "write 198.18.0.3:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("incremental apply: %v, want %v", got, want)
+	}
+	d.prog.commit(d.prog.allocateIDs(changes, false))
+
+	// a moves to another VIP; b is gone but not named: untouched.
+	a2 := svc("ns/a", "198.18.0.9", 2, "10.0.0.1")
+	changes, _, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"remove 198.18.0.1:80/TCP", "write 198.18.0.9:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("incremental apply of a moved VIP: %v, want %v", got, want)
+	}
+
+	// A full apply removes b too, and rewrites every frontend it keeps.
+	changes, _, err = d.changesFor(state(nil, a2, c), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"remove 198.18.0.1:80/TCP", "remove 198.18.0.2:80/TCP", "write 198.18.0.3:80/TCP", "write 198.18.0.9:80/TCP"}
+	if got := view(changes); !slices.Equal(got, want) {
+		t.Errorf("full apply: %v, want %v", got, want)
+	}
+
+	// A service the dataplane cannot program changes nothing.
+	bad := svc("ns/bad", "198.18.0.5", 1, "10.0.0.5")
+	bad.Ports[0].Protocol = dataplane.Protocol(99)
+	if _, _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
+		t.Errorf("a service with an unsupported protocol: %v, want an error wrapping ErrUnsupported", err)
 	}
 }
