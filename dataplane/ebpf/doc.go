@@ -10,7 +10,8 @@
 //   - the maps, pinned under a bpffs directory so that traffic keeps flowing
 //     while vipd is down and a restarted vipd picks up where it left off;
 //   - the translation of a dataplane.State into map entries, written in
-//     make-before-break order (see programmer.go);
+//     make-before-break order, one step per method (apply.go), with the
+//     audit of a full apply (audit.go) and the IDs (programmer.go);
 //   - drift (drift.go): DetectDrift finds programs detached, pins replaced
 //     and map entries written by another tool, and every full Apply
 //     repairs them;
@@ -19,7 +20,7 @@
 //   - flows (flows.go): the programs' flow events (vipd_events ring buffer,
 //     losses counted in vipd_event_drops) and the collector's timeouts
 //     through WatchFlows, the live conntrack entries through ListFlows, and
-//     ExplainFlow's reading of the affinity and Maglev maps.
+//     ExplainFlow's reading of the affinity and Maglev maps (explain.go).
 //
 // It must not touch anything outside the namespace, bpffs directory and
 // cgroup it is configured with.

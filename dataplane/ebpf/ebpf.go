@@ -267,6 +267,39 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	defer d.applyMu.Unlock()
 	start := time.Now()
 	full := d.needFull || s.Changed == nil
+	changes, desired, err := d.changesFor(s, full)
+	if err != nil {
+		return err
+	}
+	if err := d.makeRoom(changes); err != nil {
+		return err
+	}
+	if err := d.prog.apply(changes, desired, full); err != nil {
+		d.needFull = true
+		if rerr := d.prog.rollback(); rerr != nil {
+			d.log.Error("roll back after a failed apply", "error", rerr)
+		}
+		return err
+	}
+	d.needFull = false
+	repaired, err := d.attachOrRepair(full)
+	if err != nil {
+		d.needFull = true
+		return err
+	}
+	if full && (d.prog.changed.any() || len(repaired) > 0) {
+		d.logFullApply(repaired, start)
+	}
+	d.log.Debug("applied", "full", full, "frontends_changed", len(changes), "elapsed", time.Since(start))
+	return nil
+}
+
+// changesFor returns the frontends of s, by key, and the changes that
+// program them: on a full apply every frontend of s and a removal of every
+// other programmed one; else those of the services s.Changed names that
+// differ from what is programmed. It fails, changing nothing, on a service
+// the dataplane cannot program.
+func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feKey]*frontend, error) {
 	names := s.Changed
 	if full {
 		names = make([]string, 0, s.Len()+len(d.prog.byService))
@@ -288,11 +321,11 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			continue
 		}
 		if err := d.Capabilities().Check(svc); err != nil {
-			return err
+			return nil, nil, err
 		}
 		fes, err := frontendsOf(svc, d.cfg.MaglevTableSize)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		for _, fe := range fes {
 			desired[fe.key] = fe
@@ -310,71 +343,81 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			changes = append(changes, change{key: k, fe: fe})
 		}
 	}
+	return changes, desired, nil
+}
+
+// makeRoom fails, before anything is written, when changes would not fit
+// the maps, unless ending the grace of draining frontends, and deleting
+// the leaving ones outright (noDrain), makes them fit.
+func (d *Dataplane) makeRoom(changes []change) error {
 	d.prog.noDrain = false
-	if err := d.prog.checkCapacity(changes); err != nil {
-		// Nothing of this change was written, but the dataplane contract
-		// (and the drain below, which deletes entries) wants the next
-		// Apply to be a full one.
-		d.needFull = true
-		if len(d.prog.draining) == 0 && !hasRemovals(changes) {
-			return err
-		}
-		// Room may be in draining frontends: end their flows' grace,
-		// and delete the leaving ones outright.
-		if _, derr := d.prog.drained(nil); derr != nil {
-			return errors.Join(err, derr)
-		}
-		d.prog.noDrain = true
-		if err := d.prog.checkCapacity(changes); err != nil {
-			return err
-		}
-		d.log.Warn("maps near capacity: deleted frontends were removed without letting their flows drain")
+	err := d.prog.checkCapacity(changes)
+	if err == nil {
+		return nil
 	}
-	if err := d.prog.apply(changes, desired, full); err != nil {
-		d.needFull = true
-		if rerr := d.prog.rollback(); rerr != nil {
-			d.log.Error("roll back after a failed apply", "error", rerr)
-		}
+	// Nothing of this change was written, but the dataplane contract
+	// (and the drain below, which deletes entries) wants the next
+	// Apply to be a full one.
+	d.needFull = true
+	if len(d.prog.draining) == 0 && !hasRemovals(changes) {
 		return err
 	}
-	d.needFull = false
-	var repaired []dataplane.Drift
+	// Room may be in draining frontends: end their flows' grace,
+	// and delete the leaving ones outright.
+	if _, derr := d.prog.drained(nil); derr != nil {
+		return errors.Join(err, derr)
+	}
+	d.prog.noDrain = true
+	if err := d.prog.checkCapacity(changes); err != nil {
+		return err
+	}
+	d.log.Warn("maps near capacity: deleted frontends were removed without letting their flows drain")
+	return nil
+}
+
+// attachOrRepair attaches the programs after the first successful apply;
+// after a later full one it attaches them again where they are missing
+// and pins vipd's maps again where another map took their place,
+// returning what it repaired.
+func (d *Dataplane) attachOrRepair(full bool) ([]dataplane.Drift, error) {
 	if !d.attached {
 		if err := d.attach(); err != nil {
-			d.needFull = true
-			return err
+			return nil, err
 		}
 		d.attached = true
-	} else if full {
-		drifts, gaps, err := d.checkAttachments()
-		if err == nil && gaps.any() {
-			err = d.repair(gaps)
-		}
-		if err != nil {
-			d.needFull = true
-			return fmt.Errorf("repair attachments: %w", err)
-		}
-		repaired = drifts
+		return nil, nil
 	}
-	if full && (d.prog.changed.any() || len(repaired) > 0) {
-		args := d.prog.changed.logArgs()
-		if len(repaired) > 0 {
-			links, pins := 0, 0
-			details := make([]string, len(repaired))
-			for i, r := range repaired {
-				details[i] = r.Detail
-				if r.What == driftMap {
-					pins++
-				} else {
-					links++
-				}
+	if !full {
+		return nil, nil
+	}
+	drifts, gaps, err := d.checkAttachments()
+	if err == nil && gaps.any() {
+		err = d.repair(gaps)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("repair attachments: %w", err)
+	}
+	return drifts, nil
+}
+
+// logFullApply logs, at INFO, what a full apply changed in the maps and
+// the attachments it repaired.
+func (d *Dataplane) logFullApply(repaired []dataplane.Drift, start time.Time) {
+	args := d.prog.changed.logArgs()
+	if len(repaired) > 0 {
+		links, pins := 0, 0
+		details := make([]string, len(repaired))
+		for i, r := range repaired {
+			details[i] = r.Detail
+			if r.What == driftMap {
+				pins++
+			} else {
+				links++
 			}
-			args = append(args, "links_reattached", links, "maps_repinned", pins, "repaired", details)
 		}
-		d.log.Info("full apply changed the dataplane", append(args, "elapsed", time.Since(start))...)
+		args = append(args, "links_reattached", links, "maps_repinned", pins, "repaired", details)
 	}
-	d.log.Debug("applied", "full", full, "frontends_changed", len(changes), "elapsed", time.Since(start))
-	return nil
+	d.log.Info("full apply changed the dataplane", append(args, "elapsed", time.Since(start))...)
 }
 
 // hasRemovals reports whether changes remove a frontend.

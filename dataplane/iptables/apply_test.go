@@ -19,7 +19,7 @@ import (
 // These tests program a netlab node for real; the conformance suite covers
 // the ClusterIP contract in depth. Here: the applier's own promises.
 
-func service(name string, vip string, port uint16, backends ...netip.Addr) *dataplane.Service {
+func liveService(name string, vip string, port uint16, backends ...netip.Addr) *dataplane.Service {
 	svc := &dataplane.Service{
 		Name: name, Owner: "default", Generation: 1,
 		VIPs:          []netip.Addr{netip.MustParseAddr(vip)},
@@ -32,7 +32,7 @@ func service(name string, vip string, port uint16, backends ...netip.Addr) *data
 	return svc
 }
 
-func state(changed []string, svcs ...*dataplane.Service) *dataplane.State {
+func liveState(changed []string, svcs ...*dataplane.Service) *dataplane.State {
 	s := &dataplane.State{Services: map[string]*dataplane.Service{}, Changed: changed}
 	for _, svc := range svcs {
 		s.Services[svc.Name] = svc
@@ -40,7 +40,7 @@ func state(changed []string, svcs ...*dataplane.Service) *dataplane.State {
 	return s
 }
 
-func save(t *testing.T, node *netlab.Node, mode iptables.Mode) string {
+func saveRules(t *testing.T, node *netlab.Node, mode iptables.Mode) string {
 	t.Helper()
 	var all string
 	for _, tool := range []string{"iptables-", "ip6tables-"} {
@@ -69,19 +69,19 @@ func TestApplyForwardsAndCleansUp(t *testing.T) {
 			}
 			defer dp.Close()
 
-			web := service("web", "198.19.0.10", 80, web1.IPv4())
-			empty := service("empty", "198.19.0.11", 80)
+			web := liveService("web", "198.19.0.10", 80, web1.IPv4())
+			empty := liveService("empty", "198.19.0.11", 80)
 			// Every rule shape, so that the restart check below covers them all.
-			sticky := service("sticky", "198.19.0.12", 53, web1.IPv4(), client.IPv4(), netip.MustParseAddr("198.18.9.9"))
+			sticky := liveService("sticky", "198.19.0.12", 53, web1.IPv4(), client.IPv4(), netip.MustParseAddr("198.18.9.9"))
 			sticky.Ports[0].Protocol = dataplane.UDP
 			sticky.Affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: 30 * time.Second}
 			for i := range sticky.Backends {
 				sticky.Backends[i].Weight = uint16(i + 1)
 			}
-			v6 := service("v6", "fd00:198:ff::10", 80, web1.IPv6())
-			empty6 := service("empty6", "fd00:198:ff::11", 80)
+			v6 := liveService("v6", "fd00:198:ff::10", 80, web1.IPv6())
+			empty6 := liveService("empty6", "fd00:198:ff::11", 80)
 			all := []*dataplane.Service{web, empty, sticky, v6, empty6}
-			if err := dp.Apply(ctx, state(nil, all...)); err != nil {
+			if err := dp.Apply(ctx, liveState(nil, all...)); err != nil {
 				t.Fatal(err)
 			}
 			reply, err := client.Request(ctx, "tcp", "198.19.0.10:80")
@@ -100,7 +100,7 @@ func TestApplyForwardsAndCleansUp(t *testing.T) {
 
 			// A fresh dataplane over the same kernel (a restarted vipd) finds
 			// everything in place and rewrites nothing.
-			before := save(t, node, mode)
+			before := saveRules(t, node, mode)
 			again, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeAuto})
 			if err != nil {
 				t.Fatal(err)
@@ -109,13 +109,13 @@ func TestApplyForwardsAndCleansUp(t *testing.T) {
 			if again.Mode() != mode {
 				t.Fatalf("auto picked %s, but the vipd chains are in %s", again.Mode(), mode)
 			}
-			if err := again.Apply(ctx, state(nil, all...)); err != nil {
+			if err := again.Apply(ctx, liveState(nil, all...)); err != nil {
 				t.Fatal(err)
 			}
 			if st := again.LastSync(); !st.Full || st.ChainsRewritten != 0 || st.ChainsDeleted != 0 {
 				t.Errorf("restart sync rewrote %d and deleted %d chains; want a full diff that finds nothing to do", st.ChainsRewritten, st.ChainsDeleted)
 			}
-			if after := save(t, node, mode); stripCounters(after) != stripCounters(before) {
+			if after := saveRules(t, node, mode); stripCounters(after) != stripCounters(before) {
 				t.Fatalf("re-applying the same state changed the rules:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 
@@ -123,7 +123,7 @@ func TestApplyForwardsAndCleansUp(t *testing.T) {
 			if err := iptables.Cleanup(ctx, hclog.NewNullLogger(), node.Path(), iptables.ModeAuto); err != nil {
 				t.Fatal(err)
 			}
-			if left := save(t, node, mode); strings.Contains(left, "VIPD") {
+			if left := saveRules(t, node, mode); strings.Contains(left, "VIPD") {
 				t.Fatalf("rules left after cleanup:\n%s", left)
 			}
 		})
@@ -149,14 +149,14 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	web := service("web", "198.19.0.10", 80, lab.Pod("web1").IPv4())
-	other := service("other", "fd00:198:ff::12", 80, lab.Pod("web2").IPv6())
-	if err := dp.Apply(ctx, state(nil, web, other)); err != nil {
+	web := liveService("web", "198.19.0.10", 80, lab.Pod("web1").IPv4())
+	other := liveService("other", "fd00:198:ff::12", 80, lab.Pod("web2").IPv6())
+	if err := dp.Apply(ctx, liveState(nil, web, other)); err != nil {
 		t.Fatal(err)
 	}
 	// Pin the "other" service chain with a foreign rule: removing the service must now fail.
 	svcChain := ""
-	for line := range strings.Lines(save(t, node, iptables.ModeNFT)) {
+	for line := range strings.Lines(saveRules(t, node, iptables.ModeNFT)) {
 		if strings.Contains(line, "fd00:198:ff::12/128") && strings.Contains(line, "-j VIPD-SVC-") {
 			svcChain = strings.TrimSpace(line[strings.Index(line, "-j ")+3:])
 		}
@@ -167,9 +167,9 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 	if _, err := node.Exec(ctx, "ip6tables-nft", "-t", "nat", "-A", "FOREIGN", "-j", svcChain); err != nil {
 		t.Fatal(err)
 	}
-	web2 := service("web", "198.19.0.10", 80, lab.Pod("web2").IPv4())
+	web2 := liveService("web", "198.19.0.10", 80, lab.Pod("web2").IPv4())
 	web2.Generation = 2
-	err = dp.Apply(ctx, state([]string{"other", "web"}, web2))
+	err = dp.Apply(ctx, liveState([]string{"other", "web"}, web2))
 	if err == nil {
 		t.Fatal("apply succeeded although a foreign rule pins a vipd chain")
 	}
@@ -181,7 +181,7 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 	}
 	// Once the conflict is gone, the next apply (a full one) succeeds.
 	node.Exec(ctx, "ip6tables-nft", "-t", "nat", "-F", "FOREIGN")
-	if err := dp.Apply(ctx, state([]string{"other", "web"}, web2)); err != nil {
+	if err := dp.Apply(ctx, liveState([]string{"other", "web"}, web2)); err != nil {
 		t.Fatal(err)
 	}
 	if st := dp.LastSync(); !st.Full {
@@ -223,12 +223,12 @@ func TestBulkApplyInFreshNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	svcs := []*dataplane.Service{service("web", "198.19.0.10", 80, web1.IPv4())}
+	svcs := []*dataplane.Service{liveService("web", "198.19.0.10", 80, web1.IPv4())}
 	for i := range 1200 {
 		vip := netip.AddrFrom4([4]byte{198, 19, byte(1 + i/250), byte(1 + i%250)})
-		svcs = append(svcs, service(fmt.Sprintf("filler-%d", i), vip.String(), 80, netip.MustParseAddr("198.18.9.9")))
+		svcs = append(svcs, liveService(fmt.Sprintf("filler-%d", i), vip.String(), 80, netip.MustParseAddr("198.18.9.9")))
 	}
-	if err := dp.Apply(ctx, state(nil, svcs...)); err != nil {
+	if err := dp.Apply(ctx, liveState(nil, svcs...)); err != nil {
 		t.Fatal(err)
 	}
 	if st := dp.LastSync(); st.ChainsRewritten < 1000 {

@@ -1,8 +1,9 @@
 // Package iptables is vipd's iptables dataplane. This part is pure: it turns a
 // dataplane.State into vipd-owned iptables chains (Render), computes the
 // `iptables-restore --noflush` input that moves the kernel from one rendering
-// to the next (Payload), and follows a packet through rendered rule text
-// (Tracer) so that tests check the rules themselves.
+// to the next (Payload). The tests follow packets through the rendered rule
+// text with iptablestest.Tracer, a test-only kernel model, so that they
+// check the rules themselves.
 //
 // It never executes anything and never touches the kernel. The applier that
 // runs iptables-restore/ip6tables-restore, installs the Hooks and deletes

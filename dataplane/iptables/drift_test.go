@@ -37,12 +37,12 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 			}
 			defer dp.Close()
 
-			web := service("web", "198.19.0.10", 80, web1.IPv4())
-			dns := service("dns", "198.19.0.13", 53, web1.IPv4())
+			web := liveService("web", "198.19.0.10", 80, web1.IPv4())
+			dns := liveService("dns", "198.19.0.13", 53, web1.IPv4())
 			dns.Ports[0].Protocol = dataplane.UDP
-			v6 := service("v6", "fd00:198:ff::10", 80, web1.IPv6())
-			empty6 := service("empty6", "fd00:198:ff::11", 80)
-			all := state(nil, web, dns, v6, empty6)
+			v6 := liveService("v6", "fd00:198:ff::10", 80, web1.IPv6())
+			empty6 := liveService("empty6", "fd00:198:ff::11", 80)
+			all := liveState(nil, web, dns, v6, empty6)
 			if err := dp.Apply(ctx, all); err != nil {
 				t.Fatal(err)
 			}

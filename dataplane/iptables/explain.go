@@ -50,7 +50,7 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 			if p.Protocol != q.Protocol || p.Port != q.VIP.Port() {
 				continue
 			}
-			f := familyOf(vip)
+			f := FamilyOf(vip)
 			key := portKey(svc, p, f)
 			// The order of renderService's --rcheck rules.
 			for _, b := range sortedEligible(svc, p, f) {

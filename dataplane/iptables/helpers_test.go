@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/dataplane"
 )
 
@@ -56,49 +55,4 @@ func mustRender(t testing.TB, s *dataplane.State, opts Options) *Ruleset {
 		t.Fatalf("Render: %v", err)
 	}
 	return rs
-}
-
-// kernel returns a Tracer for family f that has applied payloads in order.
-func kernel(t testing.TB, f Family, payloads ...[]byte) *Tracer {
-	t.Helper()
-	tr := NewTracer(f)
-	for _, p := range payloads {
-		if err := tr.Restore(p); err != nil {
-			t.Fatalf("%s: %v\n%s", f, err, p)
-		}
-	}
-	return tr
-}
-
-// tracer renders s and loads it, in full, into a Tracer for family f.
-func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
-	t.Helper()
-	return kernel(t, f, Payload(nil, mustRender(t, s, opts), true, nil)[f].Restore)
-}
-
-func packet(src, dst string, proto dataplane.Protocol, p uint16) Packet {
-	return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: proto, DstPort: p}
-}
-
-func mustTrace(t testing.TB, tr *Tracer, p Packet) Outcome {
-	t.Helper()
-	o, err := tr.Trace(p)
-	if err != nil {
-		t.Fatalf("Trace: %v", err)
-	}
-	return o
-}
-
-// assertKernel checks that the kernel model holds exactly the chains of rs.
-func assertKernel(t testing.TB, tr *Tracer, rs *Ruleset, f Family) {
-	t.Helper()
-	for _, tab := range tables {
-		want := map[string][]string{}
-		for _, name := range rs.Chains(f, tab) {
-			want[name] = append([]string{}, rs.Rules(f, tab, name)...)
-		}
-		if diff := cmp.Diff(want, tr.chains(tab)); diff != "" {
-			t.Fatalf("%s %s: kernel differs from the rendered rules (-want +got):\n%s", f, tab, diff)
-		}
-	}
 }

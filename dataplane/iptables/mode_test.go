@@ -48,14 +48,14 @@ func TestModeLeavesOtherModeAlone(t *testing.T) {
 				t.Fatalf("auto picked %s in a fresh namespace, want nft", mode)
 			}
 			checkOther("New", mode)
-			if err := dp.Apply(ctx, state(nil, service("web", "198.19.0.10", 80))); err != nil {
+			if err := dp.Apply(ctx, liveState(nil, liveService("web", "198.19.0.10", 80))); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := dp.DetectDrift(ctx); err != nil {
 				t.Fatal(err)
 			}
 			checkOther("Apply and DetectDrift", mode)
-			if !strings.Contains(save(t, node, mode), "VIPD-CANARY") {
+			if !strings.Contains(saveRules(t, node, mode), "VIPD-CANARY") {
 				t.Fatalf("mode %s holds no vipd chains after Apply", mode)
 			}
 			if err := iptables.Cleanup(ctx, hclog.NewNullLogger(), node.Path(), iptables.ModeAuto); err != nil {

@@ -34,29 +34,30 @@ func (f Family) String() string {
 	return "ipv4"
 }
 
-// familyOf is the family of a, as dataplane.Service.EligibleBackends sees it.
-func familyOf(a netip.Addr) Family {
+// FamilyOf is the family of a, as dataplane.Service.EligibleBackends sees it.
+func FamilyOf(a netip.Addr) Family {
 	if a.Is6() {
 		return IPv6
 	}
 	return IPv4
 }
 
-// hostMask is the --mask that makes a recent match key on the whole address.
-func (f Family) hostMask() string {
+// HostMask is the --mask with which a recent match keys on the whole
+// address: the one the rendered affinity rules use.
+func (f Family) HostMask() string {
 	if f == IPv6 {
 		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
 	}
 	return "255.255.255.255"
 }
 
-// rejectWith is how a port without backends refuses a new connection. TCP
+// RejectWith is how a port without backends refuses a new connection. TCP
 // gets a reset rather than an ICMP error: a pod's connect() holds its
 // socket while the SYN crosses the veth, and an ICMPv6 error that arrives
 // meanwhile is only a soft error to TCP, so the client would learn of the
 // refusal from the retransmitted SYN a second later. A reset is queued for
 // the socket instead, and refuses at once in both families.
-func (f Family) rejectWith(proto dataplane.Protocol) string {
+func (f Family) RejectWith(proto dataplane.Protocol) string {
 	switch {
 	case proto == dataplane.TCP:
 		return "tcp-reset"
@@ -343,7 +344,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 	out := serviceRules{chains: map[string][]string{}}
 	var vips []netip.Addr
 	for _, v := range svc.VIPs {
-		if familyOf(v) == f {
+		if FamilyOf(v) == f {
 			vips = append(vips, v)
 		}
 	}
@@ -375,7 +376,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		comment := commentMatch(svc.Name, p)
 		if len(backends) == 0 {
 			for _, v := range vips {
-				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.rejectWith(p.Protocol)})
+				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.RejectWith(p.Protocol)})
 			}
 			continue
 		}
@@ -389,7 +390,7 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		}
 		rules, seps := []string{flowMarkRule}, []string(nil)
 		if svc.Affinity.ClientIP {
-			affinity := " --mask " + f.hostMask() + " --rsource"
+			affinity := " --mask " + f.HostMask() + " --rsource"
 			secs := strconv.Itoa(max(1, int(svc.Affinity.Timeout.Seconds())))
 			for _, b := range backends {
 				sep := sepChain(key, b.IP)

@@ -16,4 +16,11 @@
 // It talks to vipd only through the public API (package client). It must
 // never delete, overwrite or take over a service of another owner, never
 // program the kernel itself, and never register metrics globally.
+//
+// The files follow the path of a change: adapter.go (the informers and
+// their events), queue.go (the dirty set and the loop that takes it),
+// fullsync.go and servicepass.go (the two kinds of pass), write.go (one
+// service's write that survives another writer), leftout.go and claims.go
+// (what vipd refused, and why), vipdhealth.go, healthz.go, metrics.go and
+// serve.go.
 package kubeadapter

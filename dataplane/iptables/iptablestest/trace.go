@@ -1,4 +1,4 @@
-package iptables
+package iptablestest
 
 import (
 	"cmp"
@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/iptables"
 )
 
 // Hook is where a traced packet enters the network stack.
@@ -27,18 +28,18 @@ const (
 )
 
 type builtin struct {
-	table Table
+	table iptables.Table
 	chain string
 }
 
 var hookPath = [...][]builtin{
-	HookPrerouting: {{NAT, "PREROUTING"}, {Filter, "FORWARD"}, {NAT, "POSTROUTING"}},
-	HookOutput:     {{NAT, "OUTPUT"}, {Filter, "OUTPUT"}, {NAT, "POSTROUTING"}},
+	HookPrerouting: {{iptables.NAT, "PREROUTING"}, {iptables.Filter, "FORWARD"}, {iptables.NAT, "POSTROUTING"}},
+	HookOutput:     {{iptables.NAT, "OUTPUT"}, {iptables.Filter, "OUTPUT"}, {iptables.NAT, "POSTROUTING"}},
 }
 
-var builtins = map[Table][]string{
-	NAT:    {"PREROUTING", "OUTPUT", "POSTROUTING"},
-	Filter: {"INPUT", "FORWARD", "OUTPUT"},
+var builtins = map[iptables.Table][]string{
+	iptables.NAT:    {"PREROUTING", "OUTPUT", "POSTROUTING"},
+	iptables.Filter: {"INPUT", "FORWARD", "OUTPUT"},
 }
 
 // Packet is the first packet of a new connection.
@@ -95,11 +96,11 @@ type Outcome struct {
 // iptables-restore --noflush input, that follows packets through them. It
 // parses the rule text it is given, so it checks the rendered text rather
 // than Render's data structures, and it fails loudly on any match, option or
-// target it does not model. Its builtin chains hold the Hooks. A Tracer is
-// not safe for concurrent use.
+// target it does not model. Its builtin chains hold iptables.Hooks. A
+// Tracer is not safe for concurrent use.
 type Tracer struct {
-	family Family
-	tables map[Table]*chainSet
+	family iptables.Family
+	tables map[iptables.Table]*chainSet
 	// lists maps a recent list to the address its chain DNATs to; built on
 	// the first trace that needs it.
 	lists map[string]netip.Addr
@@ -135,10 +136,10 @@ func (cs *chainSet) append(name string, r *rule) {
 	}
 }
 
-// NewTracer returns a Tracer for family f whose kernel holds the Hooks and
-// no vipd chain.
-func NewTracer(f Family) *Tracer {
-	t := &Tracer{family: f, tables: map[Table]*chainSet{}}
+// NewTracer returns a Tracer for family f whose kernel holds
+// iptables.Hooks and no vipd chain.
+func NewTracer(f iptables.Family) *Tracer {
+	t := &Tracer{family: f, tables: map[iptables.Table]*chainSet{}}
 	for tab, names := range builtins {
 		cs := &chainSet{chains: map[string][]*rule{}, refs: map[string]int{}}
 		for _, name := range names {
@@ -146,7 +147,7 @@ func NewTracer(f Family) *Tracer {
 		}
 		t.tables[tab] = cs
 	}
-	for _, h := range Hooks(f) {
+	for _, h := range iptables.Hooks(f) {
 		r, err := parseRule(f, h.Table, h.Args)
 		if err != nil {
 			panic(fmt.Sprintf("hook %s %s: %v", h.Table, h.Chain, err))
@@ -161,7 +162,7 @@ func NewTracer(f Family) *Tracer {
 // an -X of a chain that is not empty or is still referenced. It also refuses
 // anything but vipd chains, which Payload never leaves.
 func (t *Tracer) Restore(payload []byte) error {
-	rs := restorer{family: t.family, work: map[Table]*chainSet{}}
+	rs := restorer{family: t.family, work: map[iptables.Table]*chainSet{}}
 	for tab, cs := range t.tables {
 		rs.work[tab] = cs.clone()
 	}
@@ -179,9 +180,9 @@ func (t *Tracer) Restore(payload []byte) error {
 
 // restorer applies restore input, line by line, to a copy of the tables.
 type restorer struct {
-	family Family
-	work   map[Table]*chainSet
-	tab    Table
+	family iptables.Family
+	work   map[iptables.Table]*chainSet
+	tab    iptables.Table
 	cs     *chainSet // the table being restored; nil outside one
 }
 
@@ -193,7 +194,7 @@ func (rs *restorer) line(line string) error {
 		if rs.cs != nil {
 			return fmt.Errorf("table %s lacks COMMIT", rs.tab)
 		}
-		rs.tab = Table(line[1:])
+		rs.tab = iptables.Table(line[1:])
 		if rs.cs = rs.work[rs.tab]; rs.cs == nil {
 			return fmt.Errorf("unknown table %s", rs.tab)
 		}
@@ -208,15 +209,15 @@ func (rs *restorer) line(line string) error {
 		if len(f) != 3 || f[1] != "-" || f[2] != "[0:0]" {
 			return errors.New("only user chains may be declared")
 		}
-		if !strings.HasPrefix(f[0], ChainPrefix) || len(f[0]) > MaxChainName {
-			return fmt.Errorf("chain name %s: not a vipd chain name of at most %d characters", f[0], MaxChainName)
+		if !strings.HasPrefix(f[0], iptables.ChainPrefix) || len(f[0]) > iptables.MaxChainName {
+			return fmt.Errorf("chain name %s: not a vipd chain name of at most %d characters", f[0], iptables.MaxChainName)
 		}
 		rs.cs.flush(f[0])
 		return nil
 	}
 	op, rest, _ := strings.Cut(line, " ")
 	name, spec, _ := strings.Cut(rest, " ")
-	if !strings.HasPrefix(name, ChainPrefix) {
+	if !strings.HasPrefix(name, iptables.ChainPrefix) {
 		return fmt.Errorf("%s is not a vipd chain", name)
 	}
 	rules, ok := rs.cs.chains[name]
@@ -254,11 +255,11 @@ func (rs *restorer) line(line string) error {
 	return nil
 }
 
-// chains returns the vipd chains of table tab and their rule specs.
-func (t *Tracer) chains(tab Table) map[string][]string {
+// Chains returns the vipd chains of table tab and their rule specs.
+func (t *Tracer) Chains(tab iptables.Table) map[string][]string {
 	out := map[string][]string{}
 	for name, rules := range t.tables[tab].chains {
-		if !strings.HasPrefix(name, ChainPrefix) {
+		if !strings.HasPrefix(name, iptables.ChainPrefix) {
 			continue
 		}
 		out[name] = []string{}
@@ -274,7 +275,7 @@ func (t *Tracer) chains(tab Table) map[string][]string {
 // non-matching path, whose probabilities multiply. It fails if the paths
 // reach different verdicts, such as DNAT on some and no match on others.
 func (t *Tracer) Trace(p Packet) (Outcome, error) {
-	if !p.Src.IsValid() || !p.Dst.IsValid() || familyOf(p.Src) != t.family || familyOf(p.Dst) != t.family {
+	if !p.Src.IsValid() || !p.Dst.IsValid() || iptables.FamilyOf(p.Src) != t.family || iptables.FamilyOf(p.Dst) != t.family {
 		return Outcome{}, fmt.Errorf("trace %v -> %v: need two %s addresses", p.Src, p.Dst, t.family)
 	}
 	if p.Hook < 0 || int(p.Hook) >= len(hookPath) {
@@ -307,7 +308,7 @@ type branch struct {
 	dport              uint16
 	rules              int
 	dnat, masq, reject bool
-	// marked is set by vipd's CONNMARK rule (see FlowMark).
+	// marked is set by vipd's CONNMARK rule (see iptables.FlowMark).
 	marked bool
 	// stop is set by a target that ends the traversal of the current table.
 	stop bool
@@ -420,7 +421,7 @@ func (t *Tracer) match(r *rule, b *branch, p *Packet) (float64, error) {
 func (t *Tracer) listOwner(name string) (netip.Addr, error) {
 	if t.lists == nil {
 		t.lists = map[string]netip.Addr{}
-		for _, rules := range t.tables[NAT].chains {
+		for _, rules := range t.tables[iptables.NAT].chains {
 			var set string
 			var to netip.Addr
 			for _, r := range rules {
@@ -534,7 +535,7 @@ var (
 )
 
 // parseRule parses the arguments of a rule of family f in table tab.
-func parseRule(f Family, tab Table, args []string) (*rule, error) {
+func parseRule(f iptables.Family, tab iptables.Table, args []string) (*rule, error) {
 	r := &rule{dport: -1, prob: 1}
 	for i := 0; i < len(args); {
 		flag := args[i]
@@ -547,7 +548,7 @@ func parseRule(f Family, tab Table, args []string) (*rule, error) {
 		switch flag {
 		case "-s", "-d":
 			var p netip.Prefix
-			if p, err = netip.ParsePrefix(v); err == nil && familyOf(p.Addr()) != f {
+			if p, err = netip.ParsePrefix(v); err == nil && iptables.FamilyOf(p.Addr()) != f {
 				err = fmt.Errorf("%s is not %s", v, f)
 			}
 			if flag == "-s" {
@@ -613,7 +614,7 @@ func options(args []string, i *int, allowed map[string]bool) (map[string]string,
 	return o, nil
 }
 
-func (r *rule) setMatch(f Family, module string, o map[string]string) error {
+func (r *rule) setMatch(f iptables.Family, module string, o map[string]string) error {
 	switch module {
 	case "tcp", "udp", "sctp":
 		if r.proto != protocols[module] {
@@ -641,7 +642,7 @@ func (r *rule) setMatch(f Family, module string, o map[string]string) error {
 		_, check := o["--rcheck"]
 		_, set := o["--set"]
 		switch {
-		case o["--mask"] != f.hostMask() || !rsource:
+		case o["--mask"] != f.HostMask() || !rsource:
 			return errors.New("only --rsource with a whole-address --mask is supported")
 		case o["--name"] == "":
 			return errors.New("needs --name")
@@ -666,34 +667,34 @@ func (r *rule) setMatch(f Family, module string, o map[string]string) error {
 	return nil
 }
 
-func (r *rule) setTarget(f Family, tab Table, o map[string]string) error {
+func (r *rule) setTarget(f iptables.Family, tab iptables.Table, o map[string]string) error {
 	switch r.target {
 	case "DNAT":
 		ap, err := netip.ParseAddrPort(o["--to-destination"])
 		switch {
-		case tab != NAT:
+		case tab != iptables.NAT:
 			return errors.New("DNAT outside the nat table")
 		case err != nil:
 			return err
-		case familyOf(ap.Addr()) != f || r.proto == 0:
+		case iptables.FamilyOf(ap.Addr()) != f || r.proto == 0:
 			return fmt.Errorf("--to-destination %s needs an %s address and a -p protocol", ap, f)
 		}
 		r.dnat = ap
 	case "MASQUERADE":
-		if tab != NAT {
+		if tab != iptables.NAT {
 			return errors.New("MASQUERADE outside the nat table")
 		}
 	case "REJECT":
-		if tab != Filter || o["--reject-with"] != f.rejectWith(r.proto) {
-			return fmt.Errorf("only in the filter table with --reject-with %s", f.rejectWith(r.proto))
+		if tab != iptables.Filter || o["--reject-with"] != f.RejectWith(r.proto) {
+			return fmt.Errorf("only in the filter table with --reject-with %s", f.RejectWith(r.proto))
 		}
 	case "CONNMARK":
-		if tab != NAT || o["--set-xmark"] != fmt.Sprintf("%#x/%#x", FlowMark, FlowMarkMask) {
-			return fmt.Errorf("only vipd's flow mark in the nat table: --set-xmark %#x/%#x", FlowMark, FlowMarkMask)
+		if tab != iptables.NAT || o["--set-xmark"] != fmt.Sprintf("%#x/%#x", iptables.FlowMark, iptables.FlowMarkMask) {
+			return fmt.Errorf("only vipd's flow mark in the nat table: --set-xmark %#x/%#x", iptables.FlowMark, iptables.FlowMarkMask)
 		}
 	case "RETURN", "ACCEPT":
 	default:
-		if !strings.HasPrefix(r.target, ChainPrefix) {
+		if !strings.HasPrefix(r.target, iptables.ChainPrefix) {
 			return errors.New("unsupported target")
 		}
 		r.jump = r.target

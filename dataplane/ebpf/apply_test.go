@@ -1,0 +1,636 @@
+package ebpf
+
+import (
+	"errors"
+	"maps"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// The steps of programmer.apply that decide, tested without maps: a
+// programmer with no maps serves, since these steps touch none.
+
+// stepFE builds a frontend of service on vip:port/proto whose members are
+// backends ("ip:port"), each eligible and in a slot of weight 1.
+func stepFE(service, vip string, port uint16, proto uint8, backends ...string) *frontend {
+	fe := &frontend{key: feKey{addr: netip.MustParseAddr(vip), port: port, proto: proto}, service: service}
+	for _, b := range backends {
+		ap := netip.MustParseAddrPort(b)
+		fe.members = append(fe.members, member{key: beKey{addr: ap.Addr(), port: ap.Port()}.packed(), flags: memberFlagEligible})
+	}
+	slices.SortFunc(fe.members, compareMembers)
+	for i := range fe.members {
+		fe.slots = append(fe.slots, slot{member: uint32(i), weight: 1, cum: uint32(i + 1)})
+	}
+	return fe
+}
+
+func stepBE(s string) bePacked {
+	ap := netip.MustParseAddrPort(s)
+	return beKey{addr: ap.Addr(), port: ap.Port()}.packed()
+}
+
+func newStepProgrammer() *programmer {
+	return newProgrammer(hclog.NewNullLogger(), nil, nil, 0)
+}
+
+// stepApply runs the in-memory steps of an apply (no map is written) and
+// returns its plan and the backend deletions commit queued.
+func stepApply(p *programmer, prune bool, changes ...change) (*applyPlan, writes) {
+	pl := p.allocateIDs(changes, prune)
+	dead, _ := p.commit(pl)
+	return pl, dead
+}
+
+func refOf(t *testing.T, p *programmer, be string) backendRef {
+	t.Helper()
+	ref, ok := p.backendIDs.get(stepBE(be))
+	if !ok {
+		t.Fatalf("backend %s is not in the table", be)
+	}
+	return ref
+}
+
+func TestAllocateIDs(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	b := stepFE("ns/b", "198.18.0.2", 80, ipprotoTCP, "10.0.0.2:8080", "10.0.0.3:8080")
+
+	t.Run("new frontends and backends get IDs in order; a shared backend one ID and two references", func(t *testing.T) {
+		p := newStepProgrammer()
+		pl := p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}}, false)
+		if got := []uint32{pl.next[0].revNat, pl.next[1].revNat}; !slices.Equal(got, []uint32{1, 2}) {
+			t.Errorf("reverse-NAT IDs %v, want [1 2]", got)
+		}
+		if got := [][]uint32{pl.next[0].memberIDs, pl.next[1].memberIDs}; !cmp.Equal(got, [][]uint32{{1, 2}, {2, 3}}) {
+			t.Errorf("member IDs %v, want [[1 2] [2 3]]", got)
+		}
+		if !slices.Equal(pl.next[0].slotIDs, pl.next[0].memberIDs) || !slices.Equal(pl.next[1].slotIDs, pl.next[1].memberIDs) {
+			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs, pl.next[1].slotIDs)
+		}
+		if got, want := pl.newBackends, []bePacked{stepBE("10.0.0.1:8080"), stepBE("10.0.0.2:8080"), stepBE("10.0.0.3:8080")}; !slices.Equal(got, want) {
+			t.Errorf("new backends %v, want %v", got, want)
+		}
+		if ref := refOf(t, p, "10.0.0.2:8080"); ref != (backendRef{id: 2, refs: 2}) {
+			t.Errorf("shared backend %+v, want ID 2 with 2 references", ref)
+		}
+		if p.nextBackend != 4 || p.nextRevNat != 3 {
+			t.Errorf("next IDs: backend %d, reverse NAT %d; want 4 and 3", p.nextBackend, p.nextRevNat)
+		}
+		// The ID slab: a's 2 members and 2 slots, then b's.
+		if pl.nids != 8 || !slices.Equal(pl.offs, []int32{0, 4}) {
+			t.Errorf("ID slab of %d IDs at offsets %v, want 8 at [0 4]", pl.nids, pl.offs)
+		}
+	})
+
+	t.Run("a frontend or backend that has an ID keeps it", func(t *testing.T) {
+		p := newStepProgrammer()
+		// As restore leaves them: a draining frontend's reverse-NAT ID,
+		// a backend in the maps that no frontend references.
+		p.revNatIDs[a.key] = 7
+		p.draining[a.key] = 7
+		p.nextRevNat = 9
+		p.backendIDs.put(stepBE("10.0.0.2:8080"), backendRef{id: 5})
+		p.nextBackend = 6
+		pl := p.allocateIDs([]change{{key: a.key, fe: a}}, false)
+		if pl.next[0].revNat != 7 || p.nextRevNat != 9 {
+			t.Errorf("reverse-NAT ID %d (next %d), want 7 kept (next 9)", pl.next[0].revNat, p.nextRevNat)
+		}
+		if !slices.Equal(pl.next[0].memberIDs, []uint32{6, 5}) {
+			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs)
+		}
+		if !slices.Equal(pl.newBackends, []bePacked{stepBE("10.0.0.1:8080")}) {
+			t.Errorf("new backends %v, want only 10.0.0.1:8080", pl.newBackends)
+		}
+	})
+
+	t.Run("freed IDs are not given again", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		_, dead := stepApply(p, false, change{key: a.key})
+		if !slices.Equal(dead.backendDeletes, []uint32{1, 2}) {
+			t.Fatalf("deleted backends %v, want [1 2]", dead.backendDeletes)
+		}
+		// As drained does once no flow uses a's reverse-NAT ID.
+		delete(p.draining, a.key)
+		delete(p.revNatIDs, a.key)
+		c := stepFE("ns/c", "198.18.0.3", 80, ipprotoTCP, "10.0.0.1:8080")
+		pl := p.allocateIDs([]change{{key: c.key, fe: c}}, false)
+		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs, []uint32{3}) {
+			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs)
+		}
+	})
+
+	t.Run("a full apply lists no new backends: it writes all of them", func(t *testing.T) {
+		p := newStepProgrammer()
+		pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+		if len(pl.newBackends) != 0 {
+			t.Errorf("new backends %v on a full apply", pl.newBackends)
+		}
+		if refOf(t, p, "10.0.0.1:8080").refs != 1 {
+			t.Errorf("the backend is not referenced")
+		}
+	})
+
+	t.Run("only programmed frontends leave", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		pl := p.allocateIDs([]change{{key: a.key}, {key: b.key}}, false)
+		if len(pl.gone) != 1 || pl.gone[0].key != a.key {
+			t.Errorf("gone %v, want only %s", pl.gone, a.key)
+		}
+		if pl.next[0] != nil || pl.next[1] != nil || pl.nids != 0 {
+			t.Errorf("removals got a programmed state: %v, %d IDs", pl.next, pl.nids)
+		}
+	})
+
+	t.Run("takeBack returns the references and keeps the IDs taken", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		pl := p.allocateIDs([]change{{key: b.key, fe: b}}, false)
+		p.takeBack(pl)
+		if ref := refOf(t, p, "10.0.0.2:8080"); ref != (backendRef{id: 2, refs: 1}) {
+			t.Errorf("backend of a and the failed b: %+v, want ID 2 with a's reference alone", ref)
+		}
+		if ref := refOf(t, p, "10.0.0.3:8080"); ref != (backendRef{id: 3, refs: 0}) {
+			t.Errorf("backend of the failed b alone: %+v, want it kept with ID 3 and no reference", ref)
+		}
+		if p.nextBackend != 4 || p.revNatIDs[b.key] != 2 {
+			t.Errorf("next backend ID %d, b's reverse-NAT ID %d; want 4 and 2 kept", p.nextBackend, p.revNatIDs[b.key])
+		}
+	})
+}
+
+func TestChunkEnd(t *testing.T) {
+	pr := func(members, slots int) *programmed {
+		return &programmed{memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
+	}
+	// Entries each: 1 + slots + members.
+	next := []*programmed{pr(2, 2), nil, pr(1, 0), pr(4, 4), nil, nil, pr(0, 0)}
+	//                     5         0    2         9         0    0    1
+	tests := []struct {
+		name      string
+		lo, limit int
+		want      int
+	}{
+		{"a chunk closes once it holds the limit", 0, 7, 3},
+		{"a removal adds nothing to a chunk", 0, 5, 1},
+		{"a frontend larger than the limit is a chunk of its own", 3, 2, 4},
+		{"a chunk takes one frontend at least", 2, 1, 3},
+		{"removals after the limit belong to the next chunk", 3, 9, 4},
+		{"trailing removals join the last chunk", 4, 100, 7},
+		{"the last chunk ends at the end", 0, 1000, 7},
+		{"no changes left", 7, 10, 7},
+	}
+	for _, tt := range tests {
+		if got := chunkEnd(next, tt.lo, tt.limit); got != tt.want {
+			t.Errorf("%s: chunkEnd(lo %d, limit %d) = %d, want %d", tt.name, tt.lo, tt.limit, got, tt.want)
+		}
+	}
+	// Chunks cover every change once, in order.
+	var covered int
+	for lo := 0; lo < len(next); {
+		hi := chunkEnd(next, lo, 3)
+		if hi <= lo {
+			t.Fatalf("chunk [%d, %d) is empty", lo, hi)
+		}
+		covered += hi - lo
+		lo = hi
+	}
+	if covered != len(next) {
+		t.Errorf("chunks cover %d changes, want %d", covered, len(next))
+	}
+}
+
+func TestLeavingWrites(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	a.flags |= svcFlagMaglev
+	setup := func() (*programmer, []change) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		return p, p.allocateIDs([]change{{key: a.key}}, false).gone
+	}
+	wantDeletes := func(t *testing.T, w writes, slots []uint32) {
+		t.Helper()
+		var got []uint32
+		for _, k := range w.svcDeletes {
+			got = append(got, k.Slot)
+		}
+		if !slices.Equal(got, slots) {
+			t.Errorf("deleted service slots %v, want %v", got, slots)
+		}
+		if want := []bpfMemberKey{{RevNatId: 1, BackendId: 1}, {RevNatId: 1, BackendId: 2}}; !slices.Equal(w.memberDeletes, want) {
+			t.Errorf("deleted members %v, want %v", w.memberDeletes, want)
+		}
+		if !slices.Equal(w.maglevDeletes, []uint32{1}) {
+			t.Errorf("deleted Maglev tables %v, want [1]", w.maglevDeletes)
+		}
+	}
+
+	t.Run("the master drains", func(t *testing.T) {
+		p, gone := setup()
+		w := p.leavingWrites(gone)
+		if want := []bpfSvcVal{{RevNatId: 1, Flags: svcFlagDraining}}; !slices.Equal(w.svcVals, want) || w.svcKeys[0].Slot != 0 {
+			t.Errorf("master written %v at %v, want a draining master %v", w.svcVals, w.svcKeys, want)
+		}
+		if len(w.revNatDeletes) != 0 {
+			t.Errorf("reverse-NAT entries %v deleted while the frontend drains", w.revNatDeletes)
+		}
+		wantDeletes(t, w, []uint32{1, 2})
+	})
+	t.Run("without drain the master goes first", func(t *testing.T) {
+		p, gone := setup()
+		p.noDrain = true
+		w := p.leavingWrites(gone)
+		if len(w.svcKeys) != 0 {
+			t.Errorf("service entries written: %v", w.svcKeys)
+		}
+		if !slices.Equal(w.revNatDeletes, []uint32{1}) {
+			t.Errorf("deleted reverse-NAT entries %v, want [1]", w.revNatDeletes)
+		}
+		wantDeletes(t, w, []uint32{0, 1, 2})
+	})
+}
+
+func TestBackendsToWrite(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	b := stepFE("ns/b", "198.18.0.2", 80, ipprotoTCP, "10.0.0.2:8080", "10.0.0.3:8080")
+	collect := func(seq func(func(uint32, bePacked) bool)) map[uint32]bePacked {
+		out := map[uint32]bePacked{}
+		for id, k := range seq {
+			out[id] = k
+		}
+		return out
+	}
+	p := newStepProgrammer()
+	p.backendIDs.put(stepBE("10.0.0.9:8080"), backendRef{id: 9}) // restored, unused
+	p.nextBackend = 10
+	stepApply(p, false, change{key: a.key, fe: a})
+
+	pl := p.allocateIDs([]change{{key: b.key, fe: b}}, false)
+	if got, want := collect(p.backendsToWrite(pl, nil, false)), map[uint32]bePacked{12: stepBE("10.0.0.3:8080")}; !maps.Equal(got, want) {
+		t.Errorf("incremental apply writes backends %v, want only the new one %v", got, want)
+	}
+	p.commit(pl)
+
+	pl = p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}}, true)
+	all := map[uint32]bePacked{10: stepBE("10.0.0.1:8080"), 11: stepBE("10.0.0.2:8080"), 12: stepBE("10.0.0.3:8080")}
+	if got := collect(p.backendsToWrite(pl, nil, true)); !maps.Equal(got, all) {
+		t.Errorf("full apply of empty maps writes backends %v, want every one in use %v", got, all)
+	}
+	au := &audit{backendOK: newBitset(13)}
+	au.backendOK.set(11)
+	delete(all, 11)
+	if got := collect(p.backendsToWrite(pl, au, true)); !maps.Equal(got, all) {
+		t.Errorf("audited full apply writes backends %v, want those in use but the one found correct %v", got, all)
+	}
+}
+
+func TestCommitFreesUnreferenced(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 53, ipprotoUDP, "10.0.0.1:53", "10.0.0.2:53")
+	b := stepFE("ns/b", "198.18.0.2", 53, ipprotoUDP, "10.0.0.3:53")
+
+	t.Run("a backend moving between frontends stays; one only a leaving frontend had goes", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a}, change{key: b.key, fe: b})
+		// b takes a's backend 10.0.0.1 as a leaves.
+		b2 := stepFE("ns/b", "198.18.0.2", 53, ipprotoUDP, "10.0.0.1:53", "10.0.0.3:53")
+		pl, dead := stepApply(p, false, change{key: a.key}, change{key: b.key, fe: b2})
+		if len(pl.newBackends) != 0 {
+			t.Errorf("new backends %v: the moving backend got a new ID", pl.newBackends)
+		}
+		if !slices.Equal(dead.backendDeletes, []uint32{2}) {
+			t.Errorf("deleted backends %v, want [2] (10.0.0.2, a's alone)", dead.backendDeletes)
+		}
+		if ref := refOf(t, p, "10.0.0.1:53"); ref != (backendRef{id: 1, refs: 1}) {
+			t.Errorf("moving backend %+v, want ID 1 with b's reference", ref)
+		}
+		if _, ok := p.backendIDs.get(stepBE("10.0.0.2:53")); ok {
+			t.Errorf("the unreferenced backend stays in the table")
+		}
+		if p.draining[a.key] != 1 || p.revNatIDs[a.key] != 1 || p.frontends[a.key] != nil {
+			t.Errorf("leaving a: draining %v, reverse-NAT ID %d, programmed %v; want draining with ID 1 kept", p.draining, p.revNatIDs[a.key], p.frontends[a.key])
+		}
+		if _, ok := p.byService["ns/a"]; ok {
+			t.Errorf("the gone service stays indexed: %v", p.byService)
+		}
+		if p.svcEntries != 3 || p.memberEntries != 2 {
+			t.Errorf("entry counts: %d service, %d member; want b's 3 and 2", p.svcEntries, p.memberEntries)
+		}
+	})
+
+	t.Run("the UDP callbacks wait for the caller, and name the members that left", func(t *testing.T) {
+		p := newStepProgrammer()
+		var removed []string
+		p.onMembersRemoved = func(fe feKey, revNat uint32, gone []beKey) {
+			for _, k := range gone {
+				removed = append(removed, fe.String()+" "+k.String())
+			}
+		}
+		stepApply(p, false, change{key: a.key, fe: a})
+		removed = nil
+		a2 := stepFE("ns/a", "198.18.0.1", 53, ipprotoUDP, "10.0.0.2:53")
+		_, udpGone := p.commit(p.allocateIDs([]change{{key: a.key, fe: a2}}, false))
+		if len(removed) != 0 {
+			t.Fatalf("commit called onMembersRemoved itself: %v", removed)
+		}
+		for _, f := range udpGone {
+			f()
+		}
+		if want := []string{"198.18.0.1:53/UDP 10.0.0.1:53"}; !slices.Equal(removed, want) {
+			t.Errorf("removed %v, want %v", removed, want)
+		}
+	})
+
+	t.Run("without drain a leaving frontend gives up its reverse-NAT ID", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		p.noDrain = true
+		stepApply(p, false, change{key: a.key})
+		if _, ok := p.revNatIDs[a.key]; ok || len(p.draining) != 0 {
+			t.Errorf("reverse-NAT IDs %v, draining %v; want neither to hold a", p.revNatIDs, p.draining)
+		}
+	})
+
+	t.Run("a frontend back before it drained is live again", func(t *testing.T) {
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: a.key, fe: a})
+		stepApply(p, false, change{key: a.key})
+		pl, _ := stepApply(p, false, change{key: a.key, fe: a})
+		if len(p.draining) != 0 || pl.next[0].revNat != 1 {
+			t.Errorf("draining %v, reverse-NAT ID %d; want none draining and ID 1 again", p.draining, pl.next[0].revNat)
+		}
+	})
+}
+
+func TestQueueChangedFrontend(t *testing.T) {
+	old := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080")
+	old.flags |= svcFlagMaglev
+	p := newStepProgrammer()
+	stepApply(p, false, change{key: old.key, fe: old})
+	// 10.0.0.2 leaves, 10.0.0.1 may take no new connections, Maglev goes.
+	fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.3:8080")
+	fe.members[0].flags = 0
+	pl := p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+	ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
+	none := &audit{}
+
+	var w writes
+	p.queueMembers(&w, ch, false, none)
+	if want := []bpfMemberKey{{RevNatId: 1, BackendId: 1}}; !slices.Equal(w.memberKeys, want) || len(w.revNatKeys) != 0 {
+		t.Errorf("step 2 writes members %v and reverse NAT %v; want only the member whose flags changed %v", w.memberKeys, w.revNatKeys, want)
+	}
+	w.reset()
+	p.queueSlots(&w, ch, false, none)
+	if len(w.svcKeys) != 1 || w.svcKeys[0].Slot != 2 || w.svcVals[0] != (bpfSvcVal{BackendId: 3, Weight: 2}) {
+		t.Errorf("step 4 writes slots %v = %v; want slot 2 = backend 3, the only one that changed", w.svcKeys, w.svcVals)
+	}
+	w.reset()
+	p.queueMasters(&w, ch, false, none)
+	if len(w.svcVals) != 1 || w.svcVals[0].Count != 2 || w.svcVals[0].Flags&svcFlagMaglev != 0 {
+		t.Errorf("step 5 writes masters %v; want one with count 2 and no Maglev", w.svcVals)
+	}
+	w.reset()
+	p.queueStale(&w, ch)
+	if len(w.svcDeletes) != 1 || w.svcDeletes[0].Slot != 3 {
+		t.Errorf("step 6 deletes slots %v, want slot 3", w.svcDeletes)
+	}
+	if want := []bpfMemberKey{{RevNatId: 1, BackendId: 2}}; !slices.Equal(w.memberDeletes, want) {
+		t.Errorf("step 6 deletes members %v, want %v", w.memberDeletes, want)
+	}
+	if !slices.Equal(w.maglevDeletes, []uint32{1}) {
+		t.Errorf("step 6 deletes Maglev tables %v, want [1]", w.maglevDeletes)
+	}
+
+	// A full apply writes every entry but those the audit found correct.
+	au := &audit{revNatOK: newBitset(1), masterOK: newBitset(1), entryOK: newBitset(pl.nids)}
+	au.revNatOK.set(0)
+	au.entryOK.set(1)     // member 1 (10.0.0.3)
+	au.entryOK.set(2 + 0) // slot 1
+	w.reset()
+	p.queueMembers(&w, ch, true, au)
+	p.queueSlots(&w, ch, true, au)
+	p.queueMasters(&w, ch, true, au)
+	if len(w.revNatKeys) != 0 || len(w.memberKeys) != 1 || w.memberKeys[0].BackendId != 1 {
+		t.Errorf("full apply writes reverse NAT %v, members %v; want member 1 alone", w.revNatKeys, w.memberKeys)
+	}
+	var slots []uint32
+	for _, k := range w.svcKeys {
+		slots = append(slots, k.Slot)
+	}
+	if !slices.Equal(slots, []uint32{2, 0}) {
+		t.Errorf("full apply writes service slots %v, want [2 0] (slot 2, then the master)", slots)
+	}
+}
+
+func TestSameMaglevTable(t *testing.T) {
+	mk := func(maglevM uint32, backends ...string) *programmed {
+		fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, backends...)
+		fe.flags |= svcFlagMaglev
+		fe.maglevM = maglevM
+		pr := &programmed{fe: fe}
+		for i := range fe.slots {
+			pr.slotIDs = append(pr.slotIDs, uint32(i+1))
+		}
+		return pr
+	}
+	base := mk(251, "10.0.0.1:80", "10.0.0.2:80")
+	if sameMaglevTable(nil, base) {
+		t.Errorf("no old frontend: same table")
+	}
+	if !sameMaglevTable(mk(251, "10.0.0.1:80", "10.0.0.2:80"), base) {
+		t.Errorf("the same frontend: a different table")
+	}
+	if sameMaglevTable(mk(509, "10.0.0.1:80", "10.0.0.2:80"), base) {
+		t.Errorf("another table size: same table")
+	}
+	heavier := mk(251, "10.0.0.1:80", "10.0.0.2:80")
+	heavier.fe.slots[1].weight = 5
+	if sameMaglevTable(heavier, base) {
+		t.Errorf("another weight: same table")
+	}
+	plain := mk(251, "10.0.0.1:80", "10.0.0.2:80")
+	plain.fe.flags &^= svcFlagMaglev
+	if sameMaglevTable(plain, base) {
+		t.Errorf("the old frontend had no Maglev table: same table")
+	}
+}
+
+// TestAuditEntries: the full apply's audit sorts each map entry it reads
+// into correct, to rewrite, stale (of a desired frontend, deleted after the
+// writes) and absent (of no frontend, deleted before them), and keeps what
+// a draining frontend still needs.
+func TestAuditEntries(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	gone := stepFE("ns/gone", "198.18.0.2", 80, ipprotoTCP, "10.0.0.3:8080")
+	p := newStepProgrammer()
+	stepApply(p, false, change{key: a.key, fe: a}, change{key: gone.key, fe: gone})
+	stepApply(p, false, change{key: gone.key}) // gone drains, with reverse-NAT ID 2
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	pr := pl.next[0]
+	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	absent := feKey{addr: netip.MustParseAddr("198.18.0.9"), port: 80, proto: ipprotoTCP}
+	revNatOf := func(k feKey) bpfRevNat {
+		var rn bpfRevNat
+		rn.Addr.W, rn.Port, rn.Proto = toWords(k.addr), be16(k.port), k.proto
+		return rn
+	}
+
+	au.revNatEntry(1, revNatOf(a.key))                                      // correct
+	au.revNatEntry(2, revNatOf(gone.key))                                   // draining: kept
+	au.revNatEntry(9, revNatOf(absent))                                     // absent
+	au.serviceEntry(svcKeyOf(a.key, 0), masterVal(pr))                      // correct
+	au.serviceEntry(svcKeyOf(a.key, 1), bpfSvcVal{BackendId: 1, Weight: 1}) // correct
+	au.serviceEntry(svcKeyOf(a.key, 2), bpfSvcVal{BackendId: 1, Weight: 2}) // wrong backend
+	au.serviceEntry(svcKeyOf(a.key, 3), bpfSvcVal{BackendId: 2, Weight: 3}) // past the count: stale
+	au.serviceEntry(svcKeyOf(absent, 1), bpfSvcVal{BackendId: 9})           // absent slot
+	au.serviceEntry(svcKeyOf(absent, 0), bpfSvcVal{Count: 1, RevNatId: 9})  // absent master
+	au.serviceEntry(svcKeyOf(gone.key, 0), bpfSvcVal{RevNatId: 2, Flags: svcFlagDraining})
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 1}, memberFlagEligible) // correct
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 2}, 0)                  // wrong flags
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 3}, memberFlagEligible) // not a member: stale
+	au.memberEntry(bpfMemberKey{RevNatId: 9, BackendId: 9}, memberFlagEligible) // absent
+	au.maglevEntry(1, 0)                                                        // a does not use Maglev: stale
+	au.maglevEntry(9, 0)                                                        // absent
+	au.countUsed()
+	var be1, be2, be9 bpfBackend
+	be1.Addr.W, be1.Port = toWords(netip.MustParseAddr("10.0.0.1")), be16(8080)
+	be2.Addr.W, be2.Port = toWords(netip.MustParseAddr("10.0.0.9")), be16(8080)
+	be9 = be1
+	au.backendEntry(1, be1) // correct
+	au.backendEntry(2, be2) // holds another address
+	au.backendEntry(9, be9) // no frontend uses ID 9: stale
+	au.au.absent.svcDeletes = append(au.au.absent.svcDeletes, au.absentSlots...)
+
+	got := au.au
+	if !got.revNatOK.has(0) || !got.masterOK.has(0) {
+		t.Errorf("a's reverse-NAT entry and master not found correct")
+	}
+	// The ID slab: members 0-1, then slots 2-3.
+	for i, want := range []bool{true, false, true, false} {
+		if got.entryOK.has(i) != want {
+			t.Errorf("entry %d found correct: %v, want %v", i, got.entryOK.has(i), want)
+		}
+	}
+	if !got.backendOK.has(1) || got.backendOK.has(2) {
+		t.Errorf("backends found correct: 1 %v, 2 %v; want 1 alone", got.backendOK.has(1), got.backendOK.has(2))
+	}
+	wantOK := [numServiceMaps]int{mapServices: 2, mapMembers: 1, mapRevNat: 1, mapBackends: 1}
+	wantWrong := [numServiceMaps]int{mapServices: 1, mapMembers: 1, mapBackends: 1}
+	if got.ok != wantOK || got.wrong != wantWrong {
+		t.Errorf("found correct %v and wrong %v, want %v and %v", got.ok, got.wrong, wantOK, wantWrong)
+	}
+	if want := []bpfSvcKey{svcKeyOf(absent, 0), svcKeyOf(absent, 1)}; !slices.Equal(got.absent.svcDeletes, want) {
+		t.Errorf("absent service entries %v, want the master, then the slot: %v", got.absent.svcDeletes, want)
+	}
+	if !slices.Equal(got.absent.revNatDeletes, []uint32{9}) || !slices.Equal(got.absent.maglevDeletes, []uint32{9}) ||
+		!slices.Equal(got.absent.memberDeletes, []bpfMemberKey{{RevNatId: 9, BackendId: 9}}) {
+		t.Errorf("absent: reverse NAT %v, Maglev %v, members %v; want those of ID 9 alone",
+			got.absent.revNatDeletes, got.absent.maglevDeletes, got.absent.memberDeletes)
+	}
+	if !slices.Equal(got.stale.svcDeletes, []bpfSvcKey{svcKeyOf(a.key, 3)}) ||
+		!slices.Equal(got.stale.memberDeletes, []bpfMemberKey{{RevNatId: 1, BackendId: 3}}) ||
+		!slices.Equal(got.stale.maglevDeletes, []uint32{1}) || !slices.Equal(got.stale.backendDeletes, []uint32{9}) {
+		t.Errorf("stale: services %v, members %v, Maglev %v, backends %v",
+			got.stale.svcDeletes, got.stale.memberDeletes, got.stale.maglevDeletes, got.stale.backendDeletes)
+	}
+	if got.used != 2 {
+		t.Errorf("%d backends used, want 2", got.used)
+	}
+}
+
+// TestChangesFor: an incremental Apply changes the frontends of the
+// services it names that differ from what is programmed, and removes those
+// they no longer have; a full one changes every frontend, and removes
+// those of services that are gone.
+func TestChangesFor(t *testing.T) {
+	svc := func(name, vip string, gen uint64, backends ...string) *dataplane.Service {
+		s := &dataplane.Service{
+			Name: name, Owner: "test", Generation: gen,
+			VIPs:          []netip.Addr{netip.MustParseAddr(vip)},
+			Ports:         []dataplane.Port{{Name: "p", Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+			TrafficPolicy: dataplane.TrafficPolicyCluster,
+			LoadBalancing: dataplane.LoadBalancingRandom,
+		}
+		for _, b := range backends {
+			s.Backends = append(s.Backends, dataplane.Backend{IP: netip.MustParseAddr(b), State: dataplane.BackendReady, Weight: 1})
+		}
+		return s
+	}
+	state := func(changed []string, svcs ...*dataplane.Service) *dataplane.State {
+		s := &dataplane.State{Services: map[string]*dataplane.Service{}, Changed: changed}
+		for _, v := range svcs {
+			s.Services[v.Name] = v
+		}
+		return s
+	}
+	view := func(changes []change) []string {
+		var out []string
+		for _, c := range changes {
+			what := "remove "
+			if c.fe != nil {
+				what = "write "
+			}
+			out = append(out, what+c.key.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	d := &Dataplane{prog: newStepProgrammer(), cfg: Config{MaglevTableSize: 251}}
+	a, b := svc("ns/a", "198.18.0.1", 1, "10.0.0.1"), svc("ns/b", "198.18.0.2", 1, "10.0.0.2")
+	changes, desired, err := d.changesFor(state(nil, a, b), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.1:80/TCP", "write 198.18.0.2:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("first full apply: %v, want %v", got, want)
+	}
+	if len(desired) != 2 {
+		t.Errorf("desired %v, want both frontends", desired)
+	}
+	d.prog.commit(d.prog.allocateIDs(changes, true))
+
+	// b gets another backend, c is new, a is unchanged but named.
+	b2 := svc("ns/b", "198.18.0.2", 2, "10.0.0.2", "10.0.0.3")
+	c := svc("ns/c", "198.18.0.3", 1, "10.0.0.4")
+	changes, _, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.2:80/TCP", "write 198.18.0.3:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("incremental apply: %v, want %v", got, want)
+	}
+	d.prog.commit(d.prog.allocateIDs(changes, false))
+
+	// a moves to another VIP; b is gone but not named: untouched.
+	a2 := svc("ns/a", "198.18.0.9", 2, "10.0.0.1")
+	changes, _, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"remove 198.18.0.1:80/TCP", "write 198.18.0.9:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("incremental apply of a moved VIP: %v, want %v", got, want)
+	}
+
+	// A full apply removes b too, and rewrites every frontend it keeps.
+	changes, _, err = d.changesFor(state(nil, a2, c), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"remove 198.18.0.1:80/TCP", "remove 198.18.0.2:80/TCP", "write 198.18.0.3:80/TCP", "write 198.18.0.9:80/TCP"}
+	if got := view(changes); !slices.Equal(got, want) {
+		t.Errorf("full apply: %v, want %v", got, want)
+	}
+
+	// A service the dataplane cannot program changes nothing.
+	bad := svc("ns/bad", "198.18.0.5", 1, "10.0.0.5")
+	bad.Ports[0].Protocol = dataplane.Protocol(99)
+	if _, _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
+		t.Errorf("a service with an unsupported protocol: %v, want an error wrapping ErrUnsupported", err)
+	}
+}

@@ -1,0 +1,377 @@
+package ebpf
+
+// The audit of a full apply: one read of every service map, compared with
+// the state the apply is about to write, so that it rewrites only what is
+// missing or wrong and deletes what no frontend accounts for.
+
+import (
+	"fmt"
+	"slices"
+)
+
+// audit is what one read of the maps found, before a full apply writes
+// them when they may hold more than the applies wrote (after a restart or
+// a failure): the entries to delete, and those that already hold what the
+// apply would write, which it skips.
+type audit struct {
+	// absent are the entries of frontends that are neither desired nor
+	// draining, deleted before the writes (their room may be needed).
+	absent writes
+	// stale are the entries that desired frontends no longer use and
+	// unreferenced backends, deleted after the writes.
+	stale writes
+	// Entries found correct: reverse NAT and master by change index;
+	// members and slots by their index in the apply's ID slab; backends
+	// by ID (nil when IDs run too high for a bitset).
+	revNatOK, masterOK, entryOK, backendOK bitset
+	// ok and wrong count, by map, the desired entries found correct and
+	// those found holding another value.
+	ok, wrong [numServiceMaps]int
+	// used is the number of backends the desired frontends reference.
+	used int
+}
+
+// The maps that hold the services, as indexes of entryCounts.
+const (
+	mapServices = iota
+	mapMembers
+	mapRevNat
+	mapBackends
+	mapMaglev
+	numServiceMaps
+)
+
+var serviceMapNames = [numServiceMaps]string{"vipd_services", "vipd_members", "vipd_revnat", "vipd_backends", "vipd_maglev"}
+
+// entryCounts counts, map by map, the entries a full apply adds (they
+// were missing), fixes (they held another value) and removes (no service
+// accounts for them).
+type entryCounts [numServiceMaps]struct{ added, fixed, removed int }
+
+// any reports whether c counts any entry.
+func (c *entryCounts) any() bool { return *c != entryCounts{} }
+
+// logArgs renders the maps with changes as key-value pairs for the log,
+// such as "vipd_services", "added=1 fixed=0 removed=2".
+func (c *entryCounts) logArgs() []any {
+	var args []any
+	for i, n := range c {
+		if n.added+n.fixed+n.removed > 0 {
+			args = append(args, serviceMapNames[i], fmt.Sprintf("added=%d fixed=%d removed=%d", n.added, n.fixed, n.removed))
+		}
+	}
+	return args
+}
+
+// counts computes what a full apply of next changes in the maps, given
+// what au found in them (au nil: the maps were empty). backends is the
+// backend table after the apply's references were counted.
+func (au *audit) counts(next []*programmed, backends *backendTable) entryCounts {
+	var want [numServiceMaps]int
+	for _, pr := range next {
+		if pr == nil {
+			continue
+		}
+		want[mapServices] += 1 + len(pr.slotIDs)
+		want[mapMembers] += len(pr.memberIDs)
+		want[mapRevNat]++
+		if pr.fe.flags&svcFlagMaglev != 0 {
+			want[mapMaglev]++
+		}
+	}
+	if au != nil {
+		want[mapBackends] = au.used
+	} else {
+		for _, ref := range backends.all() {
+			if ref.refs > 0 {
+				want[mapBackends]++
+			}
+		}
+	}
+	var c entryCounts
+	for i := range c {
+		c[i].added = want[i]
+	}
+	if au == nil {
+		return c
+	}
+	for i := range c {
+		c[i].added -= au.ok[i] + au.wrong[i]
+		c[i].fixed = au.wrong[i]
+	}
+	c[mapServices].removed = len(au.absent.svcDeletes) + len(au.stale.svcDeletes)
+	c[mapMembers].removed = len(au.absent.memberDeletes) + len(au.stale.memberDeletes)
+	c[mapRevNat].removed = len(au.absent.revNatDeletes)
+	c[mapMaglev].removed = len(au.absent.maglevDeletes) + len(au.stale.maglevDeletes)
+	c[mapBackends].removed = len(au.stale.backendDeletes)
+	return c
+}
+
+// bitset is a set of small non-negative integers.
+type bitset []uint64
+
+func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
+
+func (b bitset) set(i int) { b[i/64] |= 1 << (i % 64) }
+
+func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
+
+// maxBackendBitset bounds the backend IDs audit tracks in a bitset (8 MiB).
+const maxBackendBitset = 64 << 20
+
+// auditMaps reads every service map once and compares it with the state
+// apply is about to write: changes, with their programmed state next (index
+// for index, offs their offsets in the ID slab of nids IDs), and gone, the
+// frontends leaving. It replaces a prune after the writes: a full apply
+// ends with the desired frontends and the draining ones alone.
+func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
+	a := p.newAuditor(changes, next, offs, nids, gone)
+	if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
+		return nil, err
+	}
+	if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
+		return nil, err
+	}
+	a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
+	if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
+		return nil, err
+	}
+	if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
+		return nil, err
+	}
+	a.countUsed()
+	if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+		return nil, err
+	}
+	return a.au, nil
+}
+
+// auditor is one auditMaps under way: the audit it fills, map entry by map
+// entry, and the desired state it compares the entries with. Its entry
+// methods touch no map: auditMaps feeds them what it reads.
+type auditor struct {
+	p    *programmer
+	au   *audit
+	next []*programmed
+	offs []int32
+	// at are the desired frontends by their master's key, as the maps
+	// spell it (no address to convert for each of a million service
+	// entries); byRevNat the same by reverse-NAT ID; both give the index
+	// in changes.
+	at       map[bpfSvcKey]int
+	byRevNat map[uint32]int
+	// drains are the masters of the frontends that are not desired but
+	// keep their master and reverse-NAT entry while they drain, with
+	// their reverse-NAT IDs.
+	drains map[bpfSvcKey]uint32
+	// absentSlots are the slots of frontends that are neither desired
+	// nor draining: deleted after their masters.
+	absentSlots []bpfSvcKey
+	// memberIndex maps backend IDs to member indexes, for the frontends
+	// with many members, as they are met.
+	memberIndex map[int]map[uint32]int
+	// used are the IDs of the backends referenced after the apply, sorted.
+	used []uint32
+}
+
+func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
+	a := &auditor{
+		p: p,
+		au: &audit{
+			revNatOK: newBitset(len(changes)),
+			masterOK: newBitset(len(changes)),
+			entryOK:  newBitset(nids),
+		},
+		next:        next,
+		offs:        offs,
+		at:          make(map[bpfSvcKey]int, len(changes)),
+		byRevNat:    make(map[uint32]int, len(changes)),
+		drains:      make(map[bpfSvcKey]uint32, len(p.draining)+len(gone)),
+		memberIndex: map[int]map[uint32]int{},
+	}
+	if p.nextBackend <= maxBackendBitset {
+		a.au.backendOK = newBitset(int(p.nextBackend))
+	}
+	for i, pr := range next {
+		if pr != nil {
+			a.at[svcKeyOf(changes[i].key, 0)] = i
+			a.byRevNat[pr.revNat] = i
+		}
+	}
+	// A frontend that is not desired keeps its master and reverse-NAT
+	// entry while it drains: those that drain already and, unless they go
+	// outright, those that leave now.
+	for k, id := range p.draining {
+		if _, ok := a.at[svcKeyOf(k, 0)]; !ok {
+			a.drains[svcKeyOf(k, 0)] = id
+		}
+	}
+	if !p.noDrain {
+		for _, c := range gone {
+			a.drains[svcKeyOf(c.key, 0)] = p.frontends[c.key].revNat
+		}
+	}
+	return a
+}
+
+// revNatEntry audits one reverse-NAT entry: correct, to rewrite, kept
+// for a draining frontend, or absent.
+func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
+	var k bpfSvcKey
+	k.Addr, k.Port, k.Proto = rn.Addr, rn.Port, rn.Proto
+	if i, ok := a.byRevNat[id]; ok {
+		if j, ok := a.at[k]; ok && j == i {
+			a.au.revNatOK.set(i)
+			a.au.ok[mapRevNat]++
+		} else {
+			a.au.wrong[mapRevNat]++ // rewritten
+		}
+		return
+	}
+	if d, ok := a.drains[k]; ok && d == id {
+		return
+	}
+	a.au.absent.deleteRevNat(id)
+}
+
+// serviceEntry audits one service entry: a master or slot of a desired
+// frontend is correct or to rewrite, a slot beyond its count stale; a
+// master of a draining frontend stays; the rest is absent, masters first.
+func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
+	au := a.au
+	k := sk
+	k.Slot = 0
+	i, ok := a.at[k]
+	switch {
+	case !ok && sk.Slot == 0:
+		if _, drains := a.drains[k]; !drains {
+			au.absent.svcDeletes = append(au.absent.svcDeletes, sk) // masters first
+		}
+	case !ok:
+		a.absentSlots = append(a.absentSlots, sk)
+	case sk.Slot == 0:
+		if sv == masterVal(a.next[i]) {
+			au.masterOK.set(i)
+			au.ok[mapServices]++
+		} else {
+			au.wrong[mapServices]++
+		}
+	case int(sk.Slot) <= len(a.next[i].slotIDs):
+		j := int(sk.Slot) - 1
+		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs[j], Weight: a.next[i].fe.slots[j].cum}) {
+			au.entryOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
+			au.ok[mapServices]++
+		} else {
+			au.wrong[mapServices]++
+		}
+	default:
+		au.stale.svcDeletes = append(au.stale.svcDeletes, sk)
+	}
+}
+
+// memberOf returns the index of backend id among the members of the
+// desired frontend i, or -1. Most frontends have few members; the others
+// get an index as they are met.
+func (a *auditor) memberOf(i int, id uint32) int {
+	ids := a.next[i].memberIDs
+	if len(ids) <= 16 {
+		return slices.Index(ids, id)
+	}
+	m, ok := a.memberIndex[i]
+	if !ok {
+		m = make(map[uint32]int, len(ids))
+		for j, id := range ids {
+			m[id] = j
+		}
+		a.memberIndex[i] = m
+	}
+	if j, ok := m[id]; ok {
+		return j
+	}
+	return -1
+}
+
+// memberEntry audits one member entry: of a desired frontend, correct, to
+// rewrite or stale; of any other, absent.
+func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
+	au := a.au
+	i, ok := a.byRevNat[mk.RevNatId]
+	if !ok {
+		au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
+		return
+	}
+	j := a.memberOf(i, mk.BackendId)
+	switch {
+	case j < 0:
+		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
+	case a.next[i].fe.members[j].flags == flags:
+		au.entryOK.set(int(a.offs[i]) + j)
+		au.ok[mapMembers]++
+	default:
+		au.wrong[mapMembers]++
+	}
+}
+
+// maglevEntry audits one Maglev table by its frontend alone: tables are
+// rebuilt whole in any case.
+func (a *auditor) maglevEntry(id uint32, _ uint32) {
+	au := a.au
+	if i, ok := a.byRevNat[id]; !ok {
+		au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
+	} else if a.next[i].fe.flags&svcFlagMaglev == 0 {
+		au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
+	} else {
+		au.ok[mapMaglev]++
+	}
+}
+
+// countUsed collects the IDs of the backends referenced after the apply,
+// which backendEntry needs.
+func (a *auditor) countUsed() {
+	a.used = a.used[:0]
+	for _, ref := range a.p.backendIDs.all() {
+		if ref.refs > 0 {
+			a.used = append(a.used, ref.id)
+		}
+	}
+	slices.Sort(a.used)
+	a.au.used = len(a.used)
+}
+
+// backendEntry audits one backend entry: stale when no frontend
+// references it after the apply, else correct or to rewrite.
+func (a *auditor) backendEntry(id uint32, be bpfBackend) {
+	au := a.au
+	if _, ok := slices.BinarySearch(a.used, id); !ok {
+		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
+		return
+	}
+	if ref, _ := a.p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
+		au.wrong[mapBackends]++
+		return
+	}
+	au.ok[mapBackends]++
+	if au.backendOK != nil {
+		au.backendOK.set(int(id))
+	}
+}
+
+// forget drops the in-memory IDs that no frontend, live or draining, holds
+// any more, after an audited full apply: backends restored from the maps
+// that no service uses, and reverse-NAT IDs of frontends that are gone.
+func (p *programmer) forget() {
+	for k, ref := range p.backendIDs.all() {
+		if ref.refs <= 0 {
+			p.backendIDs.del(k)
+		}
+	}
+	for k, id := range p.revNatIDs {
+		if pr := p.frontends[k]; pr != nil && pr.revNat == id {
+			continue
+		}
+		if d, ok := p.draining[k]; ok && d == id {
+			continue
+		}
+		delete(p.revNatIDs, k)
+	}
+}

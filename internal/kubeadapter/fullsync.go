@@ -1,0 +1,239 @@
+package kubeadapter
+
+// The full pass: one SyncServices that makes vipd's kubernetes-owned
+// services exactly the converted state of the informers, leaving out what
+// another owner holds and what vipd refuses; when vipd refuses without
+// naming a service, a piecewise pass of one service at a time.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/kubeconvert"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+const (
+	// fullSyncTimeout bounds one SyncServices: 100,000 services take
+	// seconds to program, beyond the client's default deadline.
+	fullSyncTimeout = 2 * time.Minute
+	// maxSyncRaces bounds the retries of a full sync that met a name
+	// another owner created meanwhile.
+	maxSyncRaces = 3
+)
+
+// fullPass makes vipd's kubernetes-owned services exactly the converted
+// state with one SyncServices, leaving out what another owner holds and
+// what vipd refuses.
+func (a *Adapter) fullPass(ctx context.Context, w work) error {
+	err := a.fullSync(ctx, w)
+	if err != nil {
+		a.requeue(w, slices.Collect(maps.Keys(w.names)), true)
+		return fmt.Errorf("full sync (%s): %w", w.fullReason, err)
+	}
+	return nil
+}
+
+func (a *Adapter) fullSync(ctx context.Context, w work) error {
+	if err := a.waitVIPD(ctx); err != nil {
+		return err
+	}
+	defer func() { a.prevLeftOut = nil }()
+	start := time.Now()
+	for race := 0; ; race++ {
+		all, err := a.vipd.ListServices(ctx, "")
+		if err != nil {
+			return fmt.Errorf("list vipd's services: %w", err)
+		}
+		svcs := listOf[*corev1.Service](a.services.GetStore().List())
+		eps := listOf[*discoveryv1.EndpointSlice](a.slices.GetStore().List())
+		want, left := kubeconvert.ConvertAll(svcs, eps, a.convert)
+
+		// Each full sync finds what it leaves out afresh; what it left
+		// out before is not logged again.
+		a.prevLeftOut = a.leftOut
+		a.leftOut, a.refused = map[string]string{}, map[string]*vipdv1.Service{}
+		for _, l := range left {
+			if !kubeconvert.IsSkipped(l.Err) {
+				a.leave(l.Service, ReasonInvalid, nil, l.Err)
+			}
+		}
+		want = a.withoutForeign(all, want)
+		resp, sent, err := a.syncDropping(ctx, want)
+		switch code := status.Code(err); {
+		case err == nil:
+		case code == codes.AlreadyExists && race < maxSyncRaces:
+			// A name listed free a moment ago was taken by another owner.
+			a.log.Info("full sync met a service created meanwhile; listing again", "error", err)
+			continue
+		case code == codes.FailedPrecondition || code == codes.ResourceExhausted || code == codes.AlreadyExists:
+			// vipd does not say which service it refused: apply them one
+			// by one, so that one cannot hold up the others.
+			a.log.Warn("vipd refused the full sync without naming a service; applying the services one by one", "error", err)
+			return a.piecewise(ctx, w, all, sent)
+		default:
+			return err
+		}
+		ours, err := a.vipd.ListServices(ctx, kubeconvert.Owner)
+		if err != nil {
+			return fmt.Errorf("list kubernetes services after the sync: %w", err)
+		}
+		gens := map[string]uint64{}
+		for _, s := range ours {
+			gens[s.Name] = s.Generation
+		}
+		a.applied = map[string]record{}
+		var names []string
+		for _, s := range sent {
+			if g, ok := gens[s.Name]; ok {
+				a.applied[s.Name] = record{spec: s, gen: g}
+				names = append(names, s.Name)
+			}
+		}
+		a.observe(w, names...)
+		a.log.Info("full sync", "reason", w.fullReason, "services", len(sent), "created", len(resp.Created),
+			"updated", len(resp.Updated), "deleted", len(resp.Deleted), "unchanged", len(resp.Unchanged),
+			"left_out", len(a.leftOut), "elapsed", time.Since(start))
+		return nil
+	}
+}
+
+func listOf[T any](objs []any) []T {
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// withoutForeign leaves out of want the names and the VIP:ports that
+// services of other owners hold: SyncServices would refuse the whole call
+// for either.
+func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service {
+	names := map[string]string{}
+	claims := map[claim]string{}
+	for _, s := range all {
+		if s.Owner == kubeconvert.Owner {
+			continue
+		}
+		names[s.Name] = s.Owner
+		for _, c := range claimsOf(s) {
+			claims[c] = s.Name
+		}
+	}
+	out := want[:0]
+	for _, s := range want {
+		if owner, ok := names[s.Name]; ok {
+			a.leave(s.Name, ReasonOtherOwner, nil, fmt.Errorf("vipd has service %s under owner %s", s.Name, owner))
+			continue
+		}
+		var holder string
+		for _, c := range claimsOf(s) {
+			if h, ok := claims[c]; ok {
+				holder = fmt.Sprintf("%s/%s is held by service %s", netip.AddrPortFrom(c.vip, uint16(c.port)), strings.TrimPrefix(c.proto.String(), "PROTOCOL_"), h)
+				break
+			}
+		}
+		if holder != "" {
+			a.leave(s.Name, ReasonConflict, s, errors.New(holder))
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// syncDropping calls SyncServices with want; while vipd refuses services as
+// invalid, naming them as services[i], it drops those and tries again. It
+// returns what it sent last.
+func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service) (*vipdv1.SyncServicesResponse, []*vipdv1.Service, error) {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, fullSyncTimeout)
+		resp, err := a.vipd.SyncServices(cctx, kubeconvert.Owner, want)
+		cancel()
+		if status.Code(err) != codes.InvalidArgument {
+			return resp, want, err
+		}
+		bad := map[int][]string{}
+		for _, v := range client.FieldViolations(err) {
+			if i, ok := serviceIndex(v.GetField()); ok && i < len(want) {
+				bad[i] = append(bad[i], v.GetField()+": "+v.GetDescription())
+			}
+		}
+		if len(bad) == 0 {
+			return nil, want, err
+		}
+		kept := make([]*vipdv1.Service, 0, len(want)-len(bad))
+		for i, s := range want {
+			if v, ok := bad[i]; ok {
+				a.leave(s.Name, ReasonInvalid, s, fmt.Errorf("vipd refused it: %s", strings.Join(v, "; ")))
+				continue
+			}
+			kept = append(kept, s)
+		}
+		want = kept
+	}
+}
+
+// serviceIndex reads i from a field violation "services[i]..." .
+func serviceIndex(field string) (int, bool) {
+	rest, ok := strings.CutPrefix(field, "services[")
+	if !ok {
+		return 0, false
+	}
+	n, _, ok := strings.Cut(rest, "]")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(n)
+	return i, err == nil && i >= 0
+}
+
+// piecewise is a full sync done one service at a time, for when vipd
+// refuses a SyncServices without naming the service at fault: every
+// desired service is upserted and every other kubernetes-owned one
+// deleted, each refusal attributed to its own service.
+func (a *Adapter) piecewise(ctx context.Context, w work, all, want []*vipdv1.Service) error {
+	a.applied = map[string]record{}
+	names := map[string]bool{}
+	for _, s := range all {
+		if s.Owner == kubeconvert.Owner {
+			// vipd's copy has defaults filled in, so it never equals a
+			// conversion: each is rewritten once, with its generation.
+			a.applied[s.Name] = record{spec: s, gen: s.Generation}
+			names[s.Name] = true
+		}
+	}
+	for _, s := range want {
+		names[s.Name] = true
+	}
+	var errs []error
+	for _, n := range a.deletesFirst(slices.Sorted(maps.Keys(names))) {
+		observe, err := a.syncOne(ctx, n)
+		if err != nil {
+			if status.Code(err) == codes.Unavailable || ctx.Err() != nil {
+				return err
+			}
+			errs = append(errs, err)
+			continue
+		}
+		if observe {
+			a.observe(w, n)
+		}
+	}
+	return errors.Join(errs...)
+}
