@@ -20,17 +20,17 @@ $(BIN)/grpcurl: tools/go.mod tools/go.sum
 deps:
 	./scripts/install-deps.sh
 
-# test runs every package but the fault tests of internal/soak, which
+# test runs every package but the fault tests of test/soak, which
 # test-soak runs in their short form (under 5 minutes; CI runs it) and
 # test-soak-full in their 30-second form.
 test: deps build
-	$(GOTEST) $(TESTARGS) $$($(GO) list ./... | grep -v '/internal/soak$$')
+	$(GOTEST) $(TESTARGS) $$($(GO) list ./... | grep -v '/test/soak$$')
 
 test-soak: deps
-	$(GOTEST) -count=1 -timeout 10m ./internal/soak/
+	$(GOTEST) -count=1 -timeout 10m ./test/soak/
 
 test-soak-full: deps
-	VIPD_SOAK=full $(GOTEST) -count=1 -timeout 30m ./internal/soak/
+	VIPD_SOAK=full $(GOTEST) -count=1 -timeout 30m ./test/soak/
 	$(GO) test -run '^$$' -fuzz '^FuzzTornStateDir$$' -fuzztime 5m ./server/store/
 
 # fuzz runs every fuzz target for FUZZTIME each (package:target pairs; go
@@ -75,7 +75,7 @@ lint:
 DATAPLANE ?= ebpf
 
 demo: deps build $(BIN)/grpcurl
-	$(GO) run ./internal/demo -bin $(BIN) -dataplane $(DATAPLANE)
+	$(GO) run ./cmd/vipd-demo -bin $(BIN) -dataplane $(DATAPLANE)
 
 # bench measures vipd against the direct path and a kube-proxy-shaped
 # iptables ruleset and writes bench/RESULTS.md (about half an hour);

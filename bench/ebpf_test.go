@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/procstat"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/procstat"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )

@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

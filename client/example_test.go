@@ -6,7 +6,7 @@ import (
 	"log"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

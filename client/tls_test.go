@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 )
 
 // TestTCPTarget checks the tcp://host:port form (the TLS itself is tested

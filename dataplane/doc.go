@@ -4,5 +4,6 @@
 // dataplane reports.
 //
 // Nothing here touches the kernel. The implementations live in subpackages:
-// iptables, ebpf, and fake (a recording, transactional fake for tests).
+// iptables, ebpf and none (programs nothing). The recording, transactional
+// fake in dataplane/fake is test harness: only tests import it.
 package dataplane

@@ -12,7 +12,7 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"
@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// instance is one running API server (internal/testserver: the real wiring
+// instance is one running API server (internal/testkit/testserver: the real wiring
 // over the fake dataplane and a real state directory) with clients for it.
 type instance struct {
 	dp     *fake.Dataplane

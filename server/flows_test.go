@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -11,8 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/dataplane/fake"
-	"github.com/vipd/vipd/internal/fuzzcorpus"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/fuzzcorpus"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/reconcile"

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // restore loads rules into node's namespace and fails the test on error.

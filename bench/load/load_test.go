@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 func TestMain(m *testing.M) {

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vipd/vipd/internal/childproc"
+	"github.com/vipd/vipd/internal/testkit/childproc"
 	"github.com/vipd/vipd/internal/nsdo"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 )
 
 // vipdBin is the vipd binary built once by TestMain.

@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/childproc"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/childproc"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	"golang.org/x/sys/unix"
 )
 

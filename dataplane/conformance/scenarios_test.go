@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"

@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // TestBPFFSRefusedInPrivateMountNamespace: in a mount namespace of its own

@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -38,8 +38,8 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
-	"github.com/vipd/vipd/internal/childproc"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/childproc"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/nsdo"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )

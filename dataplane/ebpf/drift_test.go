@@ -22,8 +22,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 )
 
 // driftEnv is a dpEnv with a TCP service on dpVIPA, a UDP service on

@@ -18,7 +18,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // flRequestLine is what netlab's clients send per request.

@@ -13,7 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/iptables"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // TestDriftDetectedAndRepaired breaks vipd's rules the way other tools do,

@@ -16,7 +16,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // kernelGolden holds what iptables-save and ip6tables-save show after the

@@ -10,7 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/mdlayher/netlink"
 	"github.com/vipd/vipd/dataplane/iptables"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )

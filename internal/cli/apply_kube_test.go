@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/testing/protocmp"
 )

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 )
 
 // TestApplyResults checks that apply says, per service, what vipd did,

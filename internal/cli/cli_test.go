@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/manifest"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	"github.com/vipd/vipd/internal/version"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/testing/protocmp"

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

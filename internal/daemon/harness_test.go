@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/daemon"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 

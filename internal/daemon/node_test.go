@@ -13,7 +13,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/daemon"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/test/bufconn"
 )

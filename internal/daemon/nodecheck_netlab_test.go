@@ -9,7 +9,7 @@ import (
 
 	"github.com/vipd/vipd/internal/cli"
 	"github.com/vipd/vipd/internal/daemon"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/childproc"
-	"github.com/vipd/vipd/internal/syncbuf"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/childproc"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/kubeadapter"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"

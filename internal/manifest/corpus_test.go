@@ -1,7 +1,7 @@
 package manifest_test
 
 import (
-	"github.com/vipd/vipd/internal/fuzzcorpus"
+	"github.com/vipd/vipd/internal/testkit/fuzzcorpus"
 	"os"
 	"path/filepath"
 	"strings"

@@ -23,7 +23,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/metrics"
-	"github.com/vipd/vipd/internal/testserver"
+	"github.com/vipd/vipd/internal/testkit/testserver"
 	"github.com/vipd/vipd/internal/version"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 )
 
 func TestEvaluateSysctls(t *testing.T) {

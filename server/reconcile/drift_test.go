@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/fake"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 	"github.com/vipd/vipd/server/reconcile"
 	"github.com/vipd/vipd/server/store"
 )

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vipd/vipd/internal/fuzzcorpus"
+	"github.com/vipd/vipd/internal/testkit/fuzzcorpus"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"

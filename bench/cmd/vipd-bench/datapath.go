@@ -10,7 +10,7 @@ import (
 
 	"github.com/vipd/vipd/bench/kubeproxy"
 	"github.com/vipd/vipd/bench/load"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // fullRun is one full programming of N services × 10 backends: by

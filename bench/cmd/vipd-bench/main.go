@@ -33,8 +33,8 @@ import (
 	"time"
 
 	"github.com/vipd/vipd/bench/load"
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 )
 
 // config is the sizes and durations of one run.

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/procstat"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/procstat"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 	"os"
 	"os/exec"
 	"path/filepath"

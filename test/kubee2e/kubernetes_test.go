@@ -24,9 +24,9 @@ import (
 
 	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/kubeconvert"
-	"github.com/vipd/vipd/internal/netlab"
-	"github.com/vipd/vipd/internal/soak"
-	"github.com/vipd/vipd/internal/testbin"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/test/soak"
+	"github.com/vipd/vipd/internal/testkit/testbin"
 )
 
 // bins holds vipd, vipd-k8s and vipctl, built once by TestMain.

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

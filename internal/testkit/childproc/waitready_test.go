@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/childproc"
+	"github.com/vipd/vipd/internal/testkit/childproc"
 )
 
 func TestWaitReady(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // Target is where Traffic connects: a VIP and port, and the backends (echo

@@ -1,7 +1,7 @@
 // Package soak proves, on real traffic, that vipd survives faults: kill -9
 // in the middle of applies, concurrent control planes, backend churn under
 // load, a failing dataplane, and overload. Each test builds its own netlab
-// network namespaces, runs the real vipd binary (built by internal/testbin)
+// network namespaces, runs the real vipd binary (built by internal/testkit/testbin)
 // against them for every dataplane (eBPF and iptables), and removes
 // everything it created, namespaces, processes, mounts and pinned objects,
 // also when it fails.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	ciliumebpf "github.com/cilium/ebpf"
 
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // TestTrafficCounts checks that the traffic counter counts what it must:

@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/cgroup2"
-	"github.com/vipd/vipd/internal/childproc"
+	"github.com/vipd/vipd/internal/testkit/childproc"
 )
 
 // clientEnv names the environment variable that makes a process started by

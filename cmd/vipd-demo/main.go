@@ -34,13 +34,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/cgroup2"
-	"github.com/vipd/vipd/internal/netlab"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 

@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/vipd/vipd/client"
-	"github.com/vipd/vipd/internal/childproc"
-	"github.com/vipd/vipd/internal/procstat"
-	"github.com/vipd/vipd/internal/syncbuf"
+	"github.com/vipd/vipd/internal/testkit/childproc"
+	"github.com/vipd/vipd/internal/testkit/procstat"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 )
 
 // VipdConfig says how to run vipd.
