@@ -15,8 +15,8 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // dpServices returns n dataplane services with k backends each, every

@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vipd/vipd/internal/testkit/childproc"
 	"github.com/vipd/vipd/internal/nsdo"
+	"github.com/vipd/vipd/internal/testkit/childproc"
 )
 
 // Backend is one backend server: echo on EchoPort (TCP and UDP; each line or

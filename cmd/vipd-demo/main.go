@@ -40,8 +40,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/cgroup2"
-	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // Dataplanes the demo runs vipd with.

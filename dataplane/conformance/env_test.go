@@ -21,9 +21,9 @@ import (
 
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/childproc"
 	"github.com/vipd/vipd/internal/testkit/netlab"
-	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 

@@ -38,10 +38,10 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
-	"github.com/vipd/vipd/internal/testkit/childproc"
-	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/nsdo"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
+	"github.com/vipd/vipd/internal/testkit/childproc"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // The UDP client process of TestDataplaneConnectedUDPSocketRecovers: this

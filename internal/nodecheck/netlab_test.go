@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/nodecheck"
+	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
 // checks returns the Check of each warning.

@@ -25,8 +25,8 @@ import (
 	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/kubeconvert"
 	"github.com/vipd/vipd/internal/testkit/netlab"
-	"github.com/vipd/vipd/test/soak"
 	"github.com/vipd/vipd/internal/testkit/testbin"
+	"github.com/vipd/vipd/test/soak"
 )
 
 // bins holds vipd, vipd-k8s and vipctl, built once by TestMain.

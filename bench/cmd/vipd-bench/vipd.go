@@ -15,9 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/procstat"
-	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 )
 
 // daemon is one vipd process serving one netlab node, with its state
