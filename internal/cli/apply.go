@@ -94,7 +94,10 @@ move to another owner fails (exit code 5) unless --take-ownership is given.
 
 With --prune (which needs --owner), one atomic call makes the owner's
 services exactly those in the files, deleting the owner's other services;
-other owners' services are never touched, and it prints "deleted" too.`,
+other owners' services are never touched, and it prints "deleted" too.
+SyncServices takes no generations: with --prune, generations are checked
+just before that call, not in it, so a change that another client makes
+in between is not noticed.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(ctx context.Context, _ []string) error {
 			if opts.prune && opts.owner == "" {
@@ -407,9 +410,10 @@ func (a *App) ownerMessage(ctx context.Context, c *client.Client, d document, op
 
 // sync makes owner's services exactly those of docs and reports what
 // changed; with --dry-run, vipd only checks the sync. A document that
-// carries a generation must match vipd's, checked just before the sync.
+// carries a generation must match vipd's, checked just before the sync
+// (see checkGenerations).
 func (a *App) sync(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
-	if err := a.checkGenerations(ctx, c, docs, opts.owner); err != nil {
+	if err := a.checkGenerations(ctx, c, docs); err != nil {
 		return err
 	}
 	svcs := make([]*vipdv1.Service, len(docs))
@@ -448,31 +452,39 @@ func (a *App) sync(ctx context.Context, c *client.Client, docs []document, opts 
 }
 
 // checkGenerations fails when a document's generation is not that of
-// vipd's copy of the service. SyncServices takes no generations, so this
-// is checked before it, not in the same transaction.
-func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []document, owner string) error {
+// vipd's copy of the service, whoever owns it. SyncServices takes no
+// generations, so this is checked just before it, not in the same
+// transaction: a change that another client makes in between is not seen.
+func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []document) error {
 	var stale fileErrors
-	var current map[string]uint64
+	var current map[string]*vipdv1.Service
 	for _, d := range docs {
 		if d.generation == 0 {
 			continue
 		}
 		if current == nil {
-			svcs, err := c.ListServices(ctx, owner)
+			// Every owner's: a service of the files may be stored under
+			// another owner, and then it exists, which the sync will say.
+			svcs, err := c.ListServices(ctx, "")
 			if err != nil {
 				return err
 			}
-			current = map[string]uint64{}
+			current = map[string]*vipdv1.Service{}
 			for _, s := range svcs {
-				current[s.GetName()] = s.GetGeneration()
+				current[s.GetName()] = s
 			}
 		}
-		if have := current[d.svc.GetName()]; have != d.generation {
+		cur := current[d.svc.GetName()]
+		if have := cur.GetGeneration(); have != d.generation {
 			if stale.cause == nil {
 				stale.cause = status.Errorf(codes.Aborted, "service %s: expected generation %d, but it is at generation %d", d.svc.GetName(), d.generation, have)
 			}
 			now := "which no longer exists"
-			if have != 0 {
+			switch {
+			case cur == nil:
+			case cur.GetOwner() != d.svc.GetOwner():
+				now = fmt.Sprintf("which vipd now has at generation %d, under owner %q", have, cur.GetOwner())
+			default:
 				now = fmt.Sprintf("which vipd now has at generation %d", have)
 			}
 			stale.errs = append(stale.errs, d.error("", fmt.Errorf("the file is stale: it holds generation %d of service %s, %s; get the service again, or remove generation from the file to overwrite it",

@@ -108,3 +108,20 @@ func TestApplyOwnership(t *testing.T) {
 	vipctl(t, sock, spec, "apply", "-f", "-", "--owner", "ops", "--take-ownership", "--prune").check(t, "",
 		"Error: --take-ownership does not apply to --prune, which never takes over another owner's service\nRun 'vipctl apply --help' for usage.\n", ExitUsage)
 }
+
+// TestApplyPruneStaleOtherOwner checks that --prune, checking generations,
+// finds a service stored under another owner: it exists, at its generation.
+func TestApplyPruneStaleOtherOwner(t *testing.T) {
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
+	const spec = "name: web\nvips: [10.96.0.10]\nports: [{port: 80}]\n"
+	vipctl(t, sock, spec, "apply", "-f", "-", "--owner", "nomad").checkCode(t, ExitOK)
+	vipctl(t, sock, "", "backends", "add", "web", "10.0.0.1").checkCode(t, ExitOK)
+	vipctl(t, sock, spec+"generation: 1\n", "apply", "-f", "-", "--prune", "--owner", "ops").check(t, "",
+		`Error: stdin: document 1 (service "web"): the file is stale: it holds generation 1 of service web, which vipd now has at generation 2, under owner "nomad"; get the service again, or remove generation from the file to overwrite it
+Error: nothing was applied (Aborted)
+`, ExitConflict)
+	if got := stored(t, vipd, "web"); got.GetGeneration() != 2 || got.GetOwner() != "nomad" {
+		t.Errorf("a stale --prune changed the service: %v", got)
+	}
+}
