@@ -65,7 +65,10 @@ func (e endpoint) diagnose(err error, timeout time.Duration) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		code = codes.DeadlineExceeded
 	}
-	if code != codes.Unavailable && code != codes.DeadlineExceeded || e.network == "" {
+	var placed *fileErrors
+	if code != codes.Unavailable && code != codes.DeadlineExceeded || e.network == "" || errors.As(err, &placed) {
+		// Placed errors say more than that, such as which services
+		// apply wrote before it failed.
 		return err
 	}
 	conn, dialErr := net.DialTimeout(e.network, e.address, probeTimeout)
