@@ -259,7 +259,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
 		recOpts = append(recOpts, reconcile.WithHold(holdReason))
 	}
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: unlimitedIfZero(cfg.MaxPorts), MaxServices: cfg.MaxServices,
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: cfg.MaxPorts, MaxServices: cfg.MaxServices,
 		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
 	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap.WithLimits(limits), recOpts...)
 	var apiOpts []server.APIOption
@@ -363,15 +363,6 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	stopRec()
 	<-recDone
 	return runErr
-}
-
-// unlimitedIfZero maps a flag's 0 (no limit) to validation's -1 for a limit
-// whose 0 means its default there.
-func unlimitedIfZero(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }
 
 func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
