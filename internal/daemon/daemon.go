@@ -31,7 +31,8 @@ import (
 
 // Config is everything vipd run is told on its command line.
 type Config struct {
-	// Socket is the Unix socket path; SocketMode its file mode.
+	// Socket is the Unix socket path; SocketMode its file mode (0: 0600,
+	// or 0660 with a SocketGroup).
 	Socket     string
 	SocketMode os.FileMode
 	// SocketGroup, a group name or numeric GID, owns the socket when set.
@@ -291,7 +292,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
 	srvOpts := []server.Option{
-		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
+		server.WithUnixSocketGroup(cfg.Socket, cfg.socketMode(), gid),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		server.WithInterceptors(m.GRPCInterceptors()),
 	}
