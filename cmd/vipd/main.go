@@ -44,6 +44,10 @@ const envPrefix = "VIPD"
 // looks for a running vipd's lock.
 const defaultStateDir = "/var/lib/vipd"
 
+// defaultSocket is where vipd run serves its API, and where vipd cleanup
+// asks whether a vipd runs.
+const defaultSocket = "/run/vipd/vipd.sock"
+
 func rootCommand() *cobra.Command {
 	run := runCommand()
 	root := &cobra.Command{
@@ -120,7 +124,7 @@ func runCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Socket, "socket", "/run/vipd/vipd.sock", "Unix socket to serve the API on")
+	f.StringVar(&cfg.Socket, "socket", defaultSocket, "Unix socket to serve the API on")
 	f.StringVar(&socketMode, "socket-mode", "", "file mode of the Unix socket, in octal; others may have no permission (default 0600, or 0660 with --socket-group)")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")
 	f.StringVar(&cfg.Remote.Listen, "listen", "", "also serve the API on tcp://HOST:PORT (in vipd's own network namespace); needs --tls-cert, --tls-key and --tls-client-ca")
@@ -174,7 +178,7 @@ func runCommand() *cobra.Command {
 }
 
 func cleanupCommand() *cobra.Command {
-	var netnsPath, bpffs, stateDir string
+	var netnsPath, bpffs, stateDir, socket string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -185,12 +189,16 @@ func cleanupCommand() *cobra.Command {
 				return err
 			}
 			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
-			release, err := daemon.LockStateDir(stateDir)
+			release, err := daemon.GuardCleanup(cmd.Context(), log, stateDir, socket)
 			var inUse *daemon.StateDirInUseError
+			var serving *daemon.SocketInUseError
 			switch {
-			case errors.As(err, &inUse) && force:
-				log.Warn("--force: cleaning up under a running vipd, which keeps serving a dataplane that is gone", "pid", inUse.PID, "state_dir", stateDir)
-			case errors.As(err, &inUse):
+			case (errors.As(err, &inUse) || errors.As(err, &serving)) && force:
+				defer release()
+				log.Warn("--force: cleaning up under a running vipd; the running vipd will reprogram it within --drift-check-period; stop it first",
+					"running", err)
+			case errors.As(err, &inUse) || errors.As(err, &serving):
+				release()
 				return fmt.Errorf("refusing to clean up: %w; cleanup would remove the rules it serves. Stop it first, or pass --force", err)
 			case err != nil:
 				return err
@@ -202,7 +210,8 @@ func cleanupCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
 	cmd.Flags().StringVar(&bpffs, "bpffs", ebpf.DefaultBPFFS, "the eBPF dataplane's pin directory to clean")
-	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock")
-	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock")
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock (and logs when it has none)")
+	cmd.Flags().StringVar(&socket, "socket", defaultSocket, "API socket of the vipd whose rules these are; cleanup refuses while a vipd answers health checks there")
+	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock or answers on --socket (it will reprogram its rules within --drift-check-period: stop it first)")
 	return cmd
 }
