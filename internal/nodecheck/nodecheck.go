@@ -60,8 +60,10 @@ type Checker struct {
 	cfg Config
 	now func() time.Time
 
-	// routes is touched by Check only.
-	routes routeCache
+	// routes and routeGets (the kernel route lookups so far, for tests)
+	// are touched by Check only.
+	routes    routeCache
+	routeGets int
 
 	mu       sync.Mutex
 	warnings map[string]Warning // by Check
