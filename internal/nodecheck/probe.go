@@ -65,7 +65,7 @@ func (c *Checker) probe(want []sysctlReq, vips []netip.Addr) (facts, error) {
 // to s.value first when it differs and SetSysctls is on. ok is false when
 // the key does not exist.
 func (c *Checker) sysctl(s sysctlReq) (value string, ok bool, err error) {
-	path := filepath.Join("/proc/sys", strings.ReplaceAll(s.key, ".", "/"))
+	path := filepath.Join(c.procSys, strings.ReplaceAll(s.key, ".", "/"))
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", false, nil
@@ -75,12 +75,20 @@ func (c *Checker) sysctl(s sysctlReq) (value string, ok bool, err error) {
 	}
 	value = strings.TrimSpace(string(b))
 	if value == s.value || !c.cfg.SetSysctls {
+		delete(c.setFailing, s.key)
 		return value, true, nil
 	}
-	if err := os.WriteFile(path, []byte(s.value), 0); err != nil {
-		c.log.Error("--set-sysctls: set sysctl", "sysctl", s.key, "value", s.value, "error", err)
+	if err := c.writeFile(path, []byte(s.value), 0); err != nil {
+		// Once per run of failures: a read-only /proc/sys fails every check.
+		if !c.setFailing[s.key] {
+			c.setFailing[s.key] = true
+			c.log.Error("--set-sysctls: set sysctl; not logged again until it works", "sysctl", s.key, "value", s.value, "error", err)
+		} else {
+			c.log.Debug("--set-sysctls: set sysctl", "sysctl", s.key, "value", s.value, "error", err)
+		}
 		return value, true, nil
 	}
+	delete(c.setFailing, s.key)
 	c.log.Info("--set-sysctls: set sysctl", "sysctl", s.key, "was", value, "value", s.value, "netns", c.cfg.NetNS)
 	return s.value, true, nil
 }
