@@ -195,7 +195,7 @@ func cleanupCommand() *cobra.Command {
 			switch {
 			case (errors.As(err, &inUse) || errors.As(err, &serving)) && force:
 				defer release()
-				log.Warn("--force: cleaning up under a running vipd; the running vipd will reprogram it within --drift-check-period; stop it first",
+				log.Warn("--force: cleaning up the dataplane of a running vipd; the running vipd will reprogram it within --drift-check-period; stop it first",
 					"running", err)
 			case errors.As(err, &inUse) || errors.As(err, &serving):
 				release()
