@@ -31,7 +31,8 @@ import (
 
 // Config is everything vipd run is told on its command line.
 type Config struct {
-	// Socket is the Unix socket path; SocketMode its file mode.
+	// Socket is the Unix socket path; SocketMode its file mode (0: 0600,
+	// or 0660 with a SocketGroup).
 	Socket     string
 	SocketMode os.FileMode
 	// SocketGroup, a group name or numeric GID, owns the socket when set.
@@ -259,7 +260,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", holdReason)
 		recOpts = append(recOpts, reconcile.WithHold(holdReason))
 	}
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: unlimitedIfZero(cfg.MaxPorts), MaxServices: cfg.MaxServices,
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: cfg.MaxPorts, MaxServices: cfg.MaxServices,
 		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
 	rec := reconcile.New(log.Named("reconcile"), dp, dir, snap.WithLimits(limits), recOpts...)
 	var apiOpts []server.APIOption
@@ -291,7 +292,7 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	api := server.NewAPI(log.Named("api"), rec, dp.Name(), dp.Capabilities(), limits, version.String(), apiOpts...)
 	srvOpts := []server.Option{
-		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
+		server.WithUnixSocketGroup(cfg.Socket, cfg.socketMode(), gid),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		server.WithInterceptors(m.GRPCInterceptors()),
 	}
@@ -363,15 +364,6 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	stopRec()
 	<-recDone
 	return runErr
-}
-
-// unlimitedIfZero maps a flag's 0 (no limit) to validation's -1 for a limit
-// whose 0 means its default there.
-func unlimitedIfZero(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }
 
 func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {

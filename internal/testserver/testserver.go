@@ -70,9 +70,10 @@ type config struct {
 // Option configures a Server.
 type Option func(*config)
 
-// WithLimits sets the limits an operator configures with --max-backends and
-// --service-cidr. The default is vipd's: validation.DefaultMaxBackends
-// backends a service, VIPs from anywhere.
+// WithLimits sets the limits an operator configures with --max-backends,
+// --max-ports and --service-cidr. The default is vipd's:
+// validation.DefaultMaxBackends backends and validation.DefaultMaxPorts
+// ports a service, VIPs from anywhere.
 func WithLimits(l validation.Limits) Option {
 	return func(c *config) { c.limits = l }
 }
@@ -155,7 +156,7 @@ func Start(tb testing.TB, opts ...Option) *Server {
 // has released everything, the WithListener listeners included.
 func New(opts ...Option) (*Server, error) {
 	cfg := config{
-		limits:  validation.Limits{MaxBackends: validation.DefaultMaxBackends},
+		limits:  validation.Limits{MaxBackends: validation.DefaultMaxBackends, MaxPorts: validation.DefaultMaxPorts},
 		version: version.String(),
 	}
 	for _, o := range opts {
