@@ -81,7 +81,10 @@ func (a *tcAttacher) pinPath(ifindex int, dir string) string {
 }
 
 // start attaches to every existing pod interface, drops pinned links of
-// interfaces that are gone, and follows link changes until stop.
+// interfaces that are gone, and follows link changes until stop. It fails
+// only when it cannot follow or list the interfaces: an interface it
+// cannot attach to is logged and left to DetectDrift and its repair, so
+// that one odd pod interface does not keep the whole dataplane detached.
 func (a *tcAttacher) start() error {
 	if err := os.MkdirAll(a.linkDir, 0o700); err != nil {
 		return fmt.Errorf("create link pin directory: %w", err)
@@ -99,7 +102,6 @@ func (a *tcAttacher) start() error {
 		return fmt.Errorf("list interfaces: %w", err)
 	}
 	present := map[int]bool{}
-	var errs []error
 	for _, l := range links {
 		present[l.Attrs().Index] = true
 		if a.matches(l.Attrs().Name) {
@@ -110,12 +112,13 @@ func (a *tcAttacher) start() error {
 				continue
 			}
 			if err != nil {
-				errs = append(errs, err)
+				a.log.Warn("cannot attach to a pod interface: its pod's traffic to VIPs is not load-balanced; "+
+					"the drift check reports it and retries", "interface", l.Attrs().Name, "error", err)
 			}
 		}
 	}
 	a.dropStalePins(present)
-	return errors.Join(errs...)
+	return nil
 }
 
 // dropStalePins unpins tcx links of interfaces that no longer exist.

@@ -52,6 +52,8 @@ func (d *Dataplane) DriftKinds() []string {
 // map vipd holds (by map ID). It also compares the service maps' entries
 // with what vipd wrote, as often as entryCheckShare allows. Before the
 // first successful Apply it reports nothing: nothing is attached yet.
+// Attachment gaps that a repair failed to close are not reported again
+// until the repair's backoff (repairBackoff) ends.
 func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
@@ -61,6 +63,11 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 	drifts, _, err := d.checkAttachments()
 	if err != nil {
 		return nil, err
+	}
+	if key := gapKey(drifts); !d.repairs.due(key, time.Now()) {
+		// A repair of exactly these gaps failed: Apply logged why, and
+		// they are reported again when its backoff ends.
+		drifts = nil
 	}
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
 		start := time.Now()

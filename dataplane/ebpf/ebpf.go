@@ -136,6 +136,8 @@ type Dataplane struct {
 	// entries with the state, and entryCheckCost how long that took.
 	entriesChecked time.Time
 	entryCheckCost time.Duration
+	// repairs holds back attachment repairs that keep failing.
+	repairs repairBackoff
 
 	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
 	// bpf_ktime_get_ns), in nanoseconds, taken once by New.
@@ -346,15 +348,9 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		}
 		d.attached = true
 	} else if full {
-		drifts, gaps, err := d.checkAttachments()
-		if err == nil && gaps.any() {
-			err = d.repair(gaps)
-		}
-		if err != nil {
-			d.needFull = true
-			return fmt.Errorf("repair attachments: %w", err)
-		}
-		repaired = drifts
+		// Outside the all-or-nothing part: the maps hold s now, and
+		// what cannot be attached stays drift (see repairAttachments).
+		repaired = d.repairAttachments()
 	}
 	if full && (d.prog.changed.any() || len(repaired) > 0) {
 		args := d.prog.changed.logArgs()

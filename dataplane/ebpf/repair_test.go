@@ -1,0 +1,100 @@
+package ebpf
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipd/vipd/dataplane"
+)
+
+// TestRepairFailureDoesNotFailApply: a pod interface that tc cannot attach
+// to (here its tcx link's pin path is taken by a directory, so pinning
+// fails every time) does not make Apply fail: the applied change is live,
+// the failure is logged, and the gap is reported again only after a
+// backoff that grows while the repair keeps failing. Once the obstacle
+// goes, a full apply repairs the gap.
+func TestRepairFailureDoesNotFailApply(t *testing.T) {
+	e := newDriftEnv(t, TCAttachTCX)
+	veth := e.pod("client").HostVeth()
+	pin := e.dp.tc.pinPath(e.ifindex(veth), "ingress")
+	if err := unpinLink(pin); err != nil {
+		t.Fatalf("unpin the ingress link: %v", err)
+	}
+	if err := os.Mkdir(pin, 0o700); err != nil {
+		t.Fatalf("block the pin path: %v", err)
+	}
+	defer os.Remove(pin)
+	gap := veth + " ingress: vipd_from_pod not attached"
+	e.expectDrift(driftTCLink, gap)
+
+	// A full apply with a change: it succeeds and the change is live
+	// (node-local traffic does not go through the pod's tc program).
+	e.svcs[0] = e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be2"))
+	before := len(e.log.String())
+	e.gen++
+	if err := e.dp.Apply(context.Background(), dpState(e.gen, nil, e.svcs...)); err != nil {
+		t.Fatalf("a full Apply with an unrepairable tc gap failed: %v", err)
+	}
+	logged := e.log.String()[before:]
+	if !strings.Contains(logged, "attachment repair failed") || !strings.Contains(logged, gap) || !strings.Contains(logged, "retrying after 10s") {
+		t.Errorf("the full apply logged %q, want the failed repair of %q and its retry in 10s", logged, gap)
+	}
+	for i := 0; i < 5; i++ {
+		r, err := e.request(true, "tcp", dpVIPA, dpReplyTimeout)
+		if err != nil || r.Backend != "be2" {
+			t.Fatalf("after the apply, node-local TCP to %s: %v, %v; want be2 alone", dpVIPA, r.Backend, err)
+		}
+	}
+	// A partial apply is not held up either.
+	e.svcs[0] = e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be1"))
+	e.gen++
+	e.apply(dpState(e.gen, []string{"test/tcp"}, e.svcs...))
+	if r, err := e.request(true, "tcp", dpVIPA, dpReplyTimeout); err != nil || r.Backend != "be1" {
+		t.Fatalf("after the partial apply, node-local TCP to %s: %v, %v; want be1", dpVIPA, r.Backend, err)
+	}
+
+	// Held back: the reconciler does not full-apply every check.
+	e.expectNoDrift("right after the failed repair")
+	// When the backoff ends, it is reported again, and another failed
+	// repair doubles the wait.
+	e.dp.repairs.next = time.Now().Add(-time.Second)
+	e.expectDrift(driftTCLink, gap)
+	before = len(e.log.String())
+	e.fullApply()
+	if logged := e.log.String()[before:]; !strings.Contains(logged, "retrying after 20s") {
+		t.Errorf("the second failed repair logged %q, want a retry after 20s", logged)
+	}
+	e.expectNoDrift("right after the second failed repair")
+
+	// The obstacle goes: the next due repair closes the gap.
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	e.dp.repairs.next = time.Now().Add(-time.Second)
+	e.expectDrift(driftTCLink, gap)
+	e.svcs[0] = e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be1"), dpReady("be2"))
+	e.repairAndCheck("links_reattached=1", gap)
+}
+
+// TestFirstAttachSkipsAnUnattachableInterface: at the first Apply, a pod
+// interface tc cannot attach to does not keep the dataplane detached: the
+// other pods and node-local sockets are served, and the gap is drift.
+func TestFirstAttachSkipsAnUnattachableInterface(t *testing.T) {
+	e := &driftEnv{dpEnv: newDPEnv(t, []string{"client", "be1", "be2"}, dpSmallMaps)}
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	veth := e.pod("client").HostVeth()
+	pin := e.dp.tc.pinPath(e.ifindex(veth), "ingress")
+	if err := os.MkdirAll(pin, 0o700); err != nil {
+		t.Fatalf("block the pin path: %v", err)
+	}
+	defer os.Remove(pin)
+	e.apply(dpState(1, nil, e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be1"))))
+	if r, err := e.pod("be2").Request(context.Background(), "tcp", dpVIPPort(dpVIPA)); err != nil || r.Backend != "be1" {
+		t.Fatalf("from pod be2, TCP to %s: %v, %v; want be1", dpVIPA, r.Backend, err)
+	}
+	e.expectDrift(driftTCLink, veth+" ingress: vipd_from_pod not attached")
+}
