@@ -25,6 +25,15 @@ type Config struct {
 	Mode Mode
 	// Render tunes the rules.
 	Render Options
+	// SetFlowSysctls lets the dataplane turn on flowSysctls (conntrack
+	// accounting, timestamps and events) in NetNS, when it opens and
+	// after each Apply until that works; vipd sets it from --set-sysctls.
+	// Without it they are only read, and the flow source works with what
+	// is there: with nf_conntrack_acct or nf_conntrack_timestamp off,
+	// flows carry zero counters and no start time; with
+	// nf_conntrack_events at its default of 2, a connection reports its
+	// close only if it began while a WatchFlows stream was open.
+	SetFlowSysctls bool
 }
 
 // Dataplane programs vipd's services as iptables rules, one atomic
@@ -61,11 +70,11 @@ func (d *Dataplane) LastSync() SyncStats {
 }
 
 // New opens the iptables dataplane: it resolves the mode, checks that the
-// tools work in the namespace, prepares conntrack access, and turns on
-// conntrack accounting, timestamps and events in the namespace for the flow
-// source (see flowSysctls; if that fails, because conntrack is not loaded
-// yet, each Apply tries again until it works). It changes no rules; the
-// first Apply does.
+// tools work in the namespace, prepares conntrack access, and, with
+// Config.SetFlowSysctls only, turns on conntrack accounting, timestamps and
+// events in the namespace for the flow source (see flowSysctls; if that
+// fails, because conntrack is not loaded yet, each Apply tries again until
+// it works). It changes no rules; the first Apply does.
 func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
 	if _, err := cfg.Render.withDefaults(); err != nil {
 		return nil, err
@@ -84,13 +93,18 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	return d, nil
 }
 
-// enableFlowAccounting sets flowSysctls unless they are set already. A
-// failure only costs flows their counters, so it is logged.
+// enableFlowAccounting sets flowSysctls unless they are set already or
+// Config.SetFlowSysctls is off. A failure only costs flows their counters,
+// so it is logged.
 func (d *Dataplane) enableFlowAccounting() {
-	if d.flowAccounting {
+	if d.flowAccounting || !d.cfg.SetFlowSysctls {
 		return
 	}
-	if err := d.ct.enableFlowAccounting(); err != nil {
+	changed, err := d.ct.enableFlowAccounting()
+	for _, c := range changed {
+		d.log.Info("--set-sysctls: set sysctl", "sysctl", c)
+	}
+	if err != nil {
 		d.log.Warn("flows will lack counters and timestamps until this works", "error", err)
 		return
 	}
