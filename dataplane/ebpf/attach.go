@@ -41,6 +41,11 @@ type tcAttacher struct {
 
 	mu       sync.Mutex
 	attached map[int]string // ifindex -> name
+	// failed are the pod interfaces whose last attach failed, and
+	// unprocessed those that check found matching but neither attached nor
+	// failed (the watcher has not got to them yet), with when it first did.
+	failed      map[int]string
+	unprocessed map[int]time.Time
 	useTCX   bool
 	mode     string // TCAttachAuto, TCAttachTCX or TCAttachClsact
 	watching bool   // the link subscription runs (start may be retried)
@@ -62,7 +67,8 @@ func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDi
 	return &tcAttacher{
 		log: log, netns: netnsPath, patterns: patterns, linkDir: linkDir,
 		ingress: ingress, egress: egress, mode: mode,
-		attached: map[int]string{}, useTCX: mode != TCAttachClsact, done: make(chan struct{}),
+		attached: map[int]string{}, failed: map[int]string{}, unprocessed: map[int]time.Time{},
+		useTCX: mode != TCAttachClsact, done: make(chan struct{}),
 	}
 }
 
@@ -165,8 +171,12 @@ func (a *tcAttacher) attach(ifindex int, name string) error {
 		return nil
 	})
 	if err != nil {
+		if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+			a.failed[ifindex] = name
+		}
 		return fmt.Errorf("attach to %s: %w", name, err)
 	}
+	delete(a.failed, ifindex)
 	if _, ok := a.attached[ifindex]; !ok {
 		a.log.Debug("attached", "interface", name, "ifindex", ifindex)
 	}
@@ -346,6 +356,7 @@ func (a *tcAttacher) handle(u netlink.LinkUpdate) {
 	case unix.RTM_DELLINK:
 		a.mu.Lock()
 		delete(a.attached, attrs.Index)
+		delete(a.failed, attrs.Index)
 		a.mu.Unlock()
 		for _, d := range []string{"ingress", "egress"} {
 			os.Remove(a.pinPath(attrs.Index, d))

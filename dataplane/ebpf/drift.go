@@ -271,14 +271,28 @@ type tcGap struct {
 	detail  string
 }
 
+// unprocessedGrace is how long a pod interface may exist before the
+// watcher has tried to attach to it, before check reports it: a new veth
+// is listed from its RTM_NEWLINK on, a moment before the watcher gets to it.
+const unprocessedGrace = 2 * time.Second
+
 // check lists the directions of the namespace's pod interfaces that lack
 // vipd's program: with tcx, not attached or its link not pinned; with
 // clsact, no vipd filter running it.
+//
+// It holds the attacher's lock throughout, so that it never sees an
+// attach half done (a tcx link attached but not pinned yet). It checks the
+// interfaces the attacher has attached to or failed on; one it has not
+// processed yet is reported only once it stayed so for unprocessedGrace
+// (a watcher that missed it), not while a pod is being created.
 func (a *tcAttacher) check() ([]tcGap, error) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	useTCX := a.useTCX
-	a.mu.Unlock()
 	var gaps []tcGap
+	now := time.Now()
+	unprocessed := map[int]time.Time{}
+	defer func() { a.unprocessed = unprocessed }()
 	err := nsdo.Do(a.netns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
@@ -288,6 +302,18 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 			attrs := l.Attrs()
 			if !a.matches(attrs.Name) {
 				continue
+			}
+			_, attached := a.attached[attrs.Index]
+			_, failed := a.failed[attrs.Index]
+			if !attached && !failed {
+				first, ok := a.unprocessed[attrs.Index]
+				if !ok {
+					first = now
+				}
+				unprocessed[attrs.Index] = first
+				if now.Sub(first) < unprocessedGrace {
+					continue
+				}
 			}
 			for _, d := range []struct {
 				dir    string

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/vipd/vipd/dataplane"
 )
 
@@ -97,4 +99,29 @@ func TestFirstAttachSkipsAnUnattachableInterface(t *testing.T) {
 		t.Fatalf("from pod be2, TCP to %s: %v, %v; want be1", dpVIPA, r.Backend, err)
 	}
 	e.expectDrift(driftTCLink, veth+" ingress: vipd_from_pod not attached")
+}
+
+// TestDriftNewInterfaceGrace: a pod interface the watcher has not got to
+// yet (here: the watcher is stopped, so it never does) is not drift while
+// the pod is being created; if it stays unattached past unprocessedGrace,
+// as when the watcher missed it, it is, and a full apply attaches to it.
+func TestDriftNewInterfaceGrace(t *testing.T) {
+	e := newDriftEnv(t, TCAttachTCX)
+	e.dp.tc.stop()
+	err := e.node.Do(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vethnew"}, PeerName: "vipdpeer"})
+	})
+	if err != nil {
+		t.Fatalf("add a veth: %v", err)
+	}
+	e.expectNoDrift("right after a new pod interface appeared")
+	ifindex := e.ifindex("vethnew")
+	e.dp.tc.mu.Lock()
+	if _, ok := e.dp.tc.unprocessed[ifindex]; !ok {
+		t.Errorf("the check did not note vethnew as not processed yet: %v", e.dp.tc.unprocessed)
+	}
+	e.dp.tc.unprocessed[ifindex] = time.Now().Add(-unprocessedGrace)
+	e.dp.tc.mu.Unlock()
+	e.expectDrift(driftTCLink, "vethnew ingress: vipd_from_pod not attached")
+	e.repairAndCheck("links_reattached=2", "vethnew ingress", "vethnew egress")
 }
