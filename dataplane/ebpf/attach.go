@@ -46,11 +46,11 @@ type tcAttacher struct {
 	// failed (the watcher has not got to them yet), with when it first did.
 	failed      map[int]string
 	unprocessed map[int]time.Time
-	useTCX   bool
-	mode     string // TCAttachAuto, TCAttachTCX or TCAttachClsact
-	watching bool   // the link subscription runs (start may be retried)
-	done     chan struct{}
-	wg       sync.WaitGroup
+	useTCX      bool
+	mode        string // TCAttachAuto, TCAttachTCX or TCAttachClsact
+	watching    bool   // the link subscription runs (start may be retried)
+	done        chan struct{}
+	wg          sync.WaitGroup
 }
 
 // How the tc programs are attached (Config.TCAttach).
