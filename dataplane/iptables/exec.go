@@ -33,22 +33,18 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("iptables mode %q: use auto, nft or legacy", s)
 }
 
-// tool names the binary of one kind ("restore" or "save") for a mode and family.
+// tool names a binary of a mode and family: with kind "" the one that runs
+// one command, such as iptables-nft or ip6tables-legacy, else the one of
+// that kind ("restore" or "save"), such as iptables-nft-save.
 func (m Mode) tool(f Family, kind string) string {
-	prefix := "iptables"
+	name := "iptables-" + string(m)
 	if f == IPv6 {
-		prefix = "ip6tables"
+		name = "ip6tables-" + string(m)
 	}
-	return fmt.Sprintf("%s-%s-%s", prefix, m, kind)
-}
-
-// command names the binary of a mode and family that runs one command, such
-// as iptables-nft or ip6tables-legacy.
-func (m Mode) command(f Family) string {
-	if f == IPv6 {
-		return "ip6tables-" + string(m)
+	if kind != "" {
+		name += "-" + kind
 	}
-	return "iptables-" + string(m)
+	return name
 }
 
 // runner runs the iptables tools inside one network namespace.
@@ -93,7 +89,7 @@ func (r runner) saveTable(ctx context.Context, f Family, table string) ([]byte, 
 // iptables-nft reads without the rest of the table, so its cost does not
 // grow with the number of services.
 func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) (rules []string, exists bool, err error) {
-	out, err := r.run(ctx, nil, r.mode.command(f), "--wait", "-t", string(t), "-S", chain)
+	out, err := r.run(ctx, nil, r.mode.tool(f, ""), "--wait", "-t", string(t), "-S", chain)
 	if err != nil {
 		var e *execError
 		if errors.As(err, &e) && noSuchChain(e.stderr) {
