@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -134,11 +135,9 @@ func (d *Dataplane) repair(gaps *attachGaps) error {
 	for _, name := range gaps.maps {
 		pin := filepath.Join(d.cfg.BPFFS, name)
 		m := maps[name]
-		if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove the pin of %s: %w", name, err)
-		}
-		// Unpin forgets the path, so that Pin pins again rather than
-		// taking the map for pinned there already.
+		// Unpin removes whatever is at the map's pin path (the map was
+		// loaded pinned there), and forgets the path, so that Pin pins
+		// again rather than taking the map for pinned there already.
 		if err := m.Unpin(); err != nil {
 			return fmt.Errorf("unpin %s: %w", name, err)
 		}
@@ -331,7 +330,11 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 				}
 				id := programID(d.prog)
 				if !useTCX {
-					if !hasClsactFilter(l, d.parent, id) {
+					has, err := hasClsactFilter(l, d.parent, id)
+					if err != nil {
+						return err
+					}
+					if !has {
 						gap(d.name + " not attached (no vipd clsact filter)")
 					}
 					continue
@@ -356,18 +359,32 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 }
 
 // hasClsactFilter reports whether l has vipd's clsact filter running the
-// program id at parent.
-func hasClsactFilter(l netlink.Link, parent uint32, id ebpf.ProgramID) bool {
-	filters, err := netlink.FilterList(l, parent)
+// program id at parent. An interface without a clsact qdisc has none; an
+// interface gone meanwhile is not reported; other errors are returned.
+func hasClsactFilter(l netlink.Link, parent uint32, id ebpf.ProgramID) (bool, error) {
+	qdiscs, err := netlink.QdiscList(l)
+	if errors.Is(err, unix.ENODEV) {
+		return true, nil
+	}
 	if err != nil {
-		return false // no clsact qdisc
+		return false, fmt.Errorf("list the qdiscs of %s: %w", l.Attrs().Name, err)
+	}
+	if !slices.ContainsFunc(qdiscs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" }) {
+		return false, nil
+	}
+	filters, err := netlink.FilterList(l, parent)
+	if errors.Is(err, unix.ENODEV) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("list the clsact filters of %s: %w", l.Attrs().Name, err)
 	}
 	for _, f := range filters {
 		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName && bf.Id == int(id) {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 // check compares the service maps with what vipd wrote into them, without
