@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,14 +56,20 @@ func (d *Dataplane) DriftKinds() []string {
 // first successful Apply it reports nothing: nothing is attached yet.
 // Attachment gaps that a repair failed to close are not reported again
 // until the repair's backoff (repairBackoff) ends.
+//
+// The entry comparison reads the maps without holding the apply lock, on a
+// copy of what vipd wrote taken under it, so that Applies are not held up
+// for its whole read; a difference it finds may be an Apply that ran
+// meanwhile, so it is compared again under the lock before it is reported.
 func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
 	d.applyMu.Lock()
-	defer d.applyMu.Unlock()
 	if !d.attached {
+		d.applyMu.Unlock()
 		return nil, nil
 	}
 	drifts, _, err := d.checkAttachments()
 	if err != nil {
+		d.applyMu.Unlock()
 		return nil, err
 	}
 	if key := gapKey(drifts); !d.repairs.due(key, time.Now()) {
@@ -70,13 +77,28 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 		// they are reported again when its backoff ends.
 		drifts = nil
 	}
+	var snap *entryCheck
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
+		snap = d.prog.snapshotEntries()
+	}
+	d.applyMu.Unlock()
+	if snap != nil {
+		if d.beforeEntryCompare != nil {
+			d.beforeEntryCompare()
+		}
 		start := time.Now()
-		c, err := d.prog.check()
+		c, err := snap.compare()
+		if err == nil && c.any() {
+			d.applyMu.Lock()
+			c, err = d.prog.check()
+			d.applyMu.Unlock()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read service maps: %w", err)
 		}
+		d.applyMu.Lock()
 		d.entriesChecked, d.entryCheckCost = time.Now(), time.Since(start)
+		d.applyMu.Unlock()
 		for i, n := range c {
 			if n.added+n.fixed+n.removed > 0 {
 				drifts = append(drifts, dataplane.Drift{What: driftMapEntries, Detail: fmt.Sprintf(
@@ -389,20 +411,48 @@ func hasClsactFilter(l netlink.Link, parent uint32, id ebpf.ProgramID) (bool, er
 
 // check compares the service maps with what vipd wrote into them, without
 // writing: it returns what a full apply of the same state would change.
+// The caller holds the apply lock.
 func (p *programmer) check() (entryCounts, error) {
-	changes := make([]change, 0, len(p.frontends))
-	next := make([]*programmed, 0, len(p.frontends))
-	offs := make([]int32, 0, len(p.frontends))
-	nids := 0
-	for k, pr := range p.frontends {
-		changes = append(changes, change{key: k, fe: pr.fe})
-		next = append(next, pr)
-		offs = append(offs, int32(nids))
-		nids += len(pr.memberIDs) + len(pr.slotIDs)
+	return p.snapshotEntries().compare()
+}
+
+// entryCheck is a copy of what the service maps' comparison reads of the
+// programmer (what vipd wrote), so that it can read the maps while Apply
+// runs. The programmed frontends are shared: apply replaces them, never
+// changes one in place.
+type entryCheck struct {
+	p       *programmer
+	changes []change
+	next    []*programmed
+	offs    []int32
+	nids    int
+}
+
+// snapshotEntries copies what compare needs. The caller holds the apply
+// lock; the copy costs a pass over the frontends and the backend table,
+// far less than reading the maps.
+func (p *programmer) snapshotEntries() *entryCheck {
+	c := &entryCheck{
+		p: &programmer{maps: p.maps, draining: maps.Clone(p.draining), noDrain: p.noDrain, nextBackend: p.nextBackend,
+			backendIDs: backendTable{v4: maps.Clone(p.backendIDs.v4), v6: maps.Clone(p.backendIDs.v6)}},
+		changes: make([]change, 0, len(p.frontends)),
+		next:    make([]*programmed, 0, len(p.frontends)),
+		offs:    make([]int32, 0, len(p.frontends)),
 	}
-	au, err := p.auditMaps(changes, next, offs, nids, nil)
+	for k, pr := range p.frontends {
+		c.changes = append(c.changes, change{key: k, fe: pr.fe})
+		c.next = append(c.next, pr)
+		c.offs = append(c.offs, int32(c.nids))
+		c.nids += len(pr.memberIDs) + len(pr.slotIDs)
+	}
+	return c
+}
+
+// compare reads the service maps and counts how they differ from the copy.
+func (c *entryCheck) compare() (entryCounts, error) {
+	au, err := c.p.auditMaps(c.changes, c.next, c.offs, c.nids, nil)
 	if err != nil {
 		return entryCounts{}, err
 	}
-	return au.counts(next, &p.backendIDs), nil
+	return au.counts(c.next, &c.p.backendIDs), nil
 }

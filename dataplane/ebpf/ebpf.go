@@ -138,6 +138,9 @@ type Dataplane struct {
 	entryCheckCost time.Duration
 	// repairs holds back attachment repairs that keep failing.
 	repairs repairBackoff
+	// beforeEntryCompare, if set (by tests), runs when DetectDrift has
+	// copied what it compares the maps with and let go of applyMu.
+	beforeEntryCompare func()
 
 	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
 	// bpf_ktime_get_ns), in nanoseconds, taken once by New.

@@ -125,3 +125,43 @@ func TestDriftNewInterfaceGrace(t *testing.T) {
 	e.expectDrift(driftTCLink, "vethnew ingress: vipd_from_pod not attached")
 	e.repairAndCheck("links_reattached=2", "vethnew ingress", "vethnew egress")
 }
+
+// TestDriftEntryCheckUnlocked: DetectDrift reads the service maps without
+// holding the apply lock, so an Apply can run during the read; the entries
+// that Apply wrote are not reported as drift (the difference is checked
+// again under the lock), while real drift still is.
+func TestDriftEntryCheckUnlocked(t *testing.T) {
+	e := newDriftEnv(t, TCAttachAuto)
+	applied := false
+	e.dp.beforeEntryCompare = func() {
+		if !e.dp.applyMu.TryLock() {
+			t.Error("DetectDrift holds the apply lock while it reads the service maps")
+			return
+		}
+		e.dp.applyMu.Unlock()
+		// An Apply between the copy and the read: a new service.
+		e.svcs = append(e.svcs, e.service("test/c", dpVIPC, dataplane.TCP, dpReady("be1")))
+		e.gen++
+		e.apply(dpState(e.gen, []string{"test/c"}, e.svcs...))
+		applied = true
+	}
+	e.expectNoDrift("with an Apply during the entry comparison")
+	if !applied {
+		t.Fatal("the entry comparison did not run")
+	}
+	e.dp.beforeEntryCompare = nil
+	if r, err := e.pod("client").Request(context.Background(), "tcp", dpVIPPort(dpVIPC)); err != nil || r.Backend != "be1" {
+		t.Fatalf("TCP to %s: %v, %v; want be1", dpVIPC, r.Backend, err)
+	}
+
+	// Real drift is still reported through the re-check.
+	var k bpfSvcKey
+	var v bpfSvcVal
+	if err := e.dp.objs.VipdServices.Iterate().Next(&k, &v); !err {
+		t.Fatal("no service entry to delete")
+	}
+	if err := e.dp.objs.VipdServices.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	e.expectDrift(driftMapEntries, "vipd_services: 1 entries missing")
+}
