@@ -77,6 +77,14 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 		// they are reported again when its backoff ends.
 		drifts = nil
 	}
+	cfgDrift, err := d.checkConfig()
+	if err != nil {
+		d.applyMu.Unlock()
+		return nil, err
+	}
+	if cfgDrift != nil {
+		drifts = append(drifts, *cfgDrift)
+	}
 	var snap *entryCheck
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
 		snap = d.prog.snapshotEntries()

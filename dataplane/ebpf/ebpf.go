@@ -138,6 +138,8 @@ type Dataplane struct {
 	entryCheckCost time.Duration
 	// repairs holds back attachment repairs that keep failing.
 	repairs repairBackoff
+	// config is the entry vipd wrote into vipd_config.
+	config bpfConfig
 	// beforeEntryCompare, if set (by tests), runs when DetectDrift has
 	// copied what it compares the maps with and let go of applyMu.
 	beforeEntryCompare func()
@@ -218,8 +220,9 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset()}
-	if err := writeConfig(&objs.bpfMaps, cookie, cfg.ConntrackTimeouts); err != nil {
+	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset(),
+		config: configFor(cookie, cfg.ConntrackTimeouts)}
+	if err := writeConfig(&objs.bpfMaps, d.config); err != nil {
 		objs.Close()
 		return nil, err
 	}
@@ -353,7 +356,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	} else if full {
 		// Outside the all-or-nothing part: the maps hold s now, and
 		// what cannot be attached stays drift (see repairAttachments).
-		repaired = d.repairAttachments()
+		repaired = append(d.repairConfig(), d.repairAttachments()...)
 	}
 	if full && (d.prog.changed.any() || len(repaired) > 0) {
 		args := d.prog.changed.logArgs()
@@ -362,9 +365,10 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			details := make([]string, len(repaired))
 			for i, r := range repaired {
 				details[i] = r.Detail
-				if r.What == driftMap {
+				switch r.What {
+				case driftMap:
 					pins++
-				} else {
+				case driftTCLink, driftCgroupLink:
 					links++
 				}
 			}

@@ -316,9 +316,10 @@ func checkEventsSize(size uint32) error {
 	return nil
 }
 
-// writeConfig stores what the programs need to know about this node.
-func writeConfig(m *bpfMaps, hostNetnsCookie uint64, ct ConntrackTimeouts) error {
-	cfg := bpfConfig{
+// configFor is what the programs need to know about this node: the entry
+// of vipd_config.
+func configFor(hostNetnsCookie uint64, ct ConntrackTimeouts) bpfConfig {
+	return bpfConfig{
 		HostNetnsCookie:  hostNetnsCookie,
 		LayoutVersion:    layoutVersion,
 		CtTcpSyn:         seconds(ct.TCPSyn),
@@ -326,6 +327,10 @@ func writeConfig(m *bpfMaps, hostNetnsCookie uint64, ct ConntrackTimeouts) error
 		CtTcpClose:       seconds(ct.TCPClose),
 		CtOther:          seconds(ct.Other),
 	}
+}
+
+// writeConfig stores cfg in vipd_config.
+func writeConfig(m *bpfMaps, cfg bpfConfig) error {
 	if err := m.VipdConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write config map: %w", err)
 	}

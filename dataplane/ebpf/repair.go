@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -96,4 +97,35 @@ func (d *Dataplane) repairAttachments() []dataplane.Drift {
 	d.log.Warn("attachment repair failed: the applied state is in the maps, but traffic through these attachments "+
 		"is not load-balanced; retrying after "+wait.String(), "gaps", details, "error", err)
 	return slices.DeleteFunc(drifts, func(r dataplane.Drift) bool { return slices.Contains(left, r) })
+}
+
+// checkConfig compares vipd_config with what vipd wrote, and returns the
+// difference as a drift, or nil.
+func (d *Dataplane) checkConfig() (*dataplane.Drift, error) {
+	var got bpfConfig
+	if err := d.objs.VipdConfig.Lookup(uint32(0), &got); err != nil {
+		return nil, fmt.Errorf("read vipd_config: %w", err)
+	}
+	if got == d.config {
+		return nil, nil
+	}
+	return &dataplane.Drift{What: driftMapEntries, Detail: fmt.Sprintf("vipd_config: holds %+v, vipd wrote %+v", got, d.config)}, nil
+}
+
+// repairConfig rewrites vipd_config if it differs from what vipd wrote,
+// and returns what it repaired. A failure is logged; DetectDrift reports
+// the difference again.
+func (d *Dataplane) repairConfig() []dataplane.Drift {
+	drift, err := d.checkConfig()
+	if err == nil && drift != nil {
+		err = writeConfig(&d.objs.bpfMaps, d.config)
+	}
+	if err != nil {
+		d.log.Warn("cannot repair vipd_config", "error", err)
+		return nil
+	}
+	if drift == nil {
+		return nil
+	}
+	return []dataplane.Drift{*drift}
 }

@@ -165,3 +165,21 @@ func TestDriftEntryCheckUnlocked(t *testing.T) {
 	}
 	e.expectDrift(driftMapEntries, "vipd_services: 1 entries missing")
 }
+
+// TestDriftConfig: vipd_config rewritten by another tool (here: the
+// conntrack timeouts and the host namespace cookie) is drift, and a full
+// apply writes vipd's entry back.
+func TestDriftConfig(t *testing.T) {
+	e := newDriftEnv(t, TCAttachAuto)
+	other := e.dp.config
+	other.CtOther, other.HostNetnsCookie = 1, 0
+	if err := writeConfig(&e.dp.objs.bpfMaps, other); err != nil {
+		t.Fatal(err)
+	}
+	e.expectDrift(driftMapEntries, "vipd_config: holds")
+	e.repairAndCheck("vipd_config: holds")
+	var got bpfConfig
+	if err := e.dp.objs.VipdConfig.Lookup(uint32(0), &got); err != nil || got != e.dp.config {
+		t.Fatalf("after the repair vipd_config holds %+v (%v), want %+v", got, err, e.dp.config)
+	}
+}
