@@ -8,7 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/nsdo"
 )
@@ -138,6 +141,66 @@ func (r runner) legacyTables(f Family) ([]string, error) {
 		return nil, fmt.Errorf("list legacy %s tables: %w", f, err)
 	}
 	return strings.Fields(string(names)), nil
+}
+
+// legacySupported checks, without creating a table, that the kernel can
+// give the namespace x_tables tables of family f, which a working
+// `iptables-legacy-save --version` does not show. It holds when the
+// table list /proc/net/ip_tables_names (ip6_tables_names) exists (the
+// module ip_tables, ip6_tables, is loaded or built in), or else when the
+// module can be loaded: /sys/module has it, or the running kernel's
+// modules.dep or modules.builtin under /lib/modules lists it (iptables-legacy
+// loads it on first use).
+func (r runner) legacySupported(f Family) error {
+	module, path := "ip_tables", "/proc/thread-self/net/ip_tables_names"
+	if f == IPv6 {
+		module, path = "ip6_tables", "/proc/thread-self/net/ip6_tables_names"
+	}
+	var loaded bool
+	err := nsdo.Do(r.netns, func() error {
+		_, err := os.Stat(path)
+		loaded = err == nil
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check legacy %s support: %w", f, err)
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	if loaded || moduleAvailable("/sys/module", filepath.Join("/lib/modules", unix.ByteSliceToString(uts.Release[:])), module) {
+		return nil
+	}
+	return fmt.Errorf("the kernel has no x_tables (legacy iptables) support for %s: module %s is neither loaded, "+
+		"built in nor installed", f, module)
+}
+
+// moduleAvailable reports whether the kernel module name is loaded or built
+// in with parameters (sysModule/name exists), or installed or built in for
+// the kernel whose module directory is modDir (modules.dep or
+// modules.builtin name it).
+func moduleAvailable(sysModule, modDir, name string) bool {
+	if _, err := os.Stat(filepath.Join(sysModule, name)); err == nil {
+		return true
+	}
+	for _, list := range []string{"modules.dep", "modules.builtin"} {
+		b, err := os.ReadFile(filepath.Join(modDir, list))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			file, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+			base := filepath.Base(file)
+			if base == name+".ko" || strings.HasPrefix(base, name+".ko.") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // restore feeds payload to iptables-restore --noflush for family f.

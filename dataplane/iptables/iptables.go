@@ -155,7 +155,8 @@ func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode)
 // fails when the mode's tools do not work. It creates nothing:
 // iptables-nft-save only reads, but iptables-legacy-save -t filter would
 // create an empty legacy filter table, so in legacy mode a filter table the
-// namespace lacks reads as empty, after a check that the tool runs.
+// namespace lacks reads as empty, after a check that the kernel supports
+// legacy tables (legacySupported) and that the tool runs.
 func (r runner) filterSave(ctx context.Context) ([]byte, error) {
 	if r.mode == ModeLegacy {
 		names, err := r.legacyTables(IPv4)
@@ -163,6 +164,9 @@ func (r runner) filterSave(ctx context.Context) ([]byte, error) {
 			return nil, err
 		}
 		if !slices.Contains(names, string(Filter)) {
+			if err := r.legacySupported(IPv4); err != nil {
+				return nil, err
+			}
 			_, err := r.run(ctx, nil, r.mode.tool(IPv4, "save"), "--version")
 			return nil, err
 		}
