@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -96,11 +97,21 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 	}
 	for _, builtin := range builtins {
 		rules, _, err := listChain(builtin)
+		has := func(h HookRule) bool { return slices.Contains(rules, h.rule()) }
+		if errors.Is(err, errIncompatible) {
+			// Another tool's nft rules in the chain: look for the
+			// jumps in what nf_tables holds.
+			var nrules [][]byte
+			if nrules, _, err = d.run.nftRules(f, t, builtin); err != nil {
+				return nil, err
+			}
+			has = func(h HookRule) bool { return nftHasJump(nrules, h.Target()) }
+		}
 		if err != nil {
 			return nil, err
 		}
 		for _, h := range Hooks(f) {
-			if h.Table == t && h.Chain == builtin && !slices.Contains(rules, h.rule()) {
+			if h.Table == t && h.Chain == builtin && !has(h) {
 				report(driftHook, builtin, "no jump to %s", h.Target())
 			}
 		}
@@ -108,6 +119,8 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 	for _, chain := range targets {
 		rules, ok, err := listChain(chain)
 		switch {
+		case errors.Is(err, errIncompatible):
+			report(driftChain, chain, "%v", errIncompatible)
 		case err != nil:
 			return nil, err
 		case !ok:

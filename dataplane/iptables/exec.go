@@ -95,6 +95,14 @@ func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) 
 	out, err := r.run(ctx, nil, r.mode.tool(f, ""), "--wait", "-t", string(t), "-S", chain)
 	if err != nil {
 		var e *execError
+		if errors.As(err, &e) && r.mode == ModeNFT && incompatible(e.stderr) {
+			// Missing, or holding rules added with nft: ask nf_tables.
+			_, exists, err := r.nftRules(f, t, chain)
+			if err == nil && exists {
+				err = fmt.Errorf("%s %s %s: %w", f, t, chain, errIncompatible)
+			}
+			return nil, exists, err
+		}
 		if errors.As(err, &e) && noSuchChain(e.stderr) {
 			return nil, false, nil
 		}
@@ -111,7 +119,8 @@ func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) 
 
 // noSuchChain tells from an iptables command's stderr that the chain it
 // named does not exist. iptables-nft 1.8.9 calls a missing chain
-// "incompatible"; legacy and later versions say "No chain/target/match".
+// "incompatible", as it calls one with nft-native rules (listChain tells
+// them apart); legacy and later versions say "No chain/target/match".
 func noSuchChain(stderr string) bool {
 	return strings.Contains(stderr, "No chain/target/match by that name") ||
 		strings.Contains(stderr, "is incompatible, use 'nft' tool")

@@ -294,6 +294,15 @@ func (d *Dataplane) saveAll(ctx context.Context) (map[Family][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read %s rules: %w", f, err)
 		}
+		if d.cfg.Mode == ModeNFT {
+			// A table with another tool's nft rules prints no rule:
+			// add the hooks in place, so that none is added twice.
+			hooks, err := d.run.nftHookLines(f, save)
+			if err != nil {
+				return nil, fmt.Errorf("read %s hooks: %w", f, err)
+			}
+			save = append(save, hooks...)
+		}
 		saves[f] = save
 	}
 	return saves, nil
