@@ -136,6 +136,13 @@ type Dataplane struct {
 	// entries with the state, and entryCheckCost how long that took.
 	entriesChecked time.Time
 	entryCheckCost time.Duration
+	// repairs holds back attachment repairs that keep failing.
+	repairs repairBackoff
+	// config is the entry vipd wrote into vipd_config.
+	config bpfConfig
+	// beforeEntryCompare, if set (by tests), runs when DetectDrift has
+	// copied what it compares the maps with and let go of applyMu.
+	beforeEntryCompare func()
 
 	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
 	// bpf_ktime_get_ns), in nanoseconds, taken once by New.
@@ -213,8 +220,9 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset()}
-	if err := writeConfig(&objs.bpfMaps, cookie, cfg.ConntrackTimeouts); err != nil {
+	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset(),
+		config: configFor(cookie, cfg.ConntrackTimeouts)}
+	if err := writeConfig(&objs.bpfMaps, d.config); err != nil {
 		objs.Close()
 		return nil, err
 	}
@@ -346,15 +354,9 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		}
 		d.attached = true
 	} else if full {
-		drifts, gaps, err := d.checkAttachments()
-		if err == nil && gaps.any() {
-			err = d.repair(gaps)
-		}
-		if err != nil {
-			d.needFull = true
-			return fmt.Errorf("repair attachments: %w", err)
-		}
-		repaired = drifts
+		// Outside the all-or-nothing part: the maps hold s now, and
+		// what cannot be attached stays drift (see repairAttachments).
+		repaired = append(d.repairConfig(), d.repairAttachments()...)
 	}
 	if full && (d.prog.changed.any() || len(repaired) > 0) {
 		args := d.prog.changed.logArgs()
@@ -363,9 +365,10 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			details := make([]string, len(repaired))
 			for i, r := range repaired {
 				details[i] = r.Detail
-				if r.What == driftMap {
+				switch r.What {
+				case driftMap:
 					pins++
-				} else {
+				case driftTCLink, driftCgroupLink:
 					links++
 				}
 			}
