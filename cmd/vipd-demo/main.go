@@ -202,6 +202,9 @@ func run(ctx context.Context, bin, dataplane string) error {
 		fmt.Printf("  tc programs on the pods' host veths, socket hooks on the cgroup %s\n", d.cgroup.Dir())
 		fmt.Printf("  (not the machine's root cgroup), maps and links pinned in %s\n", d.bpffs())
 	} else {
+		// Flows need conntrack accounting, timestamps and events, which
+		// vipd sets in the node's namespace only when told.
+		d.vipdArgs = append(d.vipdArgs, "--set-sysctls")
 		step("start vipd with the iptables dataplane, programming %s", node.Name())
 	}
 	if err := d.startVipd(ctx); err != nil {

@@ -45,6 +45,10 @@ const envPrefix = "VIPD"
 // looks for a running vipd's lock.
 const defaultStateDir = "/var/lib/vipd"
 
+// defaultSocket is where vipd run serves its API, and where vipd cleanup
+// asks whether a vipd runs.
+const defaultSocket = "/run/vipd/vipd.sock"
+
 func rootCommand() *cobra.Command {
 	run := runCommand()
 	root := &cobra.Command{
@@ -97,11 +101,14 @@ func runCommand() *cobra.Command {
 				}
 				cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, p.Masked())
 			}
-			mode, err := strconv.ParseUint(socketMode, 8, 32)
-			if err != nil {
-				return fmt.Errorf("--socket-mode %q: want an octal file mode such as 0660", socketMode)
+			if socketMode != "" { // else daemon's default: 0600, or 0660 with --socket-group
+				mode, err := strconv.ParseUint(socketMode, 8, 32)
+				if err != nil || mode == 0 {
+					return fmt.Errorf("--socket-mode %q: want a nonzero octal file mode such as 0600 or 0660", socketMode)
+				}
+				cfg.SocketMode = os.FileMode(mode)
 			}
-			cfg.SocketMode = os.FileMode(mode)
+			var err error
 			if cfg.Memory.Limit, err = daemon.ParseSize(memoryLimit); err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
 			}
@@ -119,7 +126,7 @@ func runCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Socket, "socket", client.DefaultSocket, "Unix socket to serve the API on")
-	f.StringVar(&socketMode, "socket-mode", "0660", "file mode of the Unix socket, in octal; others may have no permission")
+	f.StringVar(&socketMode, "socket-mode", "", "file mode of the Unix socket, in octal; others may have no permission (default 0600, or 0660 with --socket-group)")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")
 	f.StringVar(&cfg.Remote.Listen, "listen", "", "also serve the API on tcp://HOST:PORT (in vipd's own network namespace); needs --tls-cert, --tls-key and --tls-client-ca")
 	f.StringVar(&cfg.Remote.TLSCert, "tls-cert", "", "--listen: the server's certificate (PEM)")
@@ -149,22 +156,22 @@ func runCommand() *cobra.Command {
 	f.StringVar(&cfg.EBPF.CgroupPath, "cgroup-path", "", "ebpf: cgroup v2 directory for the socket hooks (default: the root of a cgroup2 mount at "+ebpf.DefaultCgroupMount+", mounted if absent)")
 	f.StringSliceVar(&cfg.EBPF.PodInterfaces, "pod-interfaces", ebpf.DefaultPodInterfaces, "ebpf: glob patterns of host-side pod interfaces to attach the tc programs to")
 	f.StringVar(&cfg.EBPF.TCAttach, "tc-attach", ebpf.TCAttachAuto, "ebpf: how tc programs attach: auto (tcx where the kernel has it, else clsact), tcx or clsact")
-	f.Uint32Var(&cfg.EBPF.MaglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "ebpf: smallest Maglev table size (a prime; grown to a prime >= 100 x backends)")
+	f.Uint32Var(&cfg.EBPF.MaglevTableSize, "maglev-table-size", maglev.DefaultTableSize, "ebpf: smallest Maglev table size (a prime >= 3; grown to a prime >= 100 x backends)")
 	f.Uint32Var(&cfg.EBPF.Maps.LB, "bpf-lb-map-max", ebpf.DefaultMapSizes.LB, "ebpf: entries of the service and member maps (a frontend takes 1 + its eligible backends)")
 	f.Uint32Var(&cfg.EBPF.Maps.Backends, "bpf-backend-map-max", ebpf.DefaultMapSizes.Backends, "ebpf: distinct backend address:port pairs")
 	f.Uint32Var(&cfg.EBPF.Maps.Conntrack, "bpf-ct-map-max", ebpf.DefaultMapSizes.Conntrack, "ebpf: conntrack entries (two per flow; LRU)")
 	f.Uint32Var(&cfg.EBPF.Maps.Affinity, "bpf-affinity-map-max", ebpf.DefaultMapSizes.Affinity, "ebpf: session-affinity entries (LRU)")
 	f.Uint32Var(&cfg.EBPF.Maps.Sockets, "bpf-sock-map-max", ebpf.DefaultMapSizes.Sockets, "ebpf: node-local socket translations (LRU)")
-	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPSyn, "bpf-ct-timeout-tcp-syn", ebpf.DefaultConntrackTimeouts.TCPSyn, "ebpf: conntrack lifetime of a TCP flow not answered yet")
-	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPEstablished, "bpf-ct-timeout-tcp", ebpf.DefaultConntrackTimeouts.TCPEstablished, "ebpf: conntrack lifetime of an idle established TCP flow")
-	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPClose, "bpf-ct-timeout-tcp-close", ebpf.DefaultConntrackTimeouts.TCPClose, "ebpf: conntrack lifetime of a TCP flow after FIN or RST")
-	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.Other, "bpf-ct-timeout-other", ebpf.DefaultConntrackTimeouts.Other, "ebpf: conntrack lifetime of an idle UDP or SCTP flow")
-	f.DurationVar(&cfg.EBPF.GCInterval, "bpf-ct-gc-interval", 30*time.Second, "ebpf: how often expired conntrack entries are collected (and reported closed)")
-	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two)")
+	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPSyn, "bpf-ct-timeout-tcp-syn", ebpf.DefaultConntrackTimeouts.TCPSyn, "ebpf: conntrack lifetime of a TCP flow not answered yet (positive)")
+	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPEstablished, "bpf-ct-timeout-tcp", ebpf.DefaultConntrackTimeouts.TCPEstablished, "ebpf: conntrack lifetime of an idle established TCP flow (positive)")
+	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPClose, "bpf-ct-timeout-tcp-close", ebpf.DefaultConntrackTimeouts.TCPClose, "ebpf: conntrack lifetime of a TCP flow after FIN or RST (positive)")
+	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.Other, "bpf-ct-timeout-other", ebpf.DefaultConntrackTimeouts.Other, "ebpf: conntrack lifetime of an idle UDP or SCTP flow (positive)")
+	f.DurationVar(&cfg.EBPF.GCInterval, "bpf-ct-gc-interval", 30*time.Second, "ebpf: how often expired conntrack entries are collected (and reported closed); positive")
+	f.Uint32Var(&cfg.EBPF.Maps.Events, "bpf-events-map-max", ebpf.DefaultMapSizes.Events, "ebpf: bytes of the flow-event ring buffer (a power of two, at least the page size)")
 	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flowhub.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
-	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100)")
+	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100; negative turns it off, which needs a memory limit)")
 	f.StringVar(&memoryLimit, "memory-limit", "0", "soft limit on the Go runtime's memory (GOMEMLIMIT), in bytes or with KiB, MiB or GiB: the GC works harder near it and never fails on it (0 keeps GOMEMLIMIT's setting)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
@@ -172,7 +179,7 @@ func runCommand() *cobra.Command {
 }
 
 func cleanupCommand() *cobra.Command {
-	var netnsPath, bpffs, stateDir string
+	var netnsPath, bpffs, stateDir, socket string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -183,12 +190,16 @@ func cleanupCommand() *cobra.Command {
 				return err
 			}
 			log := hclog.New(&hclog.LoggerOptions{Name: "vipd", Output: os.Stderr})
-			release, err := daemon.LockStateDir(stateDir)
+			release, err := daemon.GuardCleanup(cmd.Context(), log, stateDir, socket)
 			var inUse *daemon.StateDirInUseError
+			var serving *daemon.SocketInUseError
 			switch {
-			case errors.As(err, &inUse) && force:
-				log.Warn("--force: cleaning up under a running vipd, which keeps serving a dataplane that is gone", "pid", inUse.PID, "state_dir", stateDir)
-			case errors.As(err, &inUse):
+			case (errors.As(err, &inUse) || errors.As(err, &serving)) && force:
+				defer release()
+				log.Warn("--force: cleaning up the dataplane of a running vipd; the running vipd will reprogram it within --drift-check-period; stop it first",
+					"running", err)
+			case errors.As(err, &inUse) || errors.As(err, &serving):
+				release()
 				return fmt.Errorf("refusing to clean up: %w; cleanup would remove the rules it serves. Stop it first, or pass --force", err)
 			case err != nil:
 				return err
@@ -200,7 +211,8 @@ func cleanupCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&netnsPath, "netns", "", "clean the network namespace at this path instead of the current one")
 	cmd.Flags().StringVar(&bpffs, "bpffs", ebpf.DefaultBPFFS, "the eBPF dataplane's pin directory to clean")
-	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock")
-	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock")
+	cmd.Flags().StringVar(&stateDir, "state-dir", defaultStateDir, "state directory of the vipd whose rules these are; cleanup refuses while a vipd holds its lock (and logs when it has none)")
+	cmd.Flags().StringVar(&socket, "socket", defaultSocket, "API socket of the vipd whose rules these are; cleanup refuses while a vipd answers health checks there")
+	cmd.Flags().BoolVar(&force, "force", false, "clean up even while a vipd holds the state directory's lock or answers on --socket (it will reprogram its rules within --drift-check-period: stop it first)")
 	return cmd
 }

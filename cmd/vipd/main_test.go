@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +29,11 @@ func execute(t *testing.T, args ...string) (dir string, err error) {
 	defer cancel()
 	return dir, cmd.ExecuteContext(ctx)
 }
+
+// noNetNS is a --netns that does not exist: a test that passes a dataplane
+// other than fake passes it too, so that a start that is not refused as it
+// should be fails to open the namespace instead of programming the test's.
+const noNetNS = "/nonexistent/vipd-test-netns"
 
 // TestBadFlagsRefuseStart checks that flags that make no sense stop vipd
 // before it opens anything (no state directory, no socket), with an error
@@ -55,6 +62,33 @@ func TestBadFlagsRefuseStart(t *testing.T) {
 		{[]string{"--socket-mode", "01660"}, "--socket-mode"},
 		{[]string{"--socket-mode", "rw"}, "--socket-mode"},
 		{[]string{"--max-ports", "-1", "--flow-buffer", "0"}, "--flow-buffer"},
+		{[]string{"--socket-mode", "0"}, "--socket-mode"},
+		// Negative eBPF durations are refused whatever the dataplane.
+		{[]string{"--bpf-ct-gc-interval", "-1s"}, "--bpf-ct-gc-interval"},
+		{[]string{"--bpf-ct-timeout-tcp-syn", "-1s"}, "--bpf-ct-timeout-tcp-syn"},
+		{[]string{"--bpf-ct-timeout-tcp", "-1s"}, "--bpf-ct-timeout-tcp "},
+		{[]string{"--bpf-ct-timeout-tcp-close", "-1s"}, "--bpf-ct-timeout-tcp-close"},
+		{[]string{"--bpf-ct-timeout-other", "-1s"}, "--bpf-ct-timeout-other"},
+		// With a dataplane that may be eBPF, so is what it cannot use. The
+		// check refuses before the dataplane is opened, so no root is
+		// needed (and noNetNS keeps a vipd whose check regressed from
+		// programming this namespace).
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-gc-interval", "0"}, "--bpf-ct-gc-interval"},
+		{[]string{"--dataplane", "auto", "--netns", noNetNS, "--bpf-ct-gc-interval", "0"}, "--bpf-ct-gc-interval"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-timeout-tcp-syn", "0"}, "--bpf-ct-timeout-tcp-syn"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-timeout-tcp", "0"}, "--bpf-ct-timeout-tcp "},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-timeout-tcp-close", "0"}, "--bpf-ct-timeout-tcp-close"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-timeout-other", "0"}, "--bpf-ct-timeout-other"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--maglev-table-size", "0"}, "--maglev-table-size"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--maglev-table-size", "16384"}, "--maglev-table-size"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-lb-map-max", "0"}, "--bpf-lb-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-backend-map-max", "0"}, "--bpf-backend-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-ct-map-max", "0"}, "--bpf-ct-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-affinity-map-max", "0"}, "--bpf-affinity-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-sock-map-max", "0"}, "--bpf-sock-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-events-map-max", "0"}, "--bpf-events-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-events-map-max", "1048577"}, "--bpf-events-map-max"},
+		{[]string{"--dataplane", "ebpf", "--netns", noNetNS, "--bpf-events-map-max", "1024"}, "--bpf-events-map-max"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			dir, err := execute(t, tc.args...)
@@ -67,6 +101,28 @@ func TestBadFlagsRefuseStart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGCPercentOffNeedsMemoryLimit checks that --gc-percent below 0 (the
+// proportional collector off) refuses start without a memory limit to
+// bound the heap (internal/daemon's TestCheckGCPercentOff checks that one
+// lets it pass).
+func TestGCPercentOffNeedsMemoryLimit(t *testing.T) {
+	if debug.SetMemoryLimit(-1) != math.MaxInt64 {
+		t.Skip("GOMEMLIMIT is set in the test's environment: vipd would have a memory limit")
+	}
+	if _, err := execute(t, "--gc-percent", "-1"); err == nil || !strings.Contains(err.Error(), "--gc-percent -1") {
+		t.Fatalf("--gc-percent -1 without a memory limit: %v; want it refused", err)
+	}
+}
+
+// TestDefaultsPassTheEBPFChecks checks that the eBPF flags' defaults pass
+// Check: with --dataplane ebpf and one bad flag, only that flag is named.
+func TestDefaultsPassTheEBPFChecks(t *testing.T) {
+	_, err := execute(t, "--dataplane", "ebpf", "--netns", noNetNS, "--flow-buffer", "0")
+	if err == nil || !strings.Contains(err.Error(), "--flow-buffer") || strings.Contains(err.Error(), "--bpf") || strings.Contains(err.Error(), "--maglev") {
+		t.Fatalf("--dataplane ebpf --flow-buffer 0: %v; want only --flow-buffer named", err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 // than the flag's own default value. The value is checked too, so that
 // changing such a default still needs the README row to change.
 var documentedDefaults = map[string]struct{ value, readme string }{
+	"socket-mode":  {"", "`0600`, or `0660` with `--socket-group`"},
 	"socket-group": {"", "vipd's group"},
 	"cgroup-path":  {"", "root of a cgroup2 mount at /run/vipd/cgroupv2 (mounted if absent)"},
 	"gc-percent":   {"0", "GOGC"},

@@ -641,6 +641,11 @@ func (d *daemon) start() error {
 		// processes are in this one.
 		args = append(args, "--cgroup-path", d.cgroup, "--bpffs", d.bpffs)
 	}
+	if d.dp == "iptables" {
+		// The flow scenarios need conntrack accounting, timestamps and
+		// events, which vipd sets (here in the lab node) only when told.
+		args = append(args, "--set-sysctls")
+	}
 	args = append(args, d.args...)
 	cmd := exec.Command(vipdBin, args...)
 	cmd.Stdout, cmd.Stderr = &d.log, &d.log

@@ -41,11 +41,16 @@ type tcAttacher struct {
 
 	mu       sync.Mutex
 	attached map[int]string // ifindex -> name
-	useTCX   bool
-	mode     string // TCAttachAuto, TCAttachTCX or TCAttachClsact
-	watching bool   // the link subscription runs (start may be retried)
-	done     chan struct{}
-	wg       sync.WaitGroup
+	// failed are the pod interfaces whose last attach failed, and
+	// unprocessed those that check found matching but neither attached nor
+	// failed (the watcher has not got to them yet), with when it first did.
+	failed      map[int]string
+	unprocessed map[int]time.Time
+	useTCX      bool
+	mode        string // TCAttachAuto, TCAttachTCX or TCAttachClsact
+	watching    bool   // the link subscription runs (start may be retried)
+	done        chan struct{}
+	wg          sync.WaitGroup
 }
 
 // How the tc programs are attached (Config.TCAttach).
@@ -62,7 +67,8 @@ func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDi
 	return &tcAttacher{
 		log: log, netns: netnsPath, patterns: patterns, linkDir: linkDir,
 		ingress: ingress, egress: egress, mode: mode,
-		attached: map[int]string{}, useTCX: mode != TCAttachClsact, done: make(chan struct{}),
+		attached: map[int]string{}, failed: map[int]string{}, unprocessed: map[int]time.Time{},
+		useTCX: mode != TCAttachClsact, done: make(chan struct{}),
 	}
 }
 
@@ -81,7 +87,10 @@ func (a *tcAttacher) pinPath(ifindex int, dir string) string {
 }
 
 // start attaches to every existing pod interface, drops pinned links of
-// interfaces that are gone, and follows link changes until stop.
+// interfaces that are gone, and follows link changes until stop. It fails
+// only when it cannot follow or list the interfaces: an interface it
+// cannot attach to is logged and left to DetectDrift and its repair, so
+// that one odd pod interface does not keep the whole dataplane detached.
 func (a *tcAttacher) start() error {
 	if err := os.MkdirAll(a.linkDir, 0o700); err != nil {
 		return fmt.Errorf("create link pin directory: %w", err)
@@ -99,7 +108,6 @@ func (a *tcAttacher) start() error {
 		return fmt.Errorf("list interfaces: %w", err)
 	}
 	present := map[int]bool{}
-	var errs []error
 	for _, l := range links {
 		present[l.Attrs().Index] = true
 		if a.matches(l.Attrs().Name) {
@@ -110,12 +118,13 @@ func (a *tcAttacher) start() error {
 				continue
 			}
 			if err != nil {
-				errs = append(errs, err)
+				a.log.Warn("cannot attach to a pod interface: its pod's traffic to VIPs is not load-balanced; "+
+					"the drift check reports it and retries", "interface", l.Attrs().Name, "error", err)
 			}
 		}
 	}
 	a.dropStalePins(present)
-	return errors.Join(errs...)
+	return nil
 }
 
 // dropStalePins unpins tcx links of interfaces that no longer exist.
@@ -162,8 +171,12 @@ func (a *tcAttacher) attach(ifindex int, name string) error {
 		return nil
 	})
 	if err != nil {
+		if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+			a.failed[ifindex] = name
+		}
 		return fmt.Errorf("attach to %s: %w", name, err)
 	}
+	delete(a.failed, ifindex)
 	if _, ok := a.attached[ifindex]; !ok {
 		a.log.Debug("attached", "interface", name, "ifindex", ifindex)
 	}
@@ -343,6 +356,7 @@ func (a *tcAttacher) handle(u netlink.LinkUpdate) {
 	case unix.RTM_DELLINK:
 		a.mu.Lock()
 		delete(a.attached, attrs.Index)
+		delete(a.failed, attrs.Index)
 		a.mu.Unlock()
 		for _, d := range []string{"ingress", "egress"} {
 			os.Remove(a.pinPath(attrs.Index, d))

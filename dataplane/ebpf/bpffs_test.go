@@ -118,3 +118,57 @@ func TestBPFFSRefusedInPrivateMountNamespace(t *testing.T) {
 		t.Fatalf("in the host's mount namespace, ensureBPFFS(%s): mounted %v, err %v; want a bpffs mounted", bare, mounted, err)
 	}
 }
+
+// TestBPFFSRefusedUnderFreshSysfs: what `ip netns exec` does (a private
+// mount namespace with a fresh sysfs on /sys) makes the default
+// /sys/fs/bpf/vipd impossible to create; the error still says how to give
+// vipd a bpffs that outlives it, not only "mkdir failed".
+func TestBPFFSRefusedUnderFreshSysfs(t *testing.T) {
+	netlab.RequireRoot(t)
+	dir := "/sys/fs/bpf/vipd-test-fresh-sysfs"
+	done := make(chan [2]error)
+	go func() {
+		// Never unlocked: the thread ends with the goroutine, and with it
+		// its namespaces and the sysfs mounted in them.
+		runtime.LockOSThread()
+		var setup, got error
+		defer func() { done <- [2]error{setup, got} }()
+		host, err := os.Open("/proc/thread-self/ns/mnt")
+		if err != nil {
+			setup = err
+			return
+		}
+		defer host.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWNET); err != nil {
+			setup = fmt.Errorf("unshare: %w", err)
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			setup = fmt.Errorf("make mounts private: %w", err)
+			return
+		}
+		// As ip netns exec does (iproute2 lib/namespace.c).
+		if err := unix.Unmount("/sys", unix.MNT_DETACH); err != nil {
+			setup = fmt.Errorf("unmount /sys: %w", err)
+			return
+		}
+		if err := unix.Mount("vipd-test", "/sys", "sysfs", 0, ""); err != nil {
+			setup = fmt.Errorf("mount a fresh sysfs: %w", err)
+			return
+		}
+		ns := mountNSFiles{self: "/proc/thread-self/ns/mnt", init: fmt.Sprintf("/proc/self/fd/%d", host.Fd()), initMountinfo: "/proc/1/mountinfo"}
+		_, got = ensureBPFFS(hclog.NewNullLogger(), dir, ns)
+	}()
+	r := <-done
+	if r[0] != nil {
+		t.Fatal(r[0])
+	}
+	if r[1] == nil {
+		t.Fatalf("ensureBPFFS(%s) under a fresh sysfs in a private mount namespace succeeded, want a refusal", dir)
+	}
+	for _, want := range []string{dir, "mount namespace of its own", "mount -t bpf bpf /run/vipd/bpffs", "--bpffs", "--netns"} {
+		if !strings.Contains(r[1].Error(), want) {
+			t.Errorf("the error %q does not say %q", r[1], want)
+		}
+	}
+}

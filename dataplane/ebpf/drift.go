@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -52,23 +54,59 @@ func (d *Dataplane) DriftKinds() []string {
 // map vipd holds (by map ID). It also compares the service maps' entries
 // with what vipd wrote, as often as entryCheckShare allows. Before the
 // first successful Apply it reports nothing: nothing is attached yet.
+// Attachment gaps that a repair failed to close are not reported again
+// until the repair's backoff (repairBackoff) ends.
+//
+// The entry comparison reads the maps without holding the apply lock, on a
+// copy of what vipd wrote taken under it, so that Applies are not held up
+// for its whole read; a difference it finds may be an Apply that ran
+// meanwhile, so it is compared again under the lock before it is reported.
 func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
 	d.applyMu.Lock()
-	defer d.applyMu.Unlock()
 	if !d.attached {
+		d.applyMu.Unlock()
 		return nil, nil
 	}
 	drifts, _, err := d.checkAttachments()
 	if err != nil {
+		d.applyMu.Unlock()
 		return nil, err
 	}
+	if key := gapKey(drifts); !d.repairs.due(key, time.Now()) {
+		// A repair of exactly these gaps failed: Apply logged why, and
+		// they are reported again when its backoff ends.
+		drifts = nil
+	}
+	cfgDrift, err := d.checkConfig()
+	if err != nil {
+		d.applyMu.Unlock()
+		return nil, err
+	}
+	if cfgDrift != nil {
+		drifts = append(drifts, *cfgDrift)
+	}
+	var snap *entryCheck
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
+		snap = d.prog.snapshotEntries()
+	}
+	d.applyMu.Unlock()
+	if snap != nil {
+		if d.beforeEntryCompare != nil {
+			d.beforeEntryCompare()
+		}
 		start := time.Now()
-		c, err := d.prog.check()
+		c, err := snap.compare()
+		if err == nil && c.any() {
+			d.applyMu.Lock()
+			c, err = d.prog.check()
+			d.applyMu.Unlock()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read service maps: %w", err)
 		}
+		d.applyMu.Lock()
 		d.entriesChecked, d.entryCheckCost = time.Now(), time.Since(start)
+		d.applyMu.Unlock()
 		for i, n := range c {
 			if n.added+n.fixed+n.removed > 0 {
 				drifts = append(drifts, dataplane.Drift{What: driftMapEntries, Detail: fmt.Sprintf(
@@ -127,11 +165,9 @@ func (d *Dataplane) repair(gaps *attachGaps) error {
 	for _, name := range gaps.maps {
 		pin := filepath.Join(d.cfg.BPFFS, name)
 		m := maps[name]
-		if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove the pin of %s: %w", name, err)
-		}
-		// Unpin forgets the path, so that Pin pins again rather than
-		// taking the map for pinned there already.
+		// Unpin removes whatever is at the map's pin path (the map was
+		// loaded pinned there), and forgets the path, so that Pin pins
+		// again rather than taking the map for pinned there already.
 		if err := m.Unpin(); err != nil {
 			return fmt.Errorf("unpin %s: %w", name, err)
 		}
@@ -264,14 +300,28 @@ type tcGap struct {
 	detail  string
 }
 
+// unprocessedGrace is how long a pod interface may exist before the
+// watcher has tried to attach to it, before check reports it: a new veth
+// is listed from its RTM_NEWLINK on, a moment before the watcher gets to it.
+const unprocessedGrace = 2 * time.Second
+
 // check lists the directions of the namespace's pod interfaces that lack
 // vipd's program: with tcx, not attached or its link not pinned; with
 // clsact, no vipd filter running it.
+//
+// It holds the attacher's lock throughout, so that it never sees an
+// attach half done (a tcx link attached but not pinned yet). It checks the
+// interfaces the attacher has attached to or failed on; one it has not
+// processed yet is reported only once it stayed so for unprocessedGrace
+// (a watcher that missed it), not while a pod is being created.
 func (a *tcAttacher) check() ([]tcGap, error) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	useTCX := a.useTCX
-	a.mu.Unlock()
 	var gaps []tcGap
+	now := time.Now()
+	unprocessed := map[int]time.Time{}
+	defer func() { a.unprocessed = unprocessed }()
 	err := nsdo.Do(a.netns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
@@ -281,6 +331,18 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 			attrs := l.Attrs()
 			if !a.matches(attrs.Name) {
 				continue
+			}
+			_, attached := a.attached[attrs.Index]
+			_, failed := a.failed[attrs.Index]
+			if !attached && !failed {
+				first, ok := a.unprocessed[attrs.Index]
+				if !ok {
+					first = now
+				}
+				unprocessed[attrs.Index] = first
+				if now.Sub(first) < unprocessedGrace {
+					continue
+				}
 			}
 			for _, d := range []struct {
 				dir    string
@@ -298,7 +360,11 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 				}
 				id := programID(d.prog)
 				if !useTCX {
-					if !hasClsactFilter(l, d.parent, id) {
+					has, err := hasClsactFilter(l, d.parent, id)
+					if err != nil {
+						return err
+					}
+					if !has {
 						gap(d.name + " not attached (no vipd clsact filter)")
 					}
 					continue
@@ -323,36 +389,78 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 }
 
 // hasClsactFilter reports whether l has vipd's clsact filter running the
-// program id at parent.
-func hasClsactFilter(l netlink.Link, parent uint32, id ebpf.ProgramID) bool {
-	filters, err := netlink.FilterList(l, parent)
+// program id at parent. An interface without a clsact qdisc has none; an
+// interface gone meanwhile is not reported; other errors are returned.
+func hasClsactFilter(l netlink.Link, parent uint32, id ebpf.ProgramID) (bool, error) {
+	qdiscs, err := netlink.QdiscList(l)
+	if errors.Is(err, unix.ENODEV) {
+		return true, nil
+	}
 	if err != nil {
-		return false // no clsact qdisc
+		return false, fmt.Errorf("list the qdiscs of %s: %w", l.Attrs().Name, err)
+	}
+	if !slices.ContainsFunc(qdiscs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" }) {
+		return false, nil
+	}
+	filters, err := netlink.FilterList(l, parent)
+	if errors.Is(err, unix.ENODEV) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("list the clsact filters of %s: %w", l.Attrs().Name, err)
 	}
 	for _, f := range filters {
 		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName && bf.Id == int(id) {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 // check compares the service maps with what vipd wrote into them, without
 // writing: it returns what a full apply of the same state would change.
+// The caller holds the apply lock.
 func (p *programmer) check() (entryCounts, error) {
-	changes := make([]change, 0, len(p.frontends))
-	next := make([]*programmed, 0, len(p.frontends))
-	offs := make([]int32, 0, len(p.frontends))
-	nids := 0
-	for k, pr := range p.frontends {
-		changes = append(changes, change{key: k, fe: pr.fe})
-		next = append(next, pr)
-		offs = append(offs, int32(nids))
-		nids += len(pr.memberIDs) + len(pr.slotIDs)
+	return p.snapshotEntries().compare()
+}
+
+// entryCheck is a copy of what the service maps' comparison reads of the
+// programmer (what vipd wrote), so that it can read the maps while Apply
+// runs. The programmed frontends are shared: apply replaces them, never
+// changes one in place.
+type entryCheck struct {
+	p       *programmer
+	changes []change
+	next    []*programmed
+	offs    []int32
+	nids    int
+}
+
+// snapshotEntries copies what compare needs. The caller holds the apply
+// lock; the copy costs a pass over the frontends and the backend table,
+// far less than reading the maps.
+func (p *programmer) snapshotEntries() *entryCheck {
+	c := &entryCheck{
+		p: &programmer{maps: p.maps, draining: maps.Clone(p.draining), noDrain: p.noDrain, nextBackend: p.nextBackend,
+			backendIDs: backendTable{v4: maps.Clone(p.backendIDs.v4), v6: maps.Clone(p.backendIDs.v6)}},
+		changes: make([]change, 0, len(p.frontends)),
+		next:    make([]*programmed, 0, len(p.frontends)),
+		offs:    make([]int32, 0, len(p.frontends)),
 	}
-	au, err := p.auditMaps(changes, next, offs, nids, nil)
+	for k, pr := range p.frontends {
+		c.changes = append(c.changes, change{key: k, fe: pr.fe})
+		c.next = append(c.next, pr)
+		c.offs = append(c.offs, int32(c.nids))
+		c.nids += len(pr.memberIDs) + len(pr.slotIDs)
+	}
+	return c
+}
+
+// compare reads the service maps and counts how they differ from the copy.
+func (c *entryCheck) compare() (entryCounts, error) {
+	au, err := c.p.auditMaps(c.changes, c.next, c.offs, c.nids, nil)
 	if err != nil {
 		return entryCounts{}, err
 	}
-	return au.counts(next, &p.backendIDs), nil
+	return au.counts(c.next, &c.p.backendIDs), nil
 }

@@ -421,3 +421,26 @@ func (e *driftEnv) ifindex(name string) int {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestDriftClsactQdiscDeleted: `tc qdisc del dev <veth> clsact` takes
+// vipd's filters with it; that is drift (not a failed check), and a full
+// apply puts qdisc and filters back.
+func TestDriftClsactQdiscDeleted(t *testing.T) {
+	e := newDriftEnv(t, TCAttachClsact)
+	veth := e.pod("client").HostVeth()
+	err := e.node.Do(func() error {
+		l, err := netlink.LinkByName(veth)
+		if err != nil {
+			return err
+		}
+		return netlink.QdiscDel(&netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}})
+	})
+	if err != nil {
+		t.Fatalf("delete the clsact qdisc of %s: %v", veth, err)
+	}
+	e.expectBroken(false, "tcp", dpVIPA, "with the clsact qdisc deleted")
+	e.expectDrift(driftTCLink, veth+" ingress: vipd_from_pod not attached (no vipd clsact filter)")
+	e.expectDrift(driftTCLink, veth+" egress: vipd_to_pod not attached (no vipd clsact filter)")
+	e.repairAndCheck(veth+" ingress", veth+" egress")
+}

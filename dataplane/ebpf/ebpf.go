@@ -136,6 +136,13 @@ type Dataplane struct {
 	// entries with the state, and entryCheckCost how long that took.
 	entriesChecked time.Time
 	entryCheckCost time.Duration
+	// repairs holds back attachment repairs that keep failing.
+	repairs repairBackoff
+	// config is the entry vipd wrote into vipd_config.
+	config bpfConfig
+	// beforeEntryCompare, if set (by tests), runs when DetectDrift has
+	// copied what it compares the maps with and let go of applyMu.
+	beforeEntryCompare func()
 
 	// monoOffset is the wall clock minus CLOCK_MONOTONIC (the programs'
 	// bpf_ktime_get_ns), in nanoseconds, taken once by New.
@@ -213,8 +220,9 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset()}
-	if err := writeConfig(&objs.bpfMaps, cookie, cfg.ConntrackTimeouts); err != nil {
+	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset(),
+		config: configFor(cookie, cfg.ConntrackTimeouts)}
+	if err := writeConfig(&objs.bpfMaps, d.config); err != nil {
 		objs.Close()
 		return nil, err
 	}
@@ -375,10 +383,13 @@ func (d *Dataplane) makeRoom(changes []change) error {
 	return nil
 }
 
-// attachOrRepair attaches the programs after the first successful apply;
-// after a later full one it attaches them again where they are missing
-// and pins vipd's maps again where another map took their place,
-// returning what it repaired.
+// attachOrRepair attaches the programs after the first successful apply.
+// After a later full one it repairs, outside the all-or-nothing part (the
+// maps hold the state now), vipd_config and the attachments: it attaches
+// the programs again where they are missing and pins vipd's maps again
+// where another map took their place, returning what it repaired. What
+// cannot be attached stays drift (see repairAttachments); it never fails
+// the Apply.
 func (d *Dataplane) attachOrRepair(full bool) ([]dataplane.Drift, error) {
 	if !d.attached {
 		if err := d.attach(); err != nil {
@@ -390,14 +401,7 @@ func (d *Dataplane) attachOrRepair(full bool) ([]dataplane.Drift, error) {
 	if !full {
 		return nil, nil
 	}
-	drifts, gaps, err := d.checkAttachments()
-	if err == nil && gaps.any() {
-		err = d.repair(gaps)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("repair attachments: %w", err)
-	}
-	return drifts, nil
+	return append(d.repairConfig(), d.repairAttachments()...), nil
 }
 
 // logFullApply logs, at INFO, what a full apply changed in the maps and
@@ -409,9 +413,10 @@ func (d *Dataplane) logFullApply(repaired []dataplane.Drift, start time.Time) {
 		details := make([]string, len(repaired))
 		for i, r := range repaired {
 			details[i] = r.Detail
-			if r.What == driftMap {
+			switch r.What {
+			case driftMap:
 				pins++
-			} else {
+			case driftTCLink, driftCgroupLink:
 				links++
 			}
 		}

@@ -68,15 +68,26 @@ const (
 // mounted in vipd's namespace alone): either would vanish, with every pin,
 // when vipd exits. When it cannot tell (init's namespace is unreadable, as
 // in some containers), it goes on, with a warning if it mounts.
+//
+// In a private mount namespace a failure to create or stat dir carries the
+// same remedy: under `ip netns exec` /sys is a fresh sysfs, so the default
+// /sys/fs/bpf/vipd cannot even be created.
 func ensureBPFFS(log hclog.Logger, dir string, ns mountNSFiles) (bool, error) {
+	private, privErr := ns.private()
+	hint := func(err error) error {
+		if !private {
+			return err
+		}
+		return fmt.Errorf("%w; vipd runs in a mount namespace of its own (not init's, as under `ip netns exec`, "+
+			"which replaces /sys with a fresh sysfs). %s", err, bpffsFix)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return false, fmt.Errorf("create bpffs directory %s: %w", dir, err)
+		return false, hint(fmt.Errorf("create bpffs directory %s: %w", dir, err))
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return false, fmt.Errorf("statfs %s: %w", dir, err)
+		return false, hint(fmt.Errorf("statfs %s: %w", dir, err))
 	}
-	private, privErr := ns.private()
 	if uint32(st.Type) == bpffsMagic {
 		if !private {
 			return false, nil
@@ -305,9 +316,10 @@ func checkEventsSize(size uint32) error {
 	return nil
 }
 
-// writeConfig stores what the programs need to know about this node.
-func writeConfig(m *bpfMaps, hostNetnsCookie uint64, ct ConntrackTimeouts) error {
-	cfg := bpfConfig{
+// configFor is what the programs need to know about this node: the entry
+// of vipd_config.
+func configFor(hostNetnsCookie uint64, ct ConntrackTimeouts) bpfConfig {
+	return bpfConfig{
 		HostNetnsCookie:  hostNetnsCookie,
 		LayoutVersion:    layoutVersion,
 		CtTcpSyn:         seconds(ct.TCPSyn),
@@ -315,6 +327,10 @@ func writeConfig(m *bpfMaps, hostNetnsCookie uint64, ct ConntrackTimeouts) error
 		CtTcpClose:       seconds(ct.TCPClose),
 		CtOther:          seconds(ct.Other),
 	}
+}
+
+// writeConfig stores cfg in vipd_config.
+func writeConfig(m *bpfMaps, cfg bpfConfig) error {
 	if err := m.VipdConfig.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write config map: %w", err)
 	}

@@ -130,17 +130,19 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	}
 	d.applied = rec.State.Services
 	d.gen = s.Generation
-	d.needFull = false
-	if s.Changed == nil {
-		// A full Apply rebuilds everything, which is what repairs drift.
+	if rec.Full || s.Changed == nil {
+		// A full Apply rebuilds everything, which is what repairs drift;
+		// as in the real dataplanes, an Apply after a failed one is full.
 		d.drift = nil
 	}
+	d.needFull = false
 	return nil
 }
 
 // SetDrift makes DetectDrift report drift, as if another tool had removed
 // what it names, until the next successful full Apply (one with a nil
-// State.Changed), which repairs it. A partial Apply leaves it.
+// State.Changed, or any Apply after a failed one, or the first), which
+// repairs it. A partial Apply leaves it.
 func (d *Dataplane) SetDrift(drift []dataplane.Drift) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -2,8 +2,10 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/vipd/vipd/dataplane"
 )
@@ -28,10 +30,14 @@ func (d *Dataplane) DriftKinds() []string { return []string{driftCanary, driftHo
 //   - each chain a hook jumps to exists and holds the rules last applied
 //     (What "chain"): `iptables -t nat -F VIPD-SERVICES` empties one.
 //
-// It lists only those chains, one `iptables -S <chain>` each (eleven per
-// family), and never the whole table, so its cost does not grow with the
-// number of services. The chains below the hook targets (tries, services,
-// backends) are not checked; a full Apply rewrites any of them that differ.
+// In nft mode it lists only those chains, one `iptables -S <chain>` each
+// (eleven per family), never the whole table, so its cost does not grow
+// with the number of services. In legacy mode listing one chain copies the
+// whole table out of the kernel anyway, so it reads each table once
+// (`iptables-legacy-save -t TABLE`, four per check) and picks the chains
+// from it: there the cost grows with the rules, as a full sync's does. The
+// chains below the hook targets (tries, services, backends) are not
+// checked; a full Apply rewrites any of them that differ.
 // Before the first successful Apply there is nothing to check and it
 // returns nil.
 func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
@@ -59,7 +65,19 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 	report := func(what, chain, format string, args ...any) {
 		found = append(found, dataplane.Drift{What: what, Detail: fmt.Sprintf("%s %s %s: ", f, t, chain) + fmt.Sprintf(format, args...)})
 	}
-	if _, ok, err := d.run.listChain(ctx, f, t, chainCanary); err != nil {
+	listChain := func(chain string) ([]string, bool, error) { return d.run.listChain(ctx, f, t, chain) }
+	if d.cfg.Mode == ModeLegacy {
+		save, err := d.run.saveTable(ctx, f, string(t))
+		if err != nil {
+			return nil, err
+		}
+		chains := chainsOfSave(save)
+		listChain = func(chain string) ([]string, bool, error) {
+			rules, ok := chains[chain]
+			return rules, ok, nil
+		}
+	}
+	if _, ok, err := listChain(chainCanary); err != nil {
 		return nil, err
 	} else if !ok {
 		report(driftCanary, chainCanary, "missing")
@@ -78,19 +96,31 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 		}
 	}
 	for _, builtin := range builtins {
-		rules, _, err := d.run.listChain(ctx, f, t, builtin)
+		rules, _, err := listChain(builtin)
+		has := func(h HookRule) bool { return slices.Contains(rules, h.rule()) }
+		if errors.Is(err, errIncompatible) {
+			// Another tool's nft rules in the chain: look for the
+			// jumps in what nf_tables holds.
+			var nrules [][]byte
+			if nrules, _, err = d.run.nftRules(f, t, builtin); err != nil {
+				return nil, err
+			}
+			has = func(h HookRule) bool { return nftHasJump(nrules, h.Target()) }
+		}
 		if err != nil {
 			return nil, err
 		}
 		for _, h := range Hooks(f) {
-			if h.Table == t && h.Chain == builtin && !slices.Contains(rules, h.rule()) {
+			if h.Table == t && h.Chain == builtin && !has(h) {
 				report(driftHook, builtin, "no jump to %s", h.Target())
 			}
 		}
 	}
 	for _, chain := range targets {
-		rules, ok, err := d.run.listChain(ctx, f, t, chain)
+		rules, ok, err := listChain(chain)
 		switch {
+		case errors.Is(err, errIncompatible):
+			report(driftChain, chain, "%v", errIncompatible)
 		case err != nil:
 			return nil, err
 		case !ok:
@@ -100,6 +130,26 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 		}
 	}
 	return found, nil
+}
+
+// chainsOfSave returns the chains of one table's iptables-save output, each
+// with its rules as listChain returns them (what follows "-A <chain> ").
+func chainsOfSave(save []byte) map[string][]string {
+	chains := map[string][]string{}
+	for line := range strings.Lines(string(save)) {
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			if _, ok := chains[name]; !ok {
+				chains[name] = nil
+			}
+		case strings.HasPrefix(line, "-A "):
+			name, rule, _ := strings.Cut(line[3:], " ")
+			chains[name] = append(chains[name], rule)
+		}
+	}
+	return chains
 }
 
 var _ dataplane.DriftDetector = (*Dataplane)(nil)

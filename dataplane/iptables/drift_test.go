@@ -4,6 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -194,5 +199,53 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 				t.Fatal("the backendless IPv6 service does not refuse after the ruleset was repaired")
 			}
 		})
+	}
+}
+
+// TestLegacyDriftReadsEachTableOnce: in legacy mode, where listing one
+// chain copies the whole table out of the kernel, DetectDrift reads each
+// table once (iptables-legacy-save -t TABLE, per family and table) rather
+// than listing each chain; drift is still found.
+func TestLegacyDriftReadsEachTableOnce(t *testing.T) {
+	node := netlab.New(t, netlab.Spec{}).Node(1)
+	// Wrappers that log each call and run the real tool.
+	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
+	for _, tool := range []string{"iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save"} {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s: %v", tool, err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, calls, real)
+		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeLegacy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if err := dp.Apply(ctx, liveState(nil, liveService("web", "198.19.0.10", 80, netip.MustParseAddr("10.0.0.1")))); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(calls)
+	if drift, err := dp.DetectDrift(ctx); err != nil || len(drift) != 0 {
+		t.Fatalf("DetectDrift: %v %v, want nothing", drift, err)
+	}
+	b, _ := os.ReadFile(calls)
+	got := strings.Split(strings.TrimSpace(string(b)), "\n")
+	want := []string{"iptables-legacy-save -t nat", "iptables-legacy-save -t filter", "ip6tables-legacy-save -t nat", "ip6tables-legacy-save -t filter"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("tool calls of one DetectDrift (-want +got):\n%s", diff)
+	}
+	if _, err := node.Exec(ctx, "iptables-legacy", "-t", "nat", "-F", "PREROUTING"); err != nil {
+		t.Fatal(err)
+	}
+	drift, err := dp.DetectDrift(ctx)
+	if err != nil || len(drift) != 1 || drift[0].Detail != "ipv4 nat PREROUTING: no jump to VIPD-SERVICES" {
+		t.Fatalf("DetectDrift after flushing nat PREROUTING: %v %v", drift, err)
 	}
 }

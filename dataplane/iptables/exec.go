@@ -8,7 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/internal/nsdo"
 )
@@ -33,22 +36,18 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("iptables mode %q: use auto, nft or legacy", s)
 }
 
-// tool names the binary of one kind ("restore" or "save") for a mode and family.
+// tool names a binary of a mode and family: with kind "" the one that runs
+// one command, such as iptables-nft or ip6tables-legacy, else the one of
+// that kind ("restore" or "save"), such as iptables-nft-save.
 func (m Mode) tool(f Family, kind string) string {
-	prefix := "iptables"
+	name := "iptables-" + string(m)
 	if f == IPv6 {
-		prefix = "ip6tables"
+		name = "ip6tables-" + string(m)
 	}
-	return fmt.Sprintf("%s-%s-%s", prefix, m, kind)
-}
-
-// command names the binary of a mode and family that runs one command, such
-// as iptables-nft or ip6tables-legacy.
-func (m Mode) command(f Family) string {
-	if f == IPv6 {
-		return "ip6tables-" + string(m)
+	if kind != "" {
+		name += "-" + kind
 	}
-	return "iptables-" + string(m)
+	return name
 }
 
 // runner runs the iptables tools inside one network namespace.
@@ -93,9 +92,17 @@ func (r runner) saveTable(ctx context.Context, f Family, table string) ([]byte, 
 // iptables-nft reads without the rest of the table, so its cost does not
 // grow with the number of services.
 func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) (rules []string, exists bool, err error) {
-	out, err := r.run(ctx, nil, r.mode.command(f), "--wait", "-t", string(t), "-S", chain)
+	out, err := r.run(ctx, nil, r.mode.tool(f, ""), "--wait", "-t", string(t), "-S", chain)
 	if err != nil {
 		var e *execError
+		if errors.As(err, &e) && r.mode == ModeNFT && incompatible(e.stderr) {
+			// Missing, or holding rules added with nft: ask nf_tables.
+			_, exists, err := r.nftRules(f, t, chain)
+			if err == nil && exists {
+				err = fmt.Errorf("%s %s %s: %w", f, t, chain, errIncompatible)
+			}
+			return nil, exists, err
+		}
 		if errors.As(err, &e) && noSuchChain(e.stderr) {
 			return nil, false, nil
 		}
@@ -112,7 +119,8 @@ func (r runner) listChain(ctx context.Context, f Family, t Table, chain string) 
 
 // noSuchChain tells from an iptables command's stderr that the chain it
 // named does not exist. iptables-nft 1.8.9 calls a missing chain
-// "incompatible"; legacy and later versions say "No chain/target/match".
+// "incompatible", as it calls one with nft-native rules (listChain tells
+// them apart); legacy and later versions say "No chain/target/match".
 func noSuchChain(stderr string) bool {
 	return strings.Contains(stderr, "No chain/target/match by that name") ||
 		strings.Contains(stderr, "is incompatible, use 'nft' tool")
@@ -142,6 +150,66 @@ func (r runner) legacyTables(f Family) ([]string, error) {
 		return nil, fmt.Errorf("list legacy %s tables: %w", f, err)
 	}
 	return strings.Fields(string(names)), nil
+}
+
+// legacySupported checks, without creating a table, that the kernel can
+// give the namespace x_tables tables of family f, which a working
+// `iptables-legacy-save --version` does not show. It holds when the
+// table list /proc/net/ip_tables_names (ip6_tables_names) exists (the
+// module ip_tables, ip6_tables, is loaded or built in), or else when the
+// module can be loaded: /sys/module has it, or the running kernel's
+// modules.dep or modules.builtin under /lib/modules lists it (iptables-legacy
+// loads it on first use).
+func (r runner) legacySupported(f Family) error {
+	module, path := "ip_tables", "/proc/thread-self/net/ip_tables_names"
+	if f == IPv6 {
+		module, path = "ip6_tables", "/proc/thread-self/net/ip6_tables_names"
+	}
+	var loaded bool
+	err := nsdo.Do(r.netns, func() error {
+		_, err := os.Stat(path)
+		loaded = err == nil
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check legacy %s support: %w", f, err)
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	if loaded || moduleAvailable("/sys/module", filepath.Join("/lib/modules", unix.ByteSliceToString(uts.Release[:])), module) {
+		return nil
+	}
+	return fmt.Errorf("the kernel has no x_tables (legacy iptables) support for %s: module %s is neither loaded, "+
+		"built in nor installed", f, module)
+}
+
+// moduleAvailable reports whether the kernel module name is loaded or built
+// in with parameters (sysModule/name exists), or installed or built in for
+// the kernel whose module directory is modDir (modules.dep or
+// modules.builtin name it).
+func moduleAvailable(sysModule, modDir, name string) bool {
+	if _, err := os.Stat(filepath.Join(sysModule, name)); err == nil {
+		return true
+	}
+	for _, list := range []string{"modules.dep", "modules.builtin"} {
+		b, err := os.ReadFile(filepath.Join(modDir, list))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			file, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+			base := filepath.Base(file)
+			if base == name+".ko" || strings.HasPrefix(base, name+".ko.") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // restore feeds payload to iptables-restore --noflush for family f.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -34,7 +35,8 @@ import (
 // Counters and timestamps need nf_conntrack_acct and nf_conntrack_timestamp
 // (see flowSysctls); they apply to connections created after they are set.
 
-// flowSysctls are set in the dataplane's namespace when it opens: byte and
+// flowSysctls are set in the dataplane's namespace when it opens, if
+// Config.SetFlowSysctls allows (else the flow source does without): byte and
 // packet counters, start and stop timestamps, and conntrack events for
 // every connection. With nf_conntrack_events at its default of 2, a
 // connection gets the event extension only if a listener exists when it
@@ -46,16 +48,28 @@ var flowSysctls = []struct{ path, value string }{
 	{"/proc/sys/net/netfilter/nf_conntrack_events", "1"},
 }
 
-// enableFlowAccounting sets flowSysctls in the dataplane's namespace.
-func (c *conntrackCleaner) enableFlowAccounting() error {
-	return nsdo.In(c.ns, func() error {
+// enableFlowAccounting sets flowSysctls in the dataplane's namespace,
+// writing only those that differ, and returns what it changed, as
+// "path: old -> new" lines.
+func (c *conntrackCleaner) enableFlowAccounting() (changed []string, err error) {
+	err = nsdo.In(c.ns, func() error {
 		for _, s := range flowSysctls {
+			b, err := os.ReadFile(s.path)
+			if err != nil {
+				return fmt.Errorf("enable flow accounting: %w", err)
+			}
+			old := strings.TrimSpace(string(b))
+			if old == s.value {
+				continue
+			}
 			if err := os.WriteFile(s.path, []byte(s.value), 0); err != nil {
 				return fmt.Errorf("enable flow accounting: %w", err)
 			}
+			changed = append(changed, fmt.Sprintf("%s: %s -> %s", s.path, old, s.value))
 		}
 		return nil
 	})
+	return changed, err
 }
 
 // Netlink and ctnetlink constants that golang.org/x/sys/unix lacks.

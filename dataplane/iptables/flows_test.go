@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/testkit/netlab"
+	"github.com/vipd/vipd/internal/testkit/syncbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,7 +67,7 @@ func newFlowLab(t *testing.T, backends int, svcs func(l *flowLab) []*dataplane.S
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dp, err := New(ctx, hclog.NewNullLogger(), Config{NetNS: l.node.Path(), Mode: ModeNFT})
+	dp, err := New(ctx, hclog.NewNullLogger(), Config{NetNS: l.node.Path(), Mode: ModeNFT, SetFlowSysctls: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -712,5 +713,48 @@ func TestFlowClosedAfterWatchStarts(t *testing.T) {
 	})
 	if f := closes[0].Flow; f.Backend != l.backendAddr("web1") || f.CloseReason != dataplane.CloseFIN || f.OrigBytes == 0 {
 		t.Fatalf("CLOSED %+v, want a FIN close to web1 with counters", f)
+	}
+}
+
+// TestFlowSysctlsOnlyWhenAsked: without Config.SetFlowSysctls (vipd's
+// --set-sysctls), opening the dataplane and applying leave the conntrack
+// accounting, timestamp and event sysctls as they were, so that the node
+// check's warning about them is true; with it, they are turned on.
+func TestFlowSysctlsOnlyWhenAsked(t *testing.T) {
+	netlab.RequireRoot(t)
+	node := netlab.New(t, netlab.Spec{}).Node(1)
+	want := map[string]string{
+		"net.netfilter.nf_conntrack_acct":      "0",
+		"net.netfilter.nf_conntrack_timestamp": "0",
+		"net.netfilter.nf_conntrack_events":    "2",
+	}
+	for key, v := range want {
+		if err := node.SetSysctl(key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, set := range []bool{false, true} {
+		var log syncbuf.Buffer
+		dp, err := New(ctx, hclog.New(&hclog.LoggerOptions{Output: &log}), Config{NetNS: node.Path(), Mode: ModeNFT, SetFlowSysctls: set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.Apply(ctx, state(service("web", []string{flowVIP}, []dataplane.Port{port("", dataplane.TCP, flowPort, flowTarget)}))); err != nil {
+			t.Fatal(err)
+		}
+		dp.Close()
+		if logged := strings.Contains(log.String(), "--set-sysctls: set sysctl: sysctl=\"/proc/sys/net/netfilter/nf_conntrack_events: 2 -> 1\""); logged != set {
+			t.Errorf("SetFlowSysctls %v: logged the events sysctl set: %v:\n%s", set, logged, log.String())
+		}
+		for key, v := range want {
+			if set {
+				v = "1"
+			}
+			if got, err := node.Sysctl(key); err != nil || got != v {
+				t.Errorf("SetFlowSysctls %v: %s is %q (%v) after New and Apply, want %s", set, key, got, err, v)
+			}
+		}
 	}
 }

@@ -25,6 +25,15 @@ type Config struct {
 	Mode Mode
 	// Render tunes the rules.
 	Render Options
+	// SetFlowSysctls lets the dataplane turn on flowSysctls (conntrack
+	// accounting, timestamps and events) in NetNS, when it opens and
+	// after each Apply until that works; vipd sets it from --set-sysctls.
+	// Without it they are only read, and the flow source works with what
+	// is there: with nf_conntrack_acct or nf_conntrack_timestamp off,
+	// flows carry zero counters and no start time; with
+	// nf_conntrack_events at its default of 2, a connection reports its
+	// close only if it began while a WatchFlows stream was open.
+	SetFlowSysctls bool
 }
 
 // Dataplane programs vipd's services as iptables rules, one atomic
@@ -61,11 +70,11 @@ func (d *Dataplane) LastSync() SyncStats {
 }
 
 // New opens the iptables dataplane: it resolves the mode, checks that the
-// tools work in the namespace, prepares conntrack access, and turns on
-// conntrack accounting, timestamps and events in the namespace for the flow
-// source (see flowSysctls; if that fails, because conntrack is not loaded
-// yet, each Apply tries again until it works). It changes no rules; the
-// first Apply does.
+// tools work in the namespace, prepares conntrack access, and, with
+// Config.SetFlowSysctls only, turns on conntrack accounting, timestamps and
+// events in the namespace for the flow source (see flowSysctls; if that
+// fails, because conntrack is not loaded yet, each Apply tries again until
+// it works). It changes no rules; the first Apply does.
 func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) {
 	if _, err := cfg.Render.withDefaults(); err != nil {
 		return nil, err
@@ -84,13 +93,18 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	return d, nil
 }
 
-// enableFlowAccounting sets flowSysctls unless they are set already. A
-// failure only costs flows their counters, so it is logged.
+// enableFlowAccounting sets flowSysctls unless they are set already or
+// Config.SetFlowSysctls is off. A failure only costs flows their counters,
+// so it is logged.
 func (d *Dataplane) enableFlowAccounting() {
-	if d.flowAccounting {
+	if d.flowAccounting || !d.cfg.SetFlowSysctls {
 		return
 	}
-	if err := d.ct.enableFlowAccounting(); err != nil {
+	changed, err := d.ct.enableFlowAccounting()
+	for _, c := range changed {
+		d.log.Info("--set-sysctls: set sysctl", "sysctl", c)
+	}
+	if err != nil {
 		d.log.Warn("flows will lack counters and timestamps until this works", "error", err)
 		return
 	}
@@ -141,7 +155,8 @@ func resolveMode(ctx context.Context, log hclog.Logger, netns string, want Mode)
 // fails when the mode's tools do not work. It creates nothing:
 // iptables-nft-save only reads, but iptables-legacy-save -t filter would
 // create an empty legacy filter table, so in legacy mode a filter table the
-// namespace lacks reads as empty, after a check that the tool runs.
+// namespace lacks reads as empty, after a check that the kernel supports
+// legacy tables (legacySupported) and that the tool runs.
 func (r runner) filterSave(ctx context.Context) ([]byte, error) {
 	if r.mode == ModeLegacy {
 		names, err := r.legacyTables(IPv4)
@@ -149,6 +164,9 @@ func (r runner) filterSave(ctx context.Context) ([]byte, error) {
 			return nil, err
 		}
 		if !slices.Contains(names, string(Filter)) {
+			if err := r.legacySupported(IPv4); err != nil {
+				return nil, err
+			}
 			_, err := r.run(ctx, nil, r.mode.tool(IPv4, "save"), "--version")
 			return nil, err
 		}
@@ -275,6 +293,15 @@ func (d *Dataplane) saveAll(ctx context.Context) (map[Family][]byte, error) {
 		save, err := d.run.save(ctx, f)
 		if err != nil {
 			return nil, fmt.Errorf("read %s rules: %w", f, err)
+		}
+		if d.cfg.Mode == ModeNFT {
+			// A table with another tool's nft rules prints no rule:
+			// add the hooks in place, so that none is added twice.
+			hooks, err := d.run.nftHookLines(f, save)
+			if err != nil {
+				return nil, fmt.Errorf("read %s hooks: %w", f, err)
+			}
+			save = append(save, hooks...)
 		}
 		saves[f] = save
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
+	"google.golang.org/grpc"
 )
 
 // Environment variables that give --server, --cacert, --cert and --key
@@ -55,8 +56,10 @@ type App struct {
 	// command; errors before that are usage errors.
 	ran bool
 
-	// endpoint is the vipd that dial connected to, for errors.
+	// endpoint is the vipd that dial connected to, for errors, and
+	// prober finds out, within each call's deadline, why it did not answer.
 	endpoint endpoint
+	prober   *prober
 }
 
 // New builds vipctl's command tree, reading client.SocketEnv for the
@@ -180,7 +183,9 @@ func (a *App) printer() printer {
 
 // dial connects to vipd as the global flags say. The caller closes the client.
 func (a *App) dial() (*client.Client, error) {
-	opts := []client.Option{client.WithTimeout(a.timeout)}
+	a.prober = &prober{ep: &a.endpoint, timeout: a.timeout}
+	opts := []client.Option{client.WithTimeout(a.timeout),
+		client.WithDialOptions(grpc.WithChainUnaryInterceptor(a.prober.unary), grpc.WithChainStreamInterceptor(a.prober.stream))}
 	// An explicit --socket wins over a --server that comes from the
 	// environment (the flags themselves exclude each other).
 	useServer := a.server != "" && !a.root.PersistentFlags().Changed("socket")
@@ -276,5 +281,5 @@ func (a *App) withClient(f func(*client.Client) error) error {
 		return err
 	}
 	defer c.Close()
-	return a.endpoint.diagnose(f(c), a.timeout)
+	return a.endpoint.diagnose(f(c), a.timeout, a.prober)
 }

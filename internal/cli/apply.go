@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/manifest"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -77,10 +79,18 @@ Nothing is written unless every service passes: vipd first checks each one
 (validate_only) against its current state, conflicts with other services
 included, and two services of the files that claim the same VIP:port, or a
 backend of one that is a VIP of another, are an error too. Errors name the
-file, document and field. Only a failure between the check and the write
-(another client wrote meanwhile, or the kernel refused a change) can stop
-apply part way, with the services before the failing one applied. --dry-run
-stops after the check and prints what would happen.
+file, document and field. Services are written one by one in the order of
+the files, so a service may take a VIP:port or an address that an earlier
+one gives up: that conflict is not an error, and what vipd checks after it
+(the service's other conflicts, limits) is checked when it is written.
+vipd checks each service alone and does not report its limits, so limits
+on totals (vipd --max-services, --max-total-backends) are not checked for
+the files as a whole. A failure while writing (a limit reached, a
+conflict that the check could not see, another client that wrote
+meanwhile, a change the kernel refused) stops apply part way: the
+services before the failing one stay applied, and apply names them, as
+in "1 of 2 services were applied: a". --dry-run stops after the check and
+prints what would happen.
 
 A service that carries generation (as "vipctl service get -o yaml" prints
 it) is written only if vipd's copy still has that generation: a stale file
@@ -94,7 +104,10 @@ move to another owner fails (exit code 5) unless --take-ownership is given.
 
 With --prune (which needs --owner), one atomic call makes the owner's
 services exactly those in the files, deleting the owner's other services;
-other owners' services are never touched, and it prints "deleted" too.`,
+other owners' services are never touched, and it prints "deleted" too.
+SyncServices takes no generations: with --prune, generations are checked
+just before that call, not in it, so a change that another client makes
+in between is not noticed.`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(ctx context.Context, _ []string) error {
 			if opts.prune && opts.owner == "" {
@@ -259,17 +272,40 @@ func (d document) upsertRequest(opts applyOptions, validateOnly bool) *vipdv1.Up
 // upsertAll has vipd check every document, then, unless it rejected one or
 // this is a dry run, writes them one by one, reporting each as it goes in
 // table mode.
+//
+// vipd checks each document against the services it has now, not as the
+// earlier documents will leave them. So a document whose only objection is
+// a conflict with a service that an earlier document replaces (a VIP or
+// backend that moves from one service to another, in that order) is
+// deferred: claimConflicts has made sure that the earlier document no
+// longer holds what this one takes, so the conflict is gone once it is
+// written, and vipd checks the rest of this one when it is written. A
+// conflict with a later document is an error, as writing in order would be.
 func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
 	lb := c.LoadBalancerClient()
 	var (
 		rejected fileErrors
 		failed   int
 	)
+	at := make(map[string]int, len(docs))
+	for i, d := range docs {
+		at[d.svc.GetName()] = i
+	}
 	checked := make([]*vipdv1.UpsertServiceResponse, len(docs))
+	notes := make([]string, len(docs))
 	for i, d := range docs {
 		resp, err := lb.UpsertService(ctx, d.upsertRequest(opts, true))
 		if err != nil {
-			if !aboutTheService(err) {
+			if holder, ok := heldByEarlier(err, i, at); ok {
+				resp, err = a.deferred(ctx, c, d)
+				if err != nil {
+					return err
+				}
+				notes[i] = fmt.Sprintf(" (dry run, once service %s is written)", holder)
+			}
+		}
+		if err != nil {
+			if !aboutTheService(err) && !overLimit(err) {
 				return err
 			}
 			rejected.add(a.placeError(ctx, c, d, opts, err))
@@ -286,17 +322,19 @@ func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, 
 		return &rejected
 	}
 	if opts.dryRun {
-		return a.showApplied(checked, " (dry run)")
+		for i := range notes {
+			if notes[i] == "" {
+				notes[i] = " (dry run)"
+			}
+		}
+		return a.showApplied(checked, notes)
 	}
 	p := a.printer()
 	var stored []*vipdv1.UpsertServiceResponse
 	for _, d := range docs {
 		resp, err := lb.UpsertService(ctx, d.upsertRequest(opts, false))
 		if err != nil {
-			if !aboutTheService(err) {
-				return fmt.Errorf("apply service %s: %w", d.svc.GetName(), err)
-			}
-			return a.placeError(ctx, c, d, opts, err)
+			return a.partial(ctx, c, d, opts, err, stored, len(docs))
 		}
 		stored = append(stored, resp)
 		if p.format == outputTable {
@@ -306,18 +344,119 @@ func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, 
 	if p.format == outputTable {
 		return nil
 	}
-	return a.showApplied(stored, "")
+	return a.showApplied(stored, nil)
+}
+
+// Conflicts as vipd words them (store.ConflictError and the address
+// conflict violations of the server package), which name the service that
+// holds the VIP:port or address.
+var (
+	claimHolderRE = regexp.MustCompile(`is already used by service (\S+)$`)
+	addrHolderRE  = regexp.MustCompile(`^\S+ is a (?:VIP|backend) of service (\S+); a VIP that vipd serves cannot be a backend$`)
+)
+
+// heldByEarlier reports whether err, vipd's objection to docs[i] in the
+// check, is nothing but a conflict with a service that an earlier
+// document replaces (at gives each document's position by service name),
+// and returns that service's name. Every other objection, field errors
+// above all, is not: vipd checks fields, owners and generations before
+// conflicts, so they would have been reported instead.
+func heldByEarlier(err error, i int, at map[string]int) (string, bool) {
+	var holders []string
+	switch status.Code(err) {
+	case codes.AlreadyExists:
+		m := claimHolderRE.FindStringSubmatch(status.Convert(err).Message())
+		if m == nil {
+			return "", false
+		}
+		holders = append(holders, m[1])
+	case codes.InvalidArgument:
+		vs := client.FieldViolations(err)
+		for _, v := range vs {
+			m := addrHolderRE.FindStringSubmatch(v.GetDescription())
+			if m == nil {
+				return "", false
+			}
+			holders = append(holders, m[1])
+		}
+	}
+	if len(holders) == 0 {
+		return "", false
+	}
+	for _, h := range holders {
+		if j, ok := at[h]; !ok || j >= i {
+			return "", false
+		}
+	}
+	return holders[0], true
+}
+
+// deferred stands for vipd's answer to the check of d, which heldByEarlier
+// deferred to the write: d as the file has it, created or configured as
+// vipd has it now.
+func (a *App) deferred(ctx context.Context, c *client.Client, d document) (*vipdv1.UpsertServiceResponse, error) {
+	resp := &vipdv1.UpsertServiceResponse{Service: d.svc, Result: vipdv1.UpsertResult_UPSERT_RESULT_CONFIGURED}
+	_, err := c.GetService(ctx, d.svc.GetName())
+	switch {
+	case client.IsNotFound(err):
+		resp.Result = vipdv1.UpsertResult_UPSERT_RESULT_CREATED
+	case err != nil:
+		return nil, err
+	}
+	return resp, nil
+}
+
+// partial is the error of apply when vipd refused to write d, after it
+// wrote the services of stored, out of total: d's error placed in its file,
+// and, when there were several, which were applied. vipd's "nothing was
+// changed" is about d alone, and is said so.
+func (a *App) partial(ctx context.Context, c *client.Client, d document, opts applyOptions, err error, stored []*vipdv1.UpsertServiceResponse, total int) error {
+	about := aboutTheService(err) || overLimit(err)
+	if total == 1 {
+		if !about {
+			return fmt.Errorf("apply service %s: %w", d.svc.GetName(), err)
+		}
+		return a.placeError(ctx, c, d, opts, err)
+	}
+	var fe *fileErrors
+	if about {
+		fe = a.placeError(ctx, c, d, opts, err)
+	} else {
+		// Placed too, so that the summary below is not lost to diagnose.
+		fe = &fileErrors{cause: err, errs: []*manifest.Error{d.error("", errors.New(describe(err)))}}
+	}
+	if len(stored) > 0 {
+		for _, e := range fe.errs {
+			if msg, ok := strings.CutSuffix(e.Err.Error(), "; nothing was changed"); ok {
+				e.Err = fmt.Errorf("%s; service %s was not changed", msg, d.svc.GetName())
+			}
+		}
+	}
+	names := make([]string, len(stored))
+	for i, r := range stored {
+		names[i] = r.GetService().GetName()
+	}
+	fe.summary = fmt.Sprintf("%d of %d services were applied", len(stored), total)
+	if len(names) > 0 {
+		fe.summary += ": " + strings.Join(names, ", ")
+	}
+	return fe
 }
 
 // showApplied prints the results of upserts: a line each for -o table,
-// with note after it, else the services as "service list" does.
-func (a *App) showApplied(results []*vipdv1.UpsertServiceResponse, note string) error {
+// with notes[i] (if any) after the line of results[i], else the services
+// as "service list" does.
+func (a *App) showApplied(results []*vipdv1.UpsertServiceResponse, notes []string) error {
 	svcs := make([]*vipdv1.Service, len(results))
 	for i, r := range results {
 		svcs[i] = r.GetService()
 	}
 	return a.printer().show(&vipdv1.ListServicesResponse{Services: svcs}, func(t *table) {
-		for _, r := range results {
+		for i, r := range results {
+			note := ""
+			if i < len(notes) {
+				note = notes[i]
+			}
 			t.row(appliedLine(r, note))
 		}
 	})
@@ -346,6 +485,22 @@ func aboutTheService(err error) bool {
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition, codes.Aborted, codes.NotFound, codes.OutOfRange:
 		return true
+	}
+	return false
+}
+
+// overLimit reports whether err is vipd's refusal of a service that would
+// take it past a limit on totals (--max-services, --max-total-backends),
+// which carries a QuotaFailure, rather than of a call (too many requests in
+// progress), which does not.
+func overLimit(err error) bool {
+	if status.Code(err) != codes.ResourceExhausted {
+		return false
+	}
+	for _, d := range status.Convert(err).Details() {
+		if _, ok := d.(*errdetails.QuotaFailure); ok {
+			return true
+		}
 	}
 	return false
 }
@@ -407,9 +562,10 @@ func (a *App) ownerMessage(ctx context.Context, c *client.Client, d document, op
 
 // sync makes owner's services exactly those of docs and reports what
 // changed; with --dry-run, vipd only checks the sync. A document that
-// carries a generation must match vipd's, checked just before the sync.
+// carries a generation must match vipd's, checked just before the sync
+// (see checkGenerations).
 func (a *App) sync(ctx context.Context, c *client.Client, docs []document, opts applyOptions) error {
-	if err := a.checkGenerations(ctx, c, docs, opts.owner); err != nil {
+	if err := a.checkGenerations(ctx, c, docs); err != nil {
 		return err
 	}
 	svcs := make([]*vipdv1.Service, len(docs))
@@ -448,31 +604,39 @@ func (a *App) sync(ctx context.Context, c *client.Client, docs []document, opts 
 }
 
 // checkGenerations fails when a document's generation is not that of
-// vipd's copy of the service. SyncServices takes no generations, so this
-// is checked before it, not in the same transaction.
-func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []document, owner string) error {
+// vipd's copy of the service, whoever owns it. SyncServices takes no
+// generations, so this is checked just before it, not in the same
+// transaction: a change that another client makes in between is not seen.
+func (a *App) checkGenerations(ctx context.Context, c *client.Client, docs []document) error {
 	var stale fileErrors
-	var current map[string]uint64
+	var current map[string]*vipdv1.Service
 	for _, d := range docs {
 		if d.generation == 0 {
 			continue
 		}
 		if current == nil {
-			svcs, err := c.ListServices(ctx, owner)
+			// Every owner's: a service of the files may be stored under
+			// another owner, and then it exists, which the sync will say.
+			svcs, err := c.ListServices(ctx, "")
 			if err != nil {
 				return err
 			}
-			current = map[string]uint64{}
+			current = map[string]*vipdv1.Service{}
 			for _, s := range svcs {
-				current[s.GetName()] = s.GetGeneration()
+				current[s.GetName()] = s
 			}
 		}
-		if have := current[d.svc.GetName()]; have != d.generation {
+		cur := current[d.svc.GetName()]
+		if have := cur.GetGeneration(); have != d.generation {
 			if stale.cause == nil {
 				stale.cause = status.Errorf(codes.Aborted, "service %s: expected generation %d, but it is at generation %d", d.svc.GetName(), d.generation, have)
 			}
 			now := "which no longer exists"
-			if have != 0 {
+			switch {
+			case cur == nil:
+			case cur.GetOwner() != d.svc.GetOwner():
+				now = fmt.Sprintf("which vipd now has at generation %d, under owner %q", have, cur.GetOwner())
+			default:
 				now = fmt.Sprintf("which vipd now has at generation %d", have)
 			}
 			stale.errs = append(stale.errs, d.error("", fmt.Errorf("the file is stale: it holds generation %d of service %s, %s; get the service again, or remove generation from the file to overwrite it",

@@ -49,7 +49,9 @@ func TestCleanupRefusesWhileVipdRuns(t *testing.T) {
 	}
 	program := func() *proc {
 		t.Helper()
-		p := startServing(t, "--dataplane", "iptables", "--netns", node.Path())
+		// No drift check or resync: they would reprogram what cleanup
+		// --force removes within seconds.
+		p := startServing(t, "--dataplane", "iptables", "--netns", node.Path(), "--drift-check-period", "0", "--resync-period", "0")
 		api, err := client.New(p.socket, client.WithMaxAttempts(1), client.WithTimeout(30*time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -88,7 +90,7 @@ func TestCleanupRefusesWhileVipdRuns(t *testing.T) {
 	}
 	expect("after the refused cleanup", "be1", 3)
 
-	if out, code := cleanup(p.stateDir, "--force"); code != 0 || !strings.Contains(out, "--force") {
+	if out, code := cleanup(p.stateDir, "--force"); code != 0 || !strings.Contains(out, "the running vipd will reprogram it within --drift-check-period; stop it first") {
 		t.Fatalf("cleanup --force: exit %d:\n%s", code, out)
 	}
 	expect("after cleanup --force", "", 2)
@@ -108,7 +110,7 @@ func TestCleanupRefusesWhileVipdRuns(t *testing.T) {
 	}
 	expect("after cleanup", "", 2)
 	// A state dir that was never used has no vipd either.
-	if out, code := cleanup(filepath.Join(t.TempDir(), "none")); code != 0 {
-		t.Fatalf("cleanup with an unused --state-dir: exit %d:\n%s", code, out)
+	if out, code := cleanup(filepath.Join(t.TempDir(), "none")); code != 0 || !strings.Contains(out, "no vipd lock file in the state dir") {
+		t.Fatalf("cleanup with an unused --state-dir: exit %d, want 0 and a log that it has no lock file:\n%s", code, out)
 	}
 }

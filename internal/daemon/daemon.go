@@ -20,7 +20,8 @@ import (
 
 // Config is everything vipd run is told on its command line.
 type Config struct {
-	// Socket is the Unix socket path; SocketMode its file mode.
+	// Socket is the Unix socket path; SocketMode its file mode (0: 0600,
+	// or 0660 with a SocketGroup).
 	Socket     string
 	SocketMode os.FileMode
 	// SocketGroup, a group name or numeric GID, owns the socket when set.
@@ -187,13 +188,4 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	case <-n.Done():
 	}
 	return n.Stop()
-}
-
-// unlimitedIfZero maps a flag's 0 (no limit) to validation's -1 for a limit
-// whose 0 means its default there.
-func unlimitedIfZero(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }

@@ -200,7 +200,7 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
 	if o.persister != nil {
 		persister = o.persister(n.dir)
 	}
-	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: unlimitedIfZero(cfg.MaxPorts), MaxServices: cfg.MaxServices,
+	limits := validation.Limits{MaxBackends: cfg.MaxBackends, MaxPorts: cfg.MaxPorts, MaxServices: cfg.MaxServices,
 		MaxTotalBackends: cfg.MaxTotalBackends, ServiceCIDRs: cfg.ServiceCIDRs}
 	n.rec = reconcile.New(log.Named("reconcile"), n.dp, persister, snap.WithLimits(limits), recOpts...)
 
@@ -226,7 +226,7 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
 func (n *Node) listen(m *metrics.Metrics, remoteOpts []server.Option, gid int, o options) error {
 	cfg, log := n.cfg, n.log
 	srvOpts := []server.Option{
-		server.WithUnixSocketGroup(cfg.Socket, cfg.SocketMode, gid),
+		server.WithUnixSocketGroup(cfg.Socket, cfg.socketMode(), gid),
 		server.WithMaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		server.WithInterceptors(m.GRPCInterceptors()),
 	}

@@ -81,6 +81,13 @@ func TestNodePrerequisiteWarnings(t *testing.T) {
 	if err := node.SetSysctl("net.ipv4.ip_forward", "0"); err != nil {
 		t.Fatal(err)
 	}
+	// The flow sysctls as an operator sets them (vipd does not without
+	// --set-sysctls; TestFlowSysctlWarnings checks their warnings).
+	for _, key := range []string{"net.netfilter.nf_conntrack_acct", "net.netfilter.nf_conntrack_timestamp", "net.netfilter.nf_conntrack_events"} {
+		if err := node.SetSysctl(key, "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	r := start(t, iptablesIn(t, node), healthpb.HealthCheckResponse_SERVING)
 
 	ws, st := warningsOf(t, r)

@@ -47,7 +47,7 @@ func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane
 }
 
 func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
-	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto)})
+	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto), SetFlowSysctls: cfg.SetSysctls})
 	if err != nil {
 		return nil, fmt.Errorf("open iptables dataplane: %w", err)
 	}

@@ -74,7 +74,7 @@ func TestSocketGroup(t *testing.T) {
 	}
 	cfg := config(t)
 	cfg.Socket = filepath.Join(dir, "vipd.sock")
-	cfg.SocketGroup = fmt.Sprint(gid)
+	cfg.SocketMode, cfg.SocketGroup = 0, fmt.Sprint(gid) // the default mode: 0660 with a group
 	start(t, cfg, healthpb.HealthCheckResponse_SERVING)
 
 	fi, err := os.Stat(cfg.Socket)

@@ -198,8 +198,9 @@ func TestVIPRoutes(t *testing.T) {
 }
 
 // BenchmarkCheckRoutes measures a check of 10,000 VIPs in a lab node:
-// "cold" looks every VIP up (the first check, or one after the routes
-// changed), "cached" only lists the routes and rules.
+// "cold" decides every VIP (the first check, or one after the routes
+// changed; in-process, the lab having the default rules), "cached" only
+// lists the routes and rules.
 func BenchmarkCheckRoutes(b *testing.B) {
 	node := netlab.New(b, netlab.Spec{}).Node(1)
 	var vips []netip.Addr

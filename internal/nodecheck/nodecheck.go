@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -60,8 +61,16 @@ type Checker struct {
 	cfg Config
 	now func() time.Time
 
-	// routes is touched by Check only.
-	routes routeCache
+	// routes and routeGets (the kernel route lookups so far, for tests)
+	// are touched by Check only.
+	routes    routeCache
+	routeGets int
+	// setFailing are the sysctls that SetSysctls failed to set at the last
+	// check, whose failure is logged once per run; touched by Check only.
+	setFailing map[string]bool
+	// procSys and writeFile are /proc/sys and os.WriteFile, but in tests.
+	procSys   string
+	writeFile func(name string, data []byte, perm os.FileMode) error
 
 	mu       sync.Mutex
 	warnings map[string]Warning // by Check
@@ -69,7 +78,8 @@ type Checker struct {
 
 // New returns a Checker that has found nothing yet.
 func New(log hclog.Logger, cfg Config) *Checker {
-	return &Checker{log: log, cfg: cfg, now: time.Now, warnings: map[string]Warning{}}
+	return &Checker{log: log, cfg: cfg, now: time.Now, warnings: map[string]Warning{},
+		setFailing: map[string]bool{}, procSys: "/proc/sys", writeFile: os.WriteFile}
 }
 
 // Warnings returns the unmet prerequisites of the last Check, sorted by

@@ -41,7 +41,7 @@ func TestConvertServiceIgnoresPolicy(t *testing.T) {
 			s.SessionAffinity = &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: validation.MaxAffinityTimeout + 1}
 		}, "service.session_affinity.timeout_seconds"},
 	}
-	lim := validation.Limits{MaxBackends: 10, ServiceCIDRs: serviceCIDRs}
+	lim := validation.Limits{MaxBackends: 10, MaxPorts: validation.DefaultMaxPorts, ServiceCIDRs: serviceCIDRs}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := valid()

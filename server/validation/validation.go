@@ -33,8 +33,7 @@ const (
 const (
 	// DefaultMaxBackends is the default of Limits.MaxBackends (--max-backends).
 	DefaultMaxBackends = 10000
-	// DefaultMaxPorts is the default of Limits.MaxPorts (--max-ports), and
-	// what a zero MaxPorts means.
+	// DefaultMaxPorts is the default of Limits.MaxPorts (--max-ports).
 	DefaultMaxPorts = 100
 	// DefaultMaxServices is the default of Limits.MaxServices
 	// (--max-services): twice the 100,000 services the eBPF maps are sized
@@ -55,8 +54,7 @@ type Limits struct {
 	// MaxBackends is the most backends one service may have; 0 means no
 	// limit.
 	MaxBackends int
-	// MaxPorts is the most ports one service may have; 0 means
-	// DefaultMaxPorts, and a negative value means no limit.
+	// MaxPorts is the most ports one service may have; 0 means no limit.
 	MaxPorts int
 	// MaxServices is the most services the store may hold; 0 means no limit.
 	MaxServices int
@@ -65,17 +63,6 @@ type Limits struct {
 	MaxTotalBackends int
 	// ServiceCIDRs, when not empty, are the only ranges VIPs may come from.
 	ServiceCIDRs []netip.Prefix
-}
-
-// maxPorts is the port limit l sets, or -1 for none.
-func (l Limits) maxPorts() int {
-	switch {
-	case l.MaxPorts == 0:
-		return DefaultMaxPorts
-	case l.MaxPorts < 0:
-		return -1
-	}
-	return l.MaxPorts
 }
 
 // Violation is one invalid field.
@@ -261,11 +248,11 @@ func vips(v *Violations, in *vipdv1.Service, lim Limits, field string) bool {
 }
 
 func ports(v *Violations, in *vipdv1.Service, lim Limits, field string) {
-	switch n, most := len(in.Ports), lim.maxPorts(); {
+	switch n := len(in.Ports); {
 	case n == 0:
 		v.add(field+".ports", "has no ports; at least 1 is required")
-	case most >= 0 && n > most:
-		v.add(field+".ports", "has %d ports; at most %d are allowed (--max-ports)", n, most)
+	case lim.MaxPorts > 0 && n > lim.MaxPorts:
+		v.add(field+".ports", "has %d ports; at most %d are allowed (--max-ports)", n, lim.MaxPorts)
 	}
 	for i, p := range in.Ports {
 		if p == nil {

@@ -139,13 +139,14 @@ func TestServiceViolations(t *testing.T) {
 
 		// ports
 		{name: "no ports", edit: func(s *vipdv1.Service) { s.Ports = nil }, want: []string{"service.ports"}},
-		{name: "100 ports", edit: func(s *vipdv1.Service) { s.Ports = ports(100) }},
-		{name: "101 ports", edit: func(s *vipdv1.Service) { s.Ports = ports(101) }, want: []string{"service.ports"}},
+		{name: "100 ports", limits: validation.Limits{MaxPorts: validation.DefaultMaxPorts}, edit: func(s *vipdv1.Service) { s.Ports = ports(100) }},
+		{name: "101 ports", limits: validation.Limits{MaxPorts: validation.DefaultMaxPorts}, edit: func(s *vipdv1.Service) { s.Ports = ports(101) }, want: []string{"service.ports"}},
 		{name: "max ports", limits: validation.Limits{MaxPorts: 3}, edit: func(s *vipdv1.Service) { s.Ports = ports(3) }},
 		{name: "max ports + 1", limits: validation.Limits{MaxPorts: 3}, edit: func(s *vipdv1.Service) { s.Ports = ports(4) }, want: []string{"service.ports"}},
 		{name: "max ports raised above the default", limits: validation.Limits{MaxPorts: 200}, edit: func(s *vipdv1.Service) { s.Ports = ports(200) }},
 		{name: "raised max ports + 1", limits: validation.Limits{MaxPorts: 200}, edit: func(s *vipdv1.Service) { s.Ports = ports(201) }, want: []string{"service.ports"}},
 		{name: "negative max ports is no limit", limits: validation.Limits{MaxPorts: -1}, edit: func(s *vipdv1.Service) { s.Ports = ports(1000) }},
+		{name: "zero max ports is no limit", limits: validation.Limits{MaxPorts: 0}, edit: func(s *vipdv1.Service) { s.Ports = ports(1000) }},
 		{name: "single unnamed port", edit: func(s *vipdv1.Service) { s.Ports[0].Name = "" }},
 		{name: "unnamed ports when there are two", edit: func(s *vipdv1.Service) {
 			s.Ports = []*vipdv1.Port{{Port: 80}, {Name: "https", Port: 443}, {Port: 8080}}

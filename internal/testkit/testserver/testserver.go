@@ -63,11 +63,11 @@ type config struct {
 // Option configures a Server.
 type Option func(*config)
 
-// WithLimits sets the limits an operator configures with --max-backends and
-// --service-cidr. The default is vipd's: validation.DefaultMaxBackends
-// backends a service, VIPs from anywhere. They become the daemon.Config
-// flags they stand for, so that a negative limit other than MaxPorts
-// (validation's "no limit" for ports) makes New fail, as vipd refuses it.
+// WithLimits sets the limits an operator configures with --max-backends,
+// --max-ports and --service-cidr. The default is vipd's:
+// validation.DefaultMaxBackends backends and validation.DefaultMaxPorts
+// ports a service, VIPs from anywhere. They become the daemon.Config flags
+// they stand for (0: no limit), so that a limit vipd refuses makes New fail.
 func WithLimits(l validation.Limits) Option {
 	return func(c *config) { c.limits = l }
 }
@@ -150,7 +150,7 @@ func Start(tb testing.TB, opts ...Option) *Server {
 // has released everything, the WithListener listeners included.
 func New(opts ...Option) (*Server, error) {
 	cfg := config{
-		limits:  validation.Limits{MaxBackends: validation.DefaultMaxBackends},
+		limits:  validation.Limits{MaxBackends: validation.DefaultMaxBackends, MaxPorts: validation.DefaultMaxPorts},
 		version: version.String(),
 	}
 	for _, o := range opts {
@@ -214,13 +214,7 @@ func (s *Server) start(cfg config) error {
 // drift check, and a graceful stop of shutdownTimeout.
 func nodeConfig(socket, stateDir string, cfg config) daemon.Config {
 	l := cfg.limits
-	maxPorts := l.MaxPorts
-	switch {
-	case maxPorts == 0:
-		maxPorts = validation.DefaultMaxPorts
-	case maxPorts < 0:
-		maxPorts = 0 // the daemon's "no limit"
-	}
+	maxPorts := max(l.MaxPorts, 0) // validation's negative "no limit" is the daemon's 0
 	flowBuffer := cfg.flowBuffer
 	if flowBuffer < 1 {
 		flowBuffer = flowhub.DefaultBuffer
