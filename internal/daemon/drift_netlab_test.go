@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/vipd/vipd/dataplane/ebpf"
+	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
@@ -74,6 +75,11 @@ func testDriftLoopRepairs(t *testing.T, dp string) {
 		cfg.EBPF.CgroupPath = cgroup2test.New(t)
 		cfg.EBPF.BPFFS = filepath.Join(dir, "bpf")
 		cfg.EBPF.TCAttach = ebpf.TCAttachTCX
+		// vipd run's defaults: Config.Check refuses zero sizes and times.
+		cfg.EBPF.Maps = ebpf.DefaultMapSizes
+		cfg.EBPF.ConntrackTimeouts = ebpf.DefaultConntrackTimeouts
+		cfg.EBPF.GCInterval = 30 * time.Second
+		cfg.EBPF.MaglevTableSize = maglev.DefaultTableSize
 		t.Cleanup(func() {
 			if err := ebpf.UnmountBPFFS(cfg.EBPF.BPFFS); err != nil {
 				t.Errorf("%v (leaving %s)", err, dir)
