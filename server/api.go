@@ -209,6 +209,11 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 	p := authz.FromContext(ctx)
 	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
 		old, exists := tx.Get(svc.Name)
+		// First, before any owner is checked: a create of a taken name
+		// changes nothing, so it needs no permission for any owner.
+		if exists && req.CreateOnly {
+			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
+		}
 		// Each run sets the owner afresh: a mutation may run more than
 		// once, and the service may have come or gone in between.
 		svc.Owner = dp.Owner
@@ -217,9 +222,6 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		}
 		if err := p.CheckOwner(svc.Owner); err != nil {
 			return nil, err
-		}
-		if exists && req.CreateOnly {
-			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
 		}
 		if exists && old.Owner() != svc.Owner {
 			if err := p.CheckOwner(old.Owner()); err != nil {
