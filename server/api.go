@@ -133,6 +133,29 @@ func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Ser
 	return svc, true, nil
 }
 
+// newNames applies validation.NewName to what a write creates: the
+// service name when newService, and the owner when setOwner (the service
+// gets it) unless another stored service has it already. Only the
+// validation.Name check applies to a stored name or owner, so that what an
+// earlier vipd admitted stays readable and writable. prefix ("service.")
+// starts the fields named. Whether the owner is stored is looked up, at
+// O(n), only for an owner that NewName refuses.
+func newNames(tx *store.Txn, name string, newService bool, owner string, setOwner bool, prefix string) error {
+	var v validation.Violations
+	if newService {
+		v = append(v, validation.NewName(name, prefix+"name")...)
+	}
+	if setOwner {
+		if ov := validation.NewName(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
+			v = append(v, ov...)
+		}
+	}
+	if len(v) > 0 {
+		return v
+	}
+	return nil
+}
+
 func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 	if expected == 0 {
 		return nil
@@ -219,6 +242,9 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 		svc.Owner = dp.Owner
 		if exists && !ownerGiven {
 			svc.Owner = old.Owner()
+		}
+		if err := newNames(tx, svc.Name, !exists, svc.Owner, !exists || old.Owner() != svc.Owner, "service."); err != nil {
+			return nil, err
 		}
 		if err := p.CheckOwner(svc.Owner); err != nil {
 			return nil, err
@@ -377,11 +403,26 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		release = a.rec.ValidateRelease
 	}
 	res, err := release(ctx, func(tx *store.Txn) (any, error) {
+		// The owner and the names of services it does not have yet are
+		// created here: see newNames.
+		stored := tx.Names(req.Owner)
+		var v validation.Violations
+		if len(stored) == 0 {
+			v = append(v, validation.NewName(req.Owner, "owner")...)
+		}
+		for _, d := range want {
+			if _, exists := tx.Get(d.dp.Name); !exists {
+				v = append(v, validation.NewName(d.dp.Name, "services["+strconv.Itoa(d.index)+"].name")...)
+			}
+		}
+		if len(v) > 0 {
+			return nil, v
+		}
 		if err := p.CheckOwner(req.Owner); err != nil {
 			return nil, err
 		}
 		resp := &vipdv1.SyncServicesResponse{}
-		for _, name := range tx.Names(req.Owner) {
+		for _, name := range stored {
 			if _, listed := index[name]; !listed {
 				tx.Delete(name)
 				resp.Deleted = append(resp.Deleted, name)
