@@ -124,8 +124,8 @@ func (l *callLogger) owner(name string) string {
 }
 
 // callerFields names a call's client: the uid and pid of a Unix-socket
-// client (SO_PEERCRED), the certificate identity (authz.Identity) and
-// address of a TLS client, the address of a plaintext TCP client.
+// client (SO_PEERCRED), the certificate identity (the authz.Principal in
+// ctx) and address of a TLS client, the address of a plaintext TCP client.
 func callerFields(ctx context.Context) []any {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -133,9 +133,10 @@ func callerFields(ctx context.Context) []any {
 	}
 	switch info := p.AuthInfo.(type) {
 	case credentials.TLSInfo:
+		// The principal that Server attached before this interceptor.
 		id := ""
-		if chains := info.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
-			id = authz.Identity(chains[0][0])
+		if pr := authz.FromContext(ctx); pr != nil {
+			id = pr.Identity
 		}
 		return []any{"identity", id, "peer", p.Addr.String()}
 	case localAuthInfo:
