@@ -474,13 +474,13 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	remove := map[netip.Addr]bool{}
 	removeOrder := make([]netip.Addr, 0, len(req.Remove)) // remove's addresses as listed, for absent
 	for i, s := range req.Remove {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			v = append(v, validation.Violation{Field: fmt.Sprintf("remove[%d]", i), Description: fmt.Sprintf("%q is not an IP address", s)})
+		ip, vs := validation.RemovedBackendIP(s, fmt.Sprintf("remove[%d]", i))
+		if len(vs) > 0 {
+			v = append(v, vs...)
 			continue
 		}
-		remove[ip.Unmap()] = true
-		removeOrder = append(removeOrder, ip.Unmap())
+		remove[ip] = true
+		removeOrder = append(removeOrder, ip)
 	}
 	if len(v) > 0 {
 		return nil, toStatus(v)

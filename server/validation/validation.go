@@ -239,8 +239,7 @@ func unicast(v *Violations, s, field string) (netip.Addr, bool) {
 		v.add(field, "%q is not an IP address", s)
 	case a.Zone() != "":
 		v.add(field, "%q has a zone; zones are not allowed", s)
-	case a.Is4In6():
-		v.add(field, "%q is an IPv4-mapped IPv6 address; use the IPv4 form %s", s, a.Unmap())
+	case mapped(v, s, a, field):
 	case a.IsUnspecified():
 		v.add(field, "%s is the unspecified address", a)
 	case a.IsLoopback():

@@ -634,7 +634,9 @@ type UpdateBackendsRequest struct {
 	// upsert adds backends, or replaces those with the same ip.
 	Upsert []*Backend `protobuf:"bytes,2,rep,name=upsert,proto3" json:"upsert,omitempty"`
 	// remove lists backend IPs to remove; IPs that are not present are
-	// reported in the response's absent and otherwise ignored.
+	// reported in the response's absent and otherwise ignored. An IPv4 IP is
+	// written in its IPv4 form: an IPv4-mapped IPv6 one is InvalidArgument
+	// naming remove[i], as a mapped backend ip is.
 	Remove []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
 	// expected_generation is 0 for an unconditional change, otherwise as in UpsertServiceRequest.
 	ExpectedGeneration uint64 `protobuf:"varint,4,opt,name=expected_generation,json=expectedGeneration,proto3" json:"expected_generation,omitempty"`
