@@ -335,6 +335,12 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 }
 
 // SyncServices implements vipdv1.LoadBalancerServiceServer.
+//
+// A listed name that another owner's service holds is AlreadyExists naming
+// that owner, where UpsertService answers FailedPrecondition (it could take
+// the service over with take_ownership; a sync cannot): the adapter in
+// internal/kubeadapter reads AlreadyExists from a sync as a name taken
+// since it listed, and lists again.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	var v validation.Violations
 	v = append(v, validation.Name(req.Owner, "owner")...)
