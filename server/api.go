@@ -44,7 +44,9 @@ import (
 //
 // With validate_only, UpsertService, SyncServices and UpdateBackends run
 // their mutation on the current state and throw it away (see mutate): the
-// same checks, the same answer, and nothing changed.
+// same checks, the same answer, and nothing changed, except that the
+// dataplane is not asked: what only the kernel refuses when the change is
+// applied (a full eBPF map, a failed iptables-restore) is not seen.
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
@@ -172,7 +174,8 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 
 // mutate submits m to the reconciler, or with validateOnly (AIP-163) only
 // runs it on the current state and changes nothing: every check of the
-// write runs, and m's result is what the write would have returned.
+// write up to the dataplane's Apply runs, and m's result is what the write
+// would have returned unless the kernel refuses the change.
 func (a *API) mutate(ctx context.Context, validateOnly bool, m reconcile.Mutation) (any, error) {
 	if validateOnly {
 		return a.rec.Validate(ctx, m)
