@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/pmap"
 )
 
 // addrUse counts the services that use one address as a VIP and as a
@@ -19,7 +18,7 @@ type addrUse struct{ vips, backends int32 }
 
 // addrKey is an address as Snapshot.addrs keys it: its 16-byte form, in
 // two words. Unlike a netip.Addr it holds no pointer, so the index costs
-// the collector nothing to scan and hashes as plain memory. It is exact
+// the collector nothing to scan and compares as plain memory. It is exact
 // because a stored address is never IPv4-mapped (the conversion unmaps
 // it) and never has a zone, so an IPv4 address and an IPv6 one never
 // share a key.
@@ -58,8 +57,7 @@ func (t *Txn) use(a netip.Addr) addrUse {
 			return u
 		}
 	}
-	u, _ := t.base.addrs.Get(k)
-	return u
+	return t.base.addrs.get(k)
 }
 
 // addrCount is an address's count as a Put will stage it.
@@ -162,7 +160,7 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 // keep it, even through a SyncServices that deletes and stores the
 // service again, but no other service may join in.
 func (t *Txn) legacy(name string, a netip.Addr, asBackend bool) bool {
-	if u, _ := t.base.addrs.Get(keyOf(a)); u.vips == 0 || u.backends == 0 {
+	if u := t.base.addrs.get(keyOf(a)); u.vips == 0 || u.backends == 0 {
 		return false
 	}
 	e, ok := t.base.Get(name)
@@ -224,29 +222,14 @@ func backendSet(bs []dataplane.Backend) func(netip.Addr) bool {
 	return func(a netip.Addr) bool { _, ok := set[a]; return ok }
 }
 
-// countBuilt adds svc's addresses to counts, for a snapshot being built:
-// a plain map is several times cheaper to count in than the persistent
-// one, which buildAddrs then fills with one Set per address.
-func countBuilt(counts map[addrKey]addrUse, svc *dataplane.Service) {
+// usesOf appends svc's uses of addresses to uses, for a snapshot being
+// built: buildAddrIndex then sums them into the snapshot's index.
+func usesOf(uses []addrEntry, svc *dataplane.Service) []addrEntry {
 	for _, a := range svc.VIPs {
-		k := keyOf(a)
-		u := counts[k]
-		u.vips++
-		counts[k] = u
+		uses = append(uses, addrEntry{keyOf(a), addrUse{vips: 1}})
 	}
 	for _, be := range svc.Backends {
-		k := keyOf(be.IP)
-		u := counts[k]
-		u.backends++
-		counts[k] = u
+		uses = append(uses, addrEntry{keyOf(be.IP), addrUse{backends: 1}})
 	}
-}
-
-// buildAddrs returns counts as a snapshot's address index.
-func buildAddrs(counts map[addrKey]addrUse) pmap.Map[addrKey, addrUse] {
-	b := pmap.Map[addrKey, addrUse]{}.Builder()
-	for k, u := range counts {
-		b.Set(k, u)
-	}
-	return b.Map()
+	return uses
 }

@@ -149,7 +149,7 @@ type Snapshot struct {
 	revision uint64
 	services pmap.Map[string, *Entry] // by name
 	claims   pmap.Map[Claim, string]  // the holder's name
-	addrs    pmap.Map[addrKey, addrUse]
+	addrs    addrIndex                // persistent too, in buckets
 	backends int
 	limits   validation.Limits // only the totals
 	// parent is the revision of the snapshot this one was committed on,
@@ -532,15 +532,7 @@ func (t *Txn) Commit() *Snapshot {
 		}
 	}
 	s.claims = claims.Map()
-	addrs := t.base.addrs.Builder()
-	for a, u := range t.addrs {
-		if u == (addrUse{}) {
-			addrs.Delete(a)
-		} else {
-			addrs.Set(a, u)
-		}
-	}
-	s.addrs = addrs.Map()
+	s.addrs = t.base.addrs.with(t.addrs)
 	return s
 }
 
@@ -552,7 +544,11 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	s := &Snapshot{revision: revision}
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
-	addrs := make(map[addrKey]addrUse)
+	n := 0
+	for _, e := range entries {
+		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
+	}
+	uses := make([]addrEntry, 0, n)
 	for _, e := range entries {
 		name := e.Name()
 		if _, dup := svcs.Get(name); dup {
@@ -569,8 +565,8 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		}
 		svcs.Set(name, e)
 		s.backends += len(e.Dataplane.Backends)
-		countBuilt(addrs, e.Dataplane)
+		uses = usesOf(uses, e.Dataplane)
 	}
-	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), buildAddrs(addrs)
+	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), buildAddrIndex(uses)
 	return s, nil
 }
