@@ -44,7 +44,9 @@ import (
 //
 // With validate_only, UpsertService, SyncServices and UpdateBackends run
 // their mutation on the current state and throw it away (see mutate): the
-// same checks, the same answer, and nothing changed.
+// same checks, the same answer, and nothing changed, except that the
+// dataplane is not asked: what only the kernel refuses when the change is
+// applied (a full eBPF map, a failed iptables-restore) is not seen.
 type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
@@ -133,6 +135,29 @@ func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Ser
 	return svc, true, nil
 }
 
+// newNames applies validation.NewName to what a write creates: the
+// service name when newService, and the owner when setOwner (the service
+// gets it) unless another stored service has it already. Only the
+// validation.Name check applies to a stored name or owner, so that what an
+// earlier vipd admitted stays readable and writable. prefix ("service.")
+// starts the fields named. Whether the owner is stored is looked up, at
+// O(n), only for an owner that NewName refuses.
+func newNames(tx *store.Txn, name string, newService bool, owner string, setOwner bool, prefix string) error {
+	var v validation.Violations
+	if newService {
+		v = append(v, validation.NewName(name, prefix+"name")...)
+	}
+	if setOwner {
+		if ov := validation.NewName(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
+			v = append(v, ov...)
+		}
+	}
+	if len(v) > 0 {
+		return v
+	}
+	return nil
+}
+
 func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 	if expected == 0 {
 		return nil
@@ -149,7 +174,8 @@ func checkGeneration(tx *store.Txn, name string, expected uint64) error {
 
 // mutate submits m to the reconciler, or with validateOnly (AIP-163) only
 // runs it on the current state and changes nothing: every check of the
-// write runs, and m's result is what the write would have returned.
+// write up to the dataplane's Apply runs, and m's result is what the write
+// would have returned unless the kernel refuses the change.
 func (a *API) mutate(ctx context.Context, validateOnly bool, m reconcile.Mutation) (any, error) {
 	if validateOnly {
 		return a.rec.Validate(ctx, m)
@@ -209,17 +235,22 @@ func (a *API) UpsertService(ctx context.Context, req *vipdv1.UpsertServiceReques
 	p := authz.FromContext(ctx)
 	res, err := a.mutate(ctx, req.ValidateOnly, func(tx *store.Txn) (any, error) {
 		old, exists := tx.Get(svc.Name)
+		// First, before any owner is checked: a create of a taken name
+		// changes nothing, so it needs no permission for any owner.
+		if exists && req.CreateOnly {
+			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
+		}
 		// Each run sets the owner afresh: a mutation may run more than
 		// once, and the service may have come or gone in between.
 		svc.Owner = dp.Owner
 		if exists && !ownerGiven {
 			svc.Owner = old.Owner()
 		}
-		if err := p.CheckOwner(svc.Owner); err != nil {
+		if err := newNames(tx, svc.Name, !exists, svc.Owner, !exists || old.Owner() != svc.Owner, "service."); err != nil {
 			return nil, err
 		}
-		if exists && req.CreateOnly {
-			return nil, status.Errorf(codes.AlreadyExists, "service %s already exists (owner %s, generation %d); create_only does not replace it", svc.Name, old.Owner(), old.Generation())
+		if err := p.CheckOwner(svc.Owner); err != nil {
+			return nil, err
 		}
 		if exists && old.Owner() != svc.Owner {
 			if err := p.CheckOwner(old.Owner()); err != nil {
@@ -307,6 +338,12 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 }
 
 // SyncServices implements vipdv1.LoadBalancerServiceServer.
+//
+// A listed name that another owner's service holds is AlreadyExists naming
+// that owner, where UpsertService answers FailedPrecondition (it could take
+// the service over with take_ownership; a sync cannot): the adapter in
+// internal/kubeadapter reads AlreadyExists from a sync as a name taken
+// since it listed, and lists again.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	var v validation.Violations
 	v = append(v, validation.Name(req.Owner, "owner")...)
@@ -375,11 +412,26 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		release = a.rec.ValidateRelease
 	}
 	res, err := release(ctx, func(tx *store.Txn) (any, error) {
+		// The owner and the names of services it does not have yet are
+		// created here: see newNames.
+		stored := tx.Names(req.Owner)
+		var v validation.Violations
+		if len(stored) == 0 {
+			v = append(v, validation.NewName(req.Owner, "owner")...)
+		}
+		for _, d := range want {
+			if _, exists := tx.Get(d.dp.Name); !exists {
+				v = append(v, validation.NewName(d.dp.Name, "services["+strconv.Itoa(d.index)+"].name")...)
+			}
+		}
+		if len(v) > 0 {
+			return nil, v
+		}
 		if err := p.CheckOwner(req.Owner); err != nil {
 			return nil, err
 		}
 		resp := &vipdv1.SyncServicesResponse{}
-		for _, name := range tx.Names(req.Owner) {
+		for _, name := range stored {
 			if _, listed := index[name]; !listed {
 				tx.Delete(name)
 				resp.Deleted = append(resp.Deleted, name)
@@ -431,13 +483,13 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	remove := map[netip.Addr]bool{}
 	removeOrder := make([]netip.Addr, 0, len(req.Remove)) // remove's addresses as listed, for absent
 	for i, s := range req.Remove {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			v = append(v, validation.Violation{Field: fmt.Sprintf("remove[%d]", i), Description: fmt.Sprintf("%q is not an IP address", s)})
+		ip, vs := validation.RemovedBackendIP(s, fmt.Sprintf("remove[%d]", i))
+		if len(vs) > 0 {
+			v = append(v, vs...)
 			continue
 		}
-		remove[ip.Unmap()] = true
-		removeOrder = append(removeOrder, ip.Unmap())
+		remove[ip] = true
+		removeOrder = append(removeOrder, ip)
 	}
 	if len(v) > 0 {
 		return nil, toStatus(v)

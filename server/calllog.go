@@ -28,8 +28,10 @@ const syncNamesLogged = 10
 // caller, the owner and service names, validate_only when set, and the
 // outcome code; every other call (reads, health, reflection) at debug
 // level. Calls that fail in a way that is vipd's fault log at error level.
-// Bodies are never logged; the names come from the request, and the owner
-// of a service named only by its name from the desired state.
+// Bodies are never logged; the names come from the request, and so does
+// the owner where the request gives one (SyncServices' as given, even
+// empty); otherwise it is the stored service's, as the call finds it, or
+// for an upsert of a service not stored yet validation.DefaultOwner.
 type callLogger struct {
 	log     hclog.Logger
 	ownerOf func(name string) (string, bool)
@@ -73,7 +75,13 @@ func (l *callLogger) logCall(ctx context.Context, fullMethod string, change bool
 func (l *callLogger) requestFields(req any) (fields []any, change bool) {
 	switch r := req.(type) {
 	case *vipdv1.UpsertServiceRequest:
-		fields = []any{"owner", cmp.Or(r.GetService().GetOwner(), validation.DefaultOwner), "service", r.GetService().GetName()}
+		// Without an owner, an upsert keeps the stored one, and only a
+		// new service gets the default.
+		owner := r.GetService().GetOwner()
+		if owner == "" {
+			owner = cmp.Or(l.owner(r.GetService().GetName()), validation.DefaultOwner)
+		}
+		fields = []any{"owner", owner, "service", r.GetService().GetName()}
 		if r.GetTakeOwnership() {
 			fields = append(fields, "take_ownership", true)
 		}
@@ -91,7 +99,8 @@ func (l *callLogger) requestFields(req any) (fields []any, change bool) {
 			}
 			names = append(names, s.GetName())
 		}
-		fields = []any{"owner", cmp.Or(r.GetOwner(), validation.DefaultOwner), "services", len(r.GetServices()), "names", names}
+		// As given: SyncServices has no default owner, and refuses none.
+		fields = []any{"owner", r.GetOwner(), "services", len(r.GetServices()), "names", names}
 		return withValidateOnly(fields, r.GetValidateOnly()), true
 	}
 	return nil, false
@@ -115,8 +124,8 @@ func (l *callLogger) owner(name string) string {
 }
 
 // callerFields names a call's client: the uid and pid of a Unix-socket
-// client (SO_PEERCRED), the certificate identity (authz.Identity) and
-// address of a TLS client, the address of a plaintext TCP client.
+// client (SO_PEERCRED), the certificate identity (the authz.Principal in
+// ctx) and address of a TLS client, the address of a plaintext TCP client.
 func callerFields(ctx context.Context) []any {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -124,9 +133,10 @@ func callerFields(ctx context.Context) []any {
 	}
 	switch info := p.AuthInfo.(type) {
 	case credentials.TLSInfo:
+		// The principal that Server attached before this interceptor.
 		id := ""
-		if chains := info.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
-			id = authz.Identity(chains[0][0])
+		if pr := authz.FromContext(ctx); pr != nil {
+			id = pr.Identity
 		}
 		return []any{"identity", id, "peer", p.Addr.String()}
 	case localAuthInfo:

@@ -234,3 +234,24 @@ func TestCreateOnlyAuthorization(t *testing.T) {
 		t.Fatalf("team-b's s is now %v (%v); want unchanged %v", got, err, theirs)
 	}
 }
+
+// TestCreateOnlyTakenNameNeedsNoPermission: a create_only of a name that
+// another owner's service holds is AlreadyExists for a client that may
+// not change that owner, also when the request gives no owner (which for
+// an upsert would mean the stored one); it is never PermissionDenied.
+func TestCreateOnlyTakenNameNeedsNoPermission(t *testing.T) {
+	policy, err := authz.Parse([]byte("ctrl-a: [team-a, default]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := start(t, config{serverOps: []server.Option{withTestIdentities(policy)}})
+	before := upsert(t, in, owned("team-b", "s", "198.19.0.1", "198.18.1.1"))
+	for _, owner := range []string{"", "team-a"} {
+		_, err := in.lb.UpsertService(as(t, "ctrl-a"), &vipdv1.UpsertServiceRequest{Service: owned(owner, "s", "198.19.0.2"), CreateOnly: true})
+		wantCode(t, err, codes.AlreadyExists, "service s already exists", "owner team-b")
+	}
+	got, err := in.lb.GetService(ctxT(t), &vipdv1.GetServiceRequest{Name: "s"})
+	if err != nil || !proto.Equal(got.Service, before) {
+		t.Fatalf("service s after the refused creates: %v %v; want it unchanged: %v", got, err, before)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestUpsertResult: UpsertService says whether it created the service,
@@ -54,7 +56,7 @@ func TestUpdateBackendsAbsent(t *testing.T) {
 	in := start(t, config{})
 	upsert(t, in, web("web", "198.19.0.1", "198.18.1.1", "198.18.1.2", "198.18.1.3"))
 	resp, err := in.lb.UpdateBackends(ctxT(t), &vipdv1.UpdateBackendsRequest{Name: "web",
-		Remove: []string{"198.18.1.9", "198.18.1.2", "::ffff:198.18.1.9", "198.18.1.8", "198.18.1.3"}})
+		Remove: []string{"198.18.1.9", "198.18.1.2", "198.18.1.9", "198.18.1.8", "198.18.1.3"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,4 +90,21 @@ func backendIPs(svc *vipdv1.Service) []string {
 		ips = append(ips, b.Ip)
 	}
 	return ips
+}
+
+// TestUpdateBackendsRemoveMapped: an IPv4-mapped address in remove is
+// InvalidArgument naming remove[i] and the IPv4 form, as a mapped VIP or
+// backend is, and nothing changes; it is not taken for its IPv4 address.
+func TestUpdateBackendsRemoveMapped(t *testing.T) {
+	in := start(t, config{})
+	before := upsert(t, in, web("web", "198.19.0.1", "198.18.1.1", "198.18.1.2"))
+	_, err := in.lb.UpdateBackends(ctxT(t), &vipdv1.UpdateBackendsRequest{Name: "web", Remove: []string{"198.18.1.2", "::ffff:198.18.1.1"}})
+	wantCode(t, err, codes.InvalidArgument, `"::ffff:198.18.1.1" is an IPv4-mapped IPv6 address; use the IPv4 form 198.18.1.1`)
+	if f := fieldsOf(err); !slices.Equal(f, []string{"remove[1]"}) {
+		t.Errorf("fields %v; want remove[1]", f)
+	}
+	got, err := in.lb.GetService(ctxT(t), &vipdv1.GetServiceRequest{Name: "web"})
+	if err != nil || !proto.Equal(got.Service, before) {
+		t.Errorf("service after the refused remove: %v %v; want it unchanged: %v", got, err, before)
+	}
 }

@@ -56,6 +56,21 @@ func TestCallLog(t *testing.T) {
 	if _, err := local.LoadBalancerClient().UpsertService(ctxT(t), dry); err != nil {
 		t.Fatal(err)
 	}
+	// Without an owner, an upsert of a stored service keeps (and logs)
+	// the stored owner, one of a new service the default; a SyncServices
+	// without an owner is refused, and logged with the owner as given.
+	keep := &vipdv1.UpsertServiceRequest{Service: svc("web", "", "198.19.0.1", "198.18.0.3")}
+	if _, err := local.LoadBalancerClient().UpsertService(ctxT(t), keep); err != nil {
+		t.Fatal(err)
+	}
+	fresh := &vipdv1.UpsertServiceRequest{Service: svc("fresh", "", "198.19.0.5"), ValidateOnly: true}
+	if _, err := local.LoadBalancerClient().UpsertService(ctxT(t), fresh); err != nil {
+		t.Fatal(err)
+	}
+	noOwner := &vipdv1.SyncServicesRequest{Services: []*vipdv1.Service{svc("web", "", "198.19.0.1")}}
+	if _, err := local.LoadBalancerClient().SyncServices(ctxT(t), noOwner); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("SyncServices without an owner: %v", err)
+	}
 	if _, err := local.GetService(ctxT(t), "web"); err != nil {
 		t.Fatal(err)
 	}
@@ -75,9 +90,14 @@ func TestCallLog(t *testing.T) {
 			{"[INFO]", unixCaller, "owner=team-a service=web", "code=OK"},
 			{"[INFO]", unixCaller, "owner=team-a service=bad", "code=InvalidArgument"},
 			{"[INFO]", unixCaller, "owner=team-a service=dry validate_only=true", "code=OK"},
+			{"[INFO]", unixCaller, "owner=team-a service=web", "code=OK"},
+			{"[INFO]", unixCaller, "owner=default service=fresh validate_only=true", "code=OK"},
 		}},
 		{"UpdateBackends", [][]string{{"[INFO]", mtlsCaller, "owner=team-a service=web", "code=OK"}}},
-		{"SyncServices", [][]string{{"[INFO]", mtlsCaller, "owner=team-a services=2 names=[\"web\", \"api\"]", "code=OK"}}},
+		{"SyncServices", [][]string{
+			{"[INFO]", mtlsCaller, "owner=team-a services=2 names=[\"web\", \"api\"]", "code=OK"},
+			{"[INFO]", unixCaller, `owner="" services=1 names=["web"]`, "code=InvalidArgument"},
+		}},
 		{"DeleteService", [][]string{{"[INFO]", unixCaller, "owner=team-a service=api", "code=OK"}}},
 		{"GetService", [][]string{{"[DEBUG]", unixCaller, "code=OK"}}},
 	} {

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -92,9 +93,9 @@ func TestDriftRepairedWithFullSync(t *testing.T) {
 	checkSyncsMatchApplies(t, h)
 	out := logs.String()
 	for _, want := range []string{
-		"[WARN]  dataplane drift: ipv4 nat PREROUTING: no jump to VIPD-SERVICES; repairing with a full sync: what=hook",
-		"[WARN]  dataplane drift: ipv4 nat OUTPUT: no jump to VIPD-SERVICES; repairing with a full sync: what=hook",
-		"[WARN]  dataplane drift: ipv6 filter: VIPD-REJECT missing; repairing with a full sync: what=chain",
+		`[WARN]  dataplane drift; repairing with a full sync: what=hook detail="ipv4 nat PREROUTING: no jump to VIPD-SERVICES"`,
+		`[WARN]  dataplane drift; repairing with a full sync: what=hook detail="ipv4 nat OUTPUT: no jump to VIPD-SERVICES"`,
+		`[WARN]  dataplane drift; repairing with a full sync: what=chain detail="ipv6 filter: VIPD-REJECT missing"`,
 		"[INFO]  dataplane drift repaired with a full sync: what=[\"hook\", \"chain\"]",
 	} {
 		if !strings.Contains(out, want) {
@@ -210,5 +211,76 @@ func TestDriftCheckErrorLoggedOnce(t *testing.T) {
 	}
 	if len(dp.Records()) != 1 {
 		t.Errorf("%d applies; want only the initial one", len(dp.Records()))
+	}
+}
+
+// stuckDrift is a fake whose drift check blocks until its context ends,
+// as iptables --wait does while another tool holds the xtables lock.
+type stuckDrift struct {
+	*fake.Dataplane
+	checks chan struct{} // takes a value when a check starts, if a receiver waits
+}
+
+func (d *stuckDrift) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) {
+	select {
+	case d.checks <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestDriftCheckTimesOut checks that a drift check that does not finish is
+// cancelled after its bound, so that a change submitted while it runs
+// still completes, and that the timeout is logged at warn level as a
+// failed check, with no repair.
+func TestDriftCheckTimesOut(t *testing.T) {
+	dp := &stuckDrift{Dataplane: fake.New(), checks: make(chan struct{})}
+	logs := &syncbuf.Buffer{}
+	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
+	obs := &observer{}
+	rec := reconcile.New(log, dp, &persister{}, store.Empty(), reconcile.WithDriftCheck(driftPeriod), reconcile.WithObserver(obs))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rec.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	<-rec.Ready()
+	for i := range 3 {
+		select {
+		case <-dp.checks: // a check is running on the writer goroutine
+		case <-time.After(5 * time.Second):
+			t.Fatal("no drift check started")
+		}
+		// Do waits for a queued change however long the writer takes, so
+		// the wait is bounded here.
+		res := make(chan error, 1)
+		go func() {
+			_, err := rec.Do(context.Background(), put(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.0.%d", i+1), "10.0.0.1"))
+			res <- err
+		}()
+		select {
+		case err := <-res:
+			if err != nil {
+				t.Fatalf("change %d submitted during a stuck drift check: %v", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("change %d submitted during a stuck drift check did not complete in 5 s", i)
+		}
+	}
+	out := logs.String()
+	want := `[WARN]  dataplane drift check failed; retrying every period: error="timed out after 10ms, so as not to hold up changes any longer: context deadline exceeded"`
+	if c := strings.Count(out, want); c != 1 {
+		t.Errorf("the timed-out check was logged %d times, want once: %q\n%s", c, want, out)
+	}
+	if strings.Contains(out, "dataplane drift;") || len(obs.driftRepairs()) != 0 {
+		t.Errorf("a timed-out check was taken for drift (repairs %v):\n%s", obs.driftRepairs(), out)
+	}
+	for _, r := range dp.Records() {
+		if r.State.Changed == nil && r.State.Generation > 0 {
+			t.Errorf("a full sync after a timed-out check: %+v", r)
+		}
 	}
 }

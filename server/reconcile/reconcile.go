@@ -163,6 +163,11 @@ func WithResyncPeriod(d time.Duration) Option { return func(r *Reconciler) { r.r
 // fails; the next check retries), and each repair is reported to the
 // Observer. There is no check before the initial apply nor while the
 // reconciler holds (WithHold). Zero disables it.
+//
+// A check runs on the goroutine that applies changes, so each is bounded
+// by driftCheckTimeout(d): a check that has not finished by then (a held
+// xtables lock, say) is cancelled and counts as a failed check, logged at
+// warn level, not as drift; writes wait for it at most that long.
 func WithDriftCheck(d time.Duration) Option { return func(r *Reconciler) { r.drift = d } }
 
 // WithMaxBatch bounds how many queued changes are merged into one apply.
@@ -375,16 +380,40 @@ func (r *Reconciler) resyncAll(ctx context.Context) {
 	}
 }
 
+// maxDriftCheckTimeout caps driftCheckTimeout: no write waits longer
+// than this for a drift check.
+const maxDriftCheckTimeout = 10 * time.Second
+
+// driftCheckTimeout bounds one drift check made every period: half the
+// period, so that checks that keep timing out leave the writer at least
+// half its time for changes (at a full period the next tick would be due
+// as each check gives up, and checks would run back to back), and at most
+// maxDriftCheckTimeout, so that a change never waits longer than that for
+// one.
+func driftCheckTimeout(period time.Duration) time.Duration {
+	return min(period/2, maxDriftCheckTimeout)
+}
+
 // repairDrift asks det for drift and, when it reports any, repairs it with
-// a full sync of the current snapshot. A failed check or repair is logged
-// and left to the next tick.
+// a full sync of the current snapshot. A failed or timed-out check or a
+// failed repair is logged and left to the next tick.
 func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetector) {
 	if r.held {
 		// Nothing was applied yet that could have drifted, and a full sync
 		// would remove what the kernel still has for the control plane.
 		return
 	}
-	drift, err := det.DetectDrift(ctx)
+	timeout := driftCheckTimeout(r.drift)
+	checkCtx, cancel := context.WithTimeout(ctx, timeout)
+	drift, err := det.DetectDrift(checkCtx)
+	timedOut := errors.Is(checkCtx.Err(), context.DeadlineExceeded)
+	cancel()
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	if err != nil && timedOut {
+		err = fmt.Errorf("timed out after %s, so as not to hold up changes any longer: %w", timeout, err)
+	}
 	if err != nil {
 		// Logged at warn level when it starts or changes, not every tick.
 		if err.Error() != r.driftErr {
@@ -404,7 +433,7 @@ func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetecto
 	}
 	var whats []string
 	for _, d := range drift {
-		r.log.Warn("dataplane drift: "+d.Detail+"; repairing with a full sync", "what", d.What)
+		r.log.Warn("dataplane drift; repairing with a full sync", "what", d.What, "detail", d.Detail)
 		if !slices.Contains(whats, d.What) {
 			whats = append(whats, d.What)
 		}

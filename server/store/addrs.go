@@ -1,12 +1,12 @@
 package store
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
 
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/pmap"
 )
 
 // addrUse counts the services that use one address as a VIP and as a
@@ -15,6 +15,19 @@ import (
 // address both: a backend that is a VIP vipd serves would catch its own
 // forwarded traffic, and connections to it hang.
 type addrUse struct{ vips, backends int32 }
+
+// addrKey is an address as Snapshot.addrs keys it: its 16-byte form, in
+// two words. Unlike a netip.Addr it holds no pointer, so the index costs
+// the collector nothing to scan and compares as plain memory. It is exact
+// because a stored address is never IPv4-mapped (the conversion unmaps
+// it) and never has a zone, so an IPv4 address and an IPv6 one never
+// share a key.
+type addrKey [2]uint64
+
+func keyOf(a netip.Addr) addrKey {
+	b := a.As16()
+	return addrKey{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
+}
 
 // AddressConflictError says that a change would make an address a VIP of
 // one service and a backend of another, or of the same one.
@@ -38,13 +51,13 @@ func (e *AddressConflictError) Error() string {
 
 // use returns how the services as t sees them use a.
 func (t *Txn) use(a netip.Addr) addrUse {
+	k := keyOf(a)
 	for x := t; x != nil; x = x.parent {
-		if u, ok := x.addrs[a]; ok {
+		if u, ok := x.addrs[k]; ok {
 			return u
 		}
 	}
-	u, _ := t.base.addrs.Get(a)
-	return u
+	return t.base.addrs.get(k)
 }
 
 // addrCount is an address's count as a Put will stage it.
@@ -116,7 +129,7 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 	// Order matters: adds were counted before this Put staged anything,
 	// and an address may move from one role to the other.
 	for _, c := range adds {
-		t.addrs[c.a] = c.u
+		t.addrs[keyOf(c.a)] = c.u
 	}
 	if old == nil {
 		return
@@ -129,14 +142,14 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 		if !slices.Contains(newVIPs, a) {
 			u := t.use(a)
 			u.vips--
-			t.addrs[a] = u
+			t.addrs[keyOf(a)] = u
 		}
 	}
 	for _, b := range old.Backends {
 		if !has(b.IP) {
 			u := t.use(b.IP)
 			u.backends--
-			t.addrs[b.IP] = u
+			t.addrs[keyOf(b.IP)] = u
 		}
 	}
 }
@@ -147,7 +160,7 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 // keep it, even through a SyncServices that deletes and stores the
 // service again, but no other service may join in.
 func (t *Txn) legacy(name string, a netip.Addr, asBackend bool) bool {
-	if u, _ := t.base.addrs.Get(a); u.vips == 0 || u.backends == 0 {
+	if u := t.base.addrs.get(keyOf(a)); u.vips == 0 || u.backends == 0 {
 		return false
 	}
 	e, ok := t.base.Get(name)
@@ -209,16 +222,14 @@ func backendSet(bs []dataplane.Backend) func(netip.Addr) bool {
 	return func(a netip.Addr) bool { _, ok := set[a]; return ok }
 }
 
-// countBuilt adds svc's addresses to the counts of a snapshot being built.
-func countBuilt(b *pmap.Builder[netip.Addr, addrUse], svc *dataplane.Service) {
+// usesOf appends svc's uses of addresses to uses, for a snapshot being
+// built: buildAddrIndex then sums them into the snapshot's index.
+func usesOf(uses []addrEntry, svc *dataplane.Service) []addrEntry {
 	for _, a := range svc.VIPs {
-		u, _ := b.Get(a)
-		u.vips++
-		b.Set(a, u)
+		uses = append(uses, addrEntry{keyOf(a), addrUse{vips: 1}})
 	}
 	for _, be := range svc.Backends {
-		u, _ := b.Get(be.IP)
-		u.backends++
-		b.Set(be.IP, u)
+		uses = append(uses, addrEntry{keyOf(be.IP), addrUse{backends: 1}})
 	}
+	return uses
 }

@@ -149,7 +149,7 @@ type Snapshot struct {
 	revision uint64
 	services pmap.Map[string, *Entry] // by name
 	claims   pmap.Map[Claim, string]  // the holder's name
-	addrs    pmap.Map[netip.Addr, addrUse]
+	addrs    addrIndex                // persistent too, in buckets
 	backends int
 	limits   validation.Limits // only the totals
 	// parent is the revision of the snapshot this one was committed on,
@@ -295,7 +295,7 @@ type Txn struct {
 	revision uint64
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
-	addrs    map[netip.Addr]addrUse
+	addrs    map[addrKey]addrUse
 	scratch  []addrCount // checkAddrs's buffer
 	changed  []string    // Changed's cache; nil when stale
 	// count and backends are the totals of services and backends as the
@@ -306,7 +306,7 @@ type Txn struct {
 // Begin starts a transaction on top of s. s itself never changes.
 func (s *Snapshot) Begin() *Txn {
 	return &Txn{base: s, revision: s.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
-		addrs: map[netip.Addr]addrUse{}, count: s.Len(), backends: s.backends}
+		addrs: map[addrKey]addrUse{}, count: s.Len(), backends: s.backends}
 }
 
 // Sub starts a nested transaction that sees t's staged changes. Its own
@@ -314,7 +314,7 @@ func (s *Snapshot) Begin() *Txn {
 // undoing anything. t must not change while the Sub is open.
 func (t *Txn) Sub() *Txn {
 	return &Txn{base: t.base, parent: t, revision: t.revision, services: map[string]*Entry{}, claims: map[Claim]string{},
-		addrs: map[netip.Addr]addrUse{}, count: t.count, backends: t.backends}
+		addrs: map[addrKey]addrUse{}, count: t.count, backends: t.backends}
 }
 
 // Merge moves a Sub's changes into its parent.
@@ -324,7 +324,7 @@ func (t *Txn) Merge() {
 		// The common case of a batch of one (a big SyncServices among
 		// them): hand the maps over rather than copy them.
 		p.services, p.claims, p.addrs = t.services, t.claims, t.addrs
-		t.services, t.claims, t.addrs = map[string]*Entry{}, map[Claim]string{}, map[netip.Addr]addrUse{}
+		t.services, t.claims, t.addrs = map[string]*Entry{}, map[Claim]string{}, map[addrKey]addrUse{}
 	} else {
 		maps.Copy(p.services, t.services)
 		maps.Copy(p.claims, t.claims)
@@ -532,15 +532,7 @@ func (t *Txn) Commit() *Snapshot {
 		}
 	}
 	s.claims = claims.Map()
-	addrs := t.base.addrs.Builder()
-	for a, u := range t.addrs {
-		if u == (addrUse{}) {
-			addrs.Delete(a)
-		} else {
-			addrs.Set(a, u)
-		}
-	}
-	s.addrs = addrs.Map()
+	s.addrs = t.base.addrs.with(t.addrs)
 	return s
 }
 
@@ -552,7 +544,11 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	s := &Snapshot{revision: revision}
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
-	addrs := pmap.Map[netip.Addr, addrUse]{}.Builder()
+	n := 0
+	for _, e := range entries {
+		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
+	}
+	uses := make([]addrEntry, 0, n)
 	for _, e := range entries {
 		name := e.Name()
 		if _, dup := svcs.Get(name); dup {
@@ -569,8 +565,8 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		}
 		svcs.Set(name, e)
 		s.backends += len(e.Dataplane.Backends)
-		countBuilt(addrs, e.Dataplane)
+		uses = usesOf(uses, e.Dataplane)
 	}
-	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), addrs.Map()
+	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), buildAddrIndex(uses)
 	return s, nil
 }

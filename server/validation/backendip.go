@@ -14,10 +14,8 @@ var reservedIPv4 = netip.MustParsePrefix("240.0.0.0/4")
 // IPv4-mapped IPv6 form, which would otherwise smuggle the IPv4 ones in.
 // Whether ip is a VIP that vipd serves is the store's check, made in the
 // write's transaction.
-func checkBackendIP(v *Violations, ip netip.Addr, field string) bool {
+func checkBackendIP(v *Violations, ip netip.Addr, field string) {
 	if reservedIPv4.Contains(ip) {
 		v.add(field, "%s is in 240.0.0.0/4, which is reserved: no host can have it", ip)
-		return false
 	}
-	return true
 }

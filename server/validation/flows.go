@@ -61,8 +61,8 @@ func FlowTypes(in []vipdv1.FlowEventType, field string) (live []dataplane.FlowEv
 func Explain(in *vipdv1.ExplainRequest) (dataplane.ExplainQuery, Violations) {
 	var v Violations
 	var q dataplane.ExplainQuery
-	client, clientOK := explainAddr(&v, in.ClientIp, "client_ip")
-	vip, vipOK := explainAddr(&v, in.Vip, "vip")
+	client, clientOK := anyAddr(&v, in.ClientIp, "client_ip")
+	vip, vipOK := anyAddr(&v, in.Vip, "vip")
 	if in.ClientPort > 65535 {
 		v.add("client_port", "%d is out of range; 1 to 65535 are allowed, or 0 when unknown", in.ClientPort)
 	}
@@ -88,21 +88,40 @@ func Explain(in *vipdv1.ExplainRequest) (dataplane.ExplainQuery, Violations) {
 	return q, nil
 }
 
-// explainAddr parses s as an address of an ExplainRequest: any IP address
-// without a zone, an IPv4 one in its IPv4 form. An IPv4-mapped IPv6
-// address is refused as everywhere else in the API (see unicast), rather
-// than taken for its IPv4 address: Explain answers about the address it
-// was given, and a VIP or a backend cannot be written that way.
-func explainAddr(v *Violations, s, field string) (netip.Addr, bool) {
-	if a, err := netip.ParseAddr(s); err == nil && a.Is4In6() {
-		v.add(field, "%q is an IPv4-mapped IPv6 address; use the IPv4 form %s", s, a.Unmap())
-		return netip.Addr{}, false
+// mapped adds the API's one violation for an IPv4-mapped IPv6 address a,
+// written s, in field, and reports whether a is one. The API refuses the
+// mapped form wherever it takes an address (VIPs and backends, see
+// unicast; UpdateBackends' remove; Explain; flow filters) rather than take
+// it for its IPv4 address: no VIP or backend can be written that way, and
+// vipd's flows carry IPv4 addresses in their IPv4 form, so a mapped
+// address would only ever stand for another one.
+func mapped(v *Violations, s string, a netip.Addr, field string) bool {
+	if !a.Is4In6() {
+		return false
 	}
-	return anyAddr(v, s, field)
+	v.add(field, "%q is an IPv4-mapped IPv6 address; use the IPv4 form %s", s, a.Unmap())
+	return true
 }
 
-// anyAddr parses s as an IP address without a zone, unmapping an
-// IPv4-mapped one.
+// RemovedBackendIP parses s, an address to remove from a service's
+// backends (UpdateBackends' remove), named field: any IP address, an IPv4
+// one in its IPv4 form (see mapped). A zone is allowed, as it always was;
+// no backend has one, so such an address is absent.
+func RemovedBackendIP(s, field string) (netip.Addr, Violations) {
+	var v Violations
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		v.add(field, "%q is not an IP address", s)
+	case mapped(&v, s, a, field):
+	default:
+		return a, nil
+	}
+	return netip.Addr{}, v
+}
+
+// anyAddr parses s as an IP address without a zone, an IPv4 one in its
+// IPv4 form (see mapped).
 func anyAddr(v *Violations, s, field string) (netip.Addr, bool) {
 	a, err := netip.ParseAddr(s)
 	switch {
@@ -112,55 +131,62 @@ func anyAddr(v *Violations, s, field string) (netip.Addr, bool) {
 		v.add(field, "%q is not an IP address", s)
 	case a.Zone() != "":
 		v.add(field, "%q has a zone; zones are not allowed", s)
+	case mapped(v, s, a, field):
 	default:
-		return a.Unmap(), true
+		return a, true
 	}
 	return netip.Addr{}, false
 }
 
-// addrOrAddrPort parses an optional IP or IP:port ([IPv6]:port).
+// addrOrAddrPort parses an optional IP or IP:port ([IPv6]:port), an IPv4
+// address in its IPv4 form (see mapped).
 func addrOrAddrPort(v *Violations, s, field string) (netip.Addr, uint16) {
 	if s == "" {
 		return netip.Addr{}, 0
 	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		if ap.Addr().Zone() != "" {
+		switch {
+		case ap.Addr().Zone() != "":
 			v.add(field, "%q has a zone; zones are not allowed", s)
-			return netip.Addr{}, 0
-		}
-		if ap.Port() == 0 {
+		case ap.Port() == 0:
 			v.add(field, "%q has port 0; give no port to match every port", s)
-			return netip.Addr{}, 0
+		case mapped(v, s, ap.Addr(), field):
+		default:
+			return ap.Addr(), ap.Port()
 		}
-		return ap.Addr().Unmap(), ap.Port()
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		v.add(field, "%q is neither an IP address nor IP:port", s)
 		return netip.Addr{}, 0
 	}
-	return a.Unmap(), 0
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil || a.Zone() != "":
+		v.add(field, "%q is neither an IP address nor IP:port", s)
+	case mapped(v, s, a, field):
+	default:
+		return a, 0
+	}
+	return netip.Addr{}, 0
 }
 
-// addrOrPrefix parses an IP, as a one-address prefix, or a CIDR.
+// addrOrPrefix parses an IP, as a one-address prefix, or a CIDR. A CIDR of
+// IPv4-mapped addresses is refused as a mapped address is (see mapped):
+// flows carry IPv4 clients in their IPv4 form, so it would match no
+// client as written.
 func addrOrPrefix(v *Violations, s, field string) netip.Prefix {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
-		if err != nil {
+		switch {
+		case err != nil:
 			v.add(field, "%q is not a CIDR such as 10.0.0.0/8", s)
-			return netip.Prefix{}
+		case p.Addr().Is4In6() && p.Bits() < 96:
+			// It also covers IPv6 addresses that are not mapped, which
+			// no IPv4 CIDR can.
+			v.add(field, "%q is an IPv4-mapped IPv6 CIDR shorter than /96, so it is not all IPv4-mapped addresses; write an IPv4 CIDR or an IPv6 one without the IPv4 part", s)
+		case p.Addr().Is4In6():
+			v.add(field, "%q is an IPv4-mapped IPv6 CIDR; use the IPv4 form %s", s, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked())
+		default:
+			return p.Masked()
 		}
-		if p.Addr().Is4In6() {
-			// Flows carry IPv4 clients unmapped, so an IPv4-mapped CIDR
-			// stands for its IPv4 one; a shorter one would also cover
-			// IPv6 addresses that are not mapped, which no IPv4 CIDR can.
-			if p.Bits() < 96 {
-				v.add(field, "%q is shorter than /96, so it is not all IPv4-mapped addresses; write an IPv4 CIDR or an IPv6 one without the IPv4 part", s)
-				return netip.Prefix{}
-			}
-			return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96).Masked()
-		}
-		return p.Masked()
+		return netip.Prefix{}
 	}
 	a, ok := anyAddr(v, s, field)
 	if !ok {

@@ -26,7 +26,11 @@ func TestFlowFilter(t *testing.T) {
 		{name: "vip:port", in: &vipdv1.FlowFilter{Vip: "10.96.0.10:80"}, want: flowhub.Filter{VIP: netip.MustParseAddr("10.96.0.10"), VIPPort: 80}},
 		{name: "ipv6 vip", in: &vipdv1.FlowFilter{Vip: "fd00::10"}, want: flowhub.Filter{VIP: netip.MustParseAddr("fd00::10")}},
 		{name: "[ipv6 vip]:port", in: &vipdv1.FlowFilter{Vip: "[fd00::10]:443"}, want: flowhub.Filter{VIP: netip.MustParseAddr("fd00::10"), VIPPort: 443}},
-		{name: "mapped vip", in: &vipdv1.FlowFilter{Vip: "::ffff:10.96.0.10"}, want: flowhub.Filter{VIP: netip.MustParseAddr("10.96.0.10")}},
+		// IPv4-mapped addresses are refused, as everywhere in the API (see TestMappedAddressesRefusedAlike).
+		{name: "mapped vip", in: &vipdv1.FlowFilter{Vip: "::ffff:10.96.0.10"}, field: "f.vip"},
+		{name: "mapped vip:port", in: &vipdv1.FlowFilter{Vip: "[::ffff:10.96.0.10]:80"}, field: "f.vip"},
+		{name: "mapped backend", in: &vipdv1.FlowFilter{Backend: "::ffff:10.0.1.5"}, field: "f.backend"},
+		{name: "mapped client ip", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.9"}, field: "f.client"},
 		{name: "vip port 0", in: &vipdv1.FlowFilter{Vip: "10.96.0.10:0"}, field: "f.vip"},
 		{name: "vip with zone", in: &vipdv1.FlowFilter{Vip: "fe80::1%eth0"}, field: "f.vip"},
 		{name: "vip not an address", in: &vipdv1.FlowFilter{Vip: "web"}, field: "f.vip"},
@@ -35,8 +39,8 @@ func TestFlowFilter(t *testing.T) {
 		{name: "client ip", in: &vipdv1.FlowFilter{Client: "10.0.0.9"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.9/32")}},
 		{name: "client ipv6", in: &vipdv1.FlowFilter{Client: "fd00::9"}, want: flowhub.Filter{Client: netip.MustParsePrefix("fd00::9/128")}},
 		{name: "client cidr is masked", in: &vipdv1.FlowFilter{Client: "10.0.0.9/8"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
-		{name: "mapped client cidr", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.0/104"}, want: flowhub.Filter{Client: netip.MustParsePrefix("10.0.0.0/8")}},
-		{name: "mapped client cidr /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/96"}, want: flowhub.Filter{Client: netip.MustParsePrefix("0.0.0.0/0")}},
+		{name: "mapped client cidr", in: &vipdv1.FlowFilter{Client: "::ffff:10.0.0.0/104"}, field: "f.client"},
+		{name: "mapped client cidr /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/96"}, field: "f.client"},
 		// Found by FuzzFlowFilter: it also covers IPv6 addresses that no IPv4 CIDR can stand for.
 		{name: "mapped client cidr shorter than /96", in: &vipdv1.FlowFilter{Client: "::ffff:0.0.0.0/90"}, field: "f.client"},
 		{name: "bad client cidr", in: &vipdv1.FlowFilter{Client: "10.0.0.0/33"}, field: "f.client"},

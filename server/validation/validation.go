@@ -94,12 +94,28 @@ var (
 	portNamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 )
 
-// Name checks a service or owner name: 1-253 characters of [a-z0-9] and
-// "-./_", not starting with "-", and without an empty, "." or ".." segment
-// between slashes (see unsafeName).
+// Name checks a service or owner name as every vipd has: 1-253
+// characters of [a-z0-9] and "-./_". It is the check for a name that is
+// looked up or may already be stored (GetService, DeleteService, an owner
+// to list); a name that a write creates must also pass NewName.
 func Name(name, field string) Violations {
 	var v Violations
 	checkName(&v, name, field)
+	return v
+}
+
+// NewName checks a service or owner name that a write creates: Name, and
+// besides not starting with "-" and without an empty, "." or ".." segment
+// between slashes (see unsafeName). Services and owners that an earlier
+// vipd stored under such a name stay readable and writable: the API
+// applies NewName only where the name is not stored yet.
+func NewName(name, field string) Violations {
+	v := Name(name, field)
+	if len(v) == 0 {
+		if why := unsafeName(name); why != "" {
+			v.add(field, "%q %s", name, why)
+		}
+	}
 	return v
 }
 
@@ -111,8 +127,6 @@ func checkName(v *Violations, name, field string) {
 		v.add(field, "is %d characters long; at most %d are allowed", len(name), MaxNameLength)
 	case !namePattern.MatchString(name):
 		v.add(field, "%q may contain only lowercase letters, digits and \"-./_\"", name)
-	case unsafeName(name) != "":
-		v.add(field, "%q %s", name, unsafeName(name))
 	}
 }
 
@@ -120,6 +134,9 @@ func checkName(v *Violations, name, field string) {
 // admission policy and converts it (ConvertService). On success it returns
 // a normalized copy (defaults filled in, addresses canonical, backends
 // sorted by IP, generation zero) and its dataplane form. in is not modified.
+// Its name and owner get Name's check, not NewName's, because the service
+// or owner may be stored already: the caller applies NewName to those the
+// write creates.
 func Service(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Service, *dataplane.Service, Violations) {
 	if in == nil {
 		return ServiceInPlace(nil, lim, field)
@@ -209,8 +226,7 @@ func unicast(v *Violations, s, field string) (netip.Addr, bool) {
 		v.add(field, "%q is not an IP address", s)
 	case a.Zone() != "":
 		v.add(field, "%q has a zone; zones are not allowed", s)
-	case a.Is4In6():
-		v.add(field, "%q is an IPv4-mapped IPv6 address; use the IPv4 form %s", s, a.Unmap())
+	case mapped(v, s, a, field):
 	case a.IsUnspecified():
 		v.add(field, "%s is the unspecified address", a)
 	case a.IsLoopback():

@@ -235,6 +235,11 @@ type FlowFilter struct {
 	// IP:port with the target port.
 	Backend string `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
 	// client is the client's address: an IP, or a CIDR such as 10.0.0.0/8.
+	//
+	// vip, backend and client take an IPv4 address in its IPv4 form, as flows
+	// report it: an IPv4-mapped IPv6 address or CIDR (::ffff:10.0.0.0/104) is
+	// InvalidArgument naming the field and the IPv4 form, as everywhere in
+	// the API.
 	Client string `protobuf:"bytes,4,opt,name=client,proto3" json:"client,omitempty"`
 	// protocol selects one protocol; PROTOCOL_UNSPECIFIED matches all.
 	Protocol      Protocol `protobuf:"varint,5,opt,name=protocol,proto3,enum=vipd.v1.Protocol" json:"protocol,omitempty"`

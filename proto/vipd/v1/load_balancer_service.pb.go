@@ -98,10 +98,14 @@ type UpsertServiceRequest struct {
 	// write. An empty service.owner keeps the stored owner, so it never
 	// needs take_ownership.
 	TakeOwnership bool `protobuf:"varint,4,opt,name=take_ownership,json=takeOwnership,proto3" json:"take_ownership,omitempty"`
-	// validate_only runs every check the write would run, against the current
-	// state (conflicts, owners, generations, limits and the dataplane's
-	// capabilities included), and changes nothing (AIP-163). The response is
-	// what the write would have returned.
+	// validate_only runs every check vipd makes before the dataplane applies
+	// the write, against the current state (validation, conflicts, owners,
+	// generations, limits and the dataplane's declared capabilities), and
+	// changes nothing (AIP-163). The response is what the write would have
+	// returned unless the kernel refuses the change when it is applied:
+	// validate_only never asks the dataplane, so a full eBPF map
+	// (ResourceExhausted) or a failed iptables-restore (Unavailable) is seen
+	// only by the write itself.
 	ValidateOnly  bool `protobuf:"varint,5,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -501,7 +505,9 @@ type SyncServicesRequest struct {
 	Owner    string     `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
 	Services []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
 	// validate_only runs every check against the current state and changes
-	// nothing; the response lists what the sync would have done.
+	// nothing; the response lists what the sync would have done. As for
+	// UpsertServiceRequest.validate_only, what the kernel refuses when the
+	// change is applied is not covered.
 	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -634,12 +640,16 @@ type UpdateBackendsRequest struct {
 	// upsert adds backends, or replaces those with the same ip.
 	Upsert []*Backend `protobuf:"bytes,2,rep,name=upsert,proto3" json:"upsert,omitempty"`
 	// remove lists backend IPs to remove; IPs that are not present are
-	// reported in the response's absent and otherwise ignored.
+	// reported in the response's absent and otherwise ignored. An IPv4 IP is
+	// written in its IPv4 form: an IPv4-mapped IPv6 one is InvalidArgument
+	// naming remove[i], as a mapped backend ip is.
 	Remove []string `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
 	// expected_generation is 0 for an unconditional change, otherwise as in UpsertServiceRequest.
 	ExpectedGeneration uint64 `protobuf:"varint,4,opt,name=expected_generation,json=expectedGeneration,proto3" json:"expected_generation,omitempty"`
 	// validate_only runs every check against the current state and changes
-	// nothing; the response is what the change would have returned.
+	// nothing; the response is what the change would have returned. As for
+	// UpsertServiceRequest.validate_only, what the kernel refuses when the
+	// change is applied is not covered.
 	ValidateOnly  bool `protobuf:"varint,5,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -45,7 +45,12 @@ type LoadBalancerServiceClient interface {
 	// ListServices returns the services of one owner, or all when owner is empty.
 	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
 	// SyncServices atomically makes the set of services owned by owner exactly
-	// the given list, and never touches other owners' services.
+	// the given list, and never touches other owners' services. A listed name
+	// that another owner's service holds fails the whole call with
+	// AlreadyExists naming that owner, unlike UpsertService, whose
+	// FailedPrecondition means "set take_ownership to move it": SyncServices
+	// cannot take a service over, so for it the name is simply taken, and a
+	// control plane (vipd-k8s does) lists again and leaves that name out.
 	SyncServices(ctx context.Context, in *SyncServicesRequest, opts ...grpc.CallOption) (*SyncServicesResponse, error)
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(ctx context.Context, in *UpdateBackendsRequest, opts ...grpc.CallOption) (*UpdateBackendsResponse, error)
@@ -137,7 +142,12 @@ type LoadBalancerServiceServer interface {
 	// ListServices returns the services of one owner, or all when owner is empty.
 	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
 	// SyncServices atomically makes the set of services owned by owner exactly
-	// the given list, and never touches other owners' services.
+	// the given list, and never touches other owners' services. A listed name
+	// that another owner's service holds fails the whole call with
+	// AlreadyExists naming that owner, unlike UpsertService, whose
+	// FailedPrecondition means "set take_ownership to move it": SyncServices
+	// cannot take a service over, so for it the name is simply taken, and a
+	// control plane (vipd-k8s does) lists again and leaves that name out.
 	SyncServices(context.Context, *SyncServicesRequest) (*SyncServicesResponse, error)
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(context.Context, *UpdateBackendsRequest) (*UpdateBackendsResponse, error)

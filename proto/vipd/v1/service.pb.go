@@ -536,12 +536,15 @@ func (x *SessionAffinityConfig) GetTimeoutSeconds() uint32 {
 type Service struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is the unique key: 1-253 characters of [a-z0-9] and "-./_", such as
-	// "default/web"; it may not start with "-" or have an empty, "." or ".."
-	// segment between slashes (so not ".", "..", "/" or "-").
+	// "default/web". A new name may not start with "-" or have an empty, "."
+	// or ".." segment between slashes (so not ".", "..", "/" or "-"); a
+	// service that an earlier vipd stored under such a name can still be
+	// read, changed and deleted.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// owner is the control plane that manages the service. Empty means
 	// "default" for a new service; an UpsertService that leaves it empty keeps
-	// an existing service's owner.
+	// an existing service's owner. It follows name's rules: an owner no stored
+	// service has yet must pass the rule for a new name.
 	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// vips holds 1-8 distinct unicast IPv4 or IPv6 addresses.
 	Vips []string `protobuf:"bytes,3,rep,name=vips,proto3" json:"vips,omitempty"`

@@ -284,8 +284,10 @@ func (x *StatusWarning) GetSince() *timestamppb.Timestamp {
 type ExplainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// client_ip is the client's address; its family must be the VIP's. As
-	// everywhere in the API, an IPv4 address is written in its IPv4 form: an
-	// IPv4-mapped IPv6 client_ip or vip is InvalidArgument.
+	// everywhere in the API (VIPs, backends, UpdateBackends' remove, flow
+	// filters), an IPv4 address is written in its IPv4 form: an IPv4-mapped
+	// IPv6 client_ip or vip is InvalidArgument naming the field and the
+	// IPv4 form.
 	ClientIp string `protobuf:"bytes,1,opt,name=client_ip,json=clientIp,proto3" json:"client_ip,omitempty"`
 	// client_port is the client's source port, 0 when unknown. Maglev hashes
 	// it, so without it the dataplane cannot tell a Maglev pick.
