@@ -45,6 +45,7 @@ type Dataplane struct {
 	// drift is what DetectDrift reports until the next successful full
 	// Apply; driftChecks counts DetectDrift calls.
 	drift       []dataplane.Drift
+	stuckDrift  []dataplane.Drift
 	driftErr    error
 	driftChecks int
 }
@@ -149,6 +150,15 @@ func (d *Dataplane) SetDrift(drift []dataplane.Drift) {
 	d.drift = slices.Clone(drift)
 }
 
+// SetUnrepairableDrift makes DetectDrift report drift that no Apply
+// repairs, as an interface the tc program cannot be attached to would be,
+// until it is called again with nil.
+func (d *Dataplane) SetUnrepairableDrift(drift []dataplane.Drift) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stuckDrift = slices.Clone(drift)
+}
+
 // SetDriftError makes every DetectDrift fail with err, as when the kernel
 // cannot be read; nil ends that.
 func (d *Dataplane) SetDriftError(err error) {
@@ -159,7 +169,7 @@ func (d *Dataplane) SetDriftError(err error) {
 
 // DetectDrift implements dataplane.DriftDetector: it fails as SetDriftError
 // said, or reports what SetDrift set, if no full Apply has repaired it
-// since.
+// since, and what SetUnrepairableDrift set.
 func (d *Dataplane) DetectDrift(context.Context) ([]dataplane.Drift, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -167,7 +177,7 @@ func (d *Dataplane) DetectDrift(context.Context) ([]dataplane.Drift, error) {
 	if d.driftErr != nil {
 		return nil, d.driftErr
 	}
-	return slices.Clone(d.drift), nil
+	return slices.Concat(d.drift, d.stuckDrift), nil
 }
 
 // DriftKinds implements dataplane.DriftDetector: the fake reports

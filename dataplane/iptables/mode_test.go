@@ -86,9 +86,9 @@ func legacyTables(t *testing.T, node *netlab.Node) []string {
 	return tables
 }
 
-// nftTables lists the nf_tables tables of every family in node, as `nft
-// list tables` would (the nft tool is not installed everywhere).
-func nftTables(t *testing.T, node *netlab.Node) []string {
+// dialNetfilter opens a netfilter netlink socket in node's network
+// namespace, closed when the test ends.
+func dialNetfilter(t *testing.T, node *netlab.Node) *netlink.Conn {
 	t.Helper()
 	ns, err := netns.GetFromPath(node.Path())
 	if err != nil {
@@ -99,7 +99,15 @@ func nftTables(t *testing.T, node *netlab.Node) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// nftTables lists the nf_tables tables of every family in node, as `nft
+// list tables` would (the nft tool is not installed everywhere).
+func nftTables(t *testing.T, node *netlab.Node) []string {
+	t.Helper()
+	c := dialNetfilter(t, node)
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
@@ -134,16 +142,7 @@ func nftTables(t *testing.T, node *netlab.Node) []string {
 // family.
 func nftFlushRuleset(t *testing.T, node *netlab.Node) {
 	t.Helper()
-	ns, err := netns.GetFromPath(node.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialNetfilter(t, node)
 	// struct nfgenmsg; batch messages carry the subsystem in res_id.
 	batch := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
 	msgs := []netlink.Message{

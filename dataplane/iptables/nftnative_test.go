@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipd/vipd/dataplane/iptables"
@@ -23,16 +22,7 @@ import (
 // not installed everywhere).
 func nftAddQuotaRule(t *testing.T, node *netlab.Node, table, chain string) {
 	t.Helper()
-	ns, err := netns.GetFromPath(node.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialNetfilter(t, node)
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_RULE_TABLE, table)
 	ae.String(unix.NFTA_RULE_CHAIN, chain)
@@ -126,16 +116,7 @@ func TestDriftNFTNativeRule(t *testing.T) {
 // target, over netlink.
 func nftJumps(t *testing.T, node *netlab.Node, table, chain, target string) int {
 	t.Helper()
-	ns, err := netns.GetFromPath(node.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialNetfilter(t, node)
 	ae := netlink.NewAttributeEncoder()
 	ae.String(unix.NFTA_RULE_TABLE, table)
 	ae.String(unix.NFTA_RULE_CHAIN, chain)

@@ -111,6 +111,34 @@ func TestDriftRepairedWithFullSync(t *testing.T) {
 	}
 }
 
+// TestUnrepairableDriftNotCounted checks that drift a full sync cannot
+// repair is logged as an error after the sync and not counted as
+// repaired, while the kinds the sync did repair are.
+func TestUnrepairableDriftNotCounted(t *testing.T) {
+	dp := fake.New()
+	h, logs := runLogged(t, dp, snapshotOf(t, put("a", "10.96.0.1", "10.0.0.1")), reconcile.WithDriftCheck(driftPeriod))
+	<-h.rec.Ready()
+	dp.SetUnrepairableDrift([]dataplane.Drift{{What: "tc-link", Detail: "veth9 ingress: vipd_from_pod not attached"}})
+	dp.SetDrift([]dataplane.Drift{{What: "map", Detail: "vipd_services: 1 entries missing"}})
+	waitFor(t, "a repair", func() bool { return len(h.obs.driftRepairs()) > 0 })
+	waitFor(t, "the next repair attempt", func() bool { return fullApplies(dp) >= 3 })
+	if got := h.obs.driftRepairs(); !slices.Equal(got, []string{"fake/map"}) {
+		t.Errorf("repairs observed %v, want only the map (the tc link was never repaired)", got)
+	}
+	out := logs.String()
+	for _, want := range []string{
+		`[ERROR] dataplane drift remains after a full sync; retrying at the next check: what=tc-link detail="veth9 ingress: vipd_from_pod not attached"`,
+		"[INFO]  dataplane drift repaired with a full sync: what=[\"map\"]",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, `repaired with a full sync: what=["tc-link"]`) {
+		t.Errorf("the unrepairable tc link was logged as repaired:\n%s", out)
+	}
+}
+
 // TestNoDriftNoApply checks that a check that finds nothing applies
 // nothing.
 func TestNoDriftNoApply(t *testing.T) {

@@ -395,8 +395,10 @@ func driftCheckTimeout(period time.Duration) time.Duration {
 }
 
 // repairDrift asks det for drift and, when it reports any, repairs it with
-// a full sync of the current snapshot. A failed or timed-out check or a
-// failed repair is logged and left to the next tick.
+// a full sync of the current snapshot, then checks again: each kind of
+// drift that is gone is counted as repaired, and what is left is logged as
+// an error. A failed or timed-out check or a failed repair is logged and
+// left to the next tick.
 func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetector) {
 	if r.held {
 		// Nothing was applied yet that could have drifted, and a full sync
@@ -444,10 +446,37 @@ func (r *Reconciler) repairDrift(ctx context.Context, det dataplane.DriftDetecto
 		r.log.Error("dataplane drift repair failed; retrying at the next check", "what", whats, "error", err)
 		return
 	}
-	for _, w := range whats {
-		r.observer.ObserveDriftRepair(r.dp.Name(), w)
+	elapsed := time.Since(start)
+	// Only what is gone after the sync counts as repaired: the dataplane
+	// may be unable to repair some of it (an interface the tc program
+	// cannot be attached to, say).
+	left := r.driftLeft(ctx, det)
+	for _, d := range left {
+		r.log.Error("dataplane drift remains after a full sync; retrying at the next check", "what", d.What, "detail", d.Detail)
 	}
-	r.log.Info("dataplane drift repaired with a full sync", "what", whats, "generation", snap.Revision(), "elapsed", time.Since(start))
+	var repaired []string
+	for _, w := range whats {
+		if !slices.ContainsFunc(left, func(d dataplane.Drift) bool { return d.What == w }) {
+			r.observer.ObserveDriftRepair(r.dp.Name(), w)
+			repaired = append(repaired, w)
+		}
+	}
+	if len(repaired) > 0 {
+		r.log.Info("dataplane drift repaired with a full sync", "what", repaired, "generation", snap.Revision(), "elapsed", elapsed)
+	}
+}
+
+// driftLeft checks again, after a repair, what drift is left. A check that
+// fails tells nothing: it returns nil, and the next tick checks again.
+func (r *Reconciler) driftLeft(ctx context.Context, det dataplane.DriftDetector) []dataplane.Drift {
+	checkCtx, cancel := context.WithTimeout(ctx, driftCheckTimeout(r.drift))
+	defer cancel()
+	drift, err := det.DetectDrift(checkCtx)
+	if err != nil {
+		r.log.Debug("dataplane drift check after a repair failed", "error", err)
+		return nil
+	}
+	return drift
 }
 
 // apply hands snap to the dataplane, records the outcome in the status and
