@@ -153,7 +153,7 @@ func testDriftLoopRepairs(t *testing.T, dp string) {
 		time.Sleep(driftCheckPeriod / 5)
 	}
 	log := r.log.String()
-	for _, want := range []string{"[WARN]  vipd.reconcile: dataplane drift: ", "; repairing with a full sync: what=" + what,
+	for _, want := range []string{"[WARN]  vipd.reconcile: dataplane drift; repairing with a full sync: what=" + what + " detail=",
 		`[INFO]  vipd.reconcile: dataplane drift repaired with a full sync: what=["` + what + `"]`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log does not say %q:\n%s", want, log)
