@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,7 +76,12 @@ type Server struct {
 	maxInflight     int
 	maxFlowWatchers int
 	tls             credentials.TransportCredentials
-	serving         atomic.Bool
+
+	// mu orders Serve and Shutdown: a Shutdown that comes first makes a
+	// later Serve return at once, and one that comes later sees serving.
+	mu       sync.Mutex
+	serving  bool
+	shutdown bool
 }
 
 // Option configures a Server.
@@ -289,9 +295,16 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// Serve serves every listener until Shutdown. It returns the first serve error.
+// Serve serves every listener until Shutdown. It returns the first serve
+// error, and nil at once after a Shutdown.
 func (s *Server) Serve() error {
-	s.serving.Store(true)
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		return nil
+	}
+	s.serving = true
+	s.mu.Unlock()
 	errc := make(chan error, len(s.listeners))
 	for _, l := range s.listeners {
 		s.log.Info("serving gRPC", "addr", l.Addr().String())
@@ -324,7 +337,11 @@ func (s *Server) MarkReady() {
 // file.
 func (s *Server) Shutdown(timeout time.Duration) {
 	s.health.Shutdown()
-	if !s.serving.Load() {
+	s.mu.Lock()
+	s.shutdown = true
+	serving := s.serving
+	s.mu.Unlock()
+	if !serving {
 		s.closeListeners()
 		s.grpc.Stop()
 		return
