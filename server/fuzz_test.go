@@ -132,6 +132,10 @@ func (env *fuzzAPIEnv) call(t *testing.T, rpc string, req proto.Message, do func
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stored, err := do(ctx)
+	if err == nil && isValidateOnly(req) {
+		env.checkUnchanged(t, rpc+" with validate_only", nil, revision, applies)
+		return
+	}
 	if err == nil {
 		if stored != nil {
 			checkStored(t, env, rpc, stored)
@@ -168,8 +172,22 @@ func (env *fuzzAPIEnv) call(t *testing.T, rpc string, req proto.Message, do func
 	default:
 		t.Fatalf("%s: unexpected %v: %v", rpc, st.Code(), err)
 	}
+	env.checkUnchanged(t, rpc, err, revision, applies)
+}
+
+// isValidateOnly reports whether req asks only to validate (AIP-163).
+func isValidateOnly(req proto.Message) bool {
+	v, ok := req.(interface{ GetValidateOnly() bool })
+	return ok && v.GetValidateOnly()
+}
+
+// checkUnchanged checks that a call that failed with err, or only
+// validated (err nil), left the store at revision and the dataplane at
+// applies.
+func (env *fuzzAPIEnv) checkUnchanged(t *testing.T, rpc string, err error, revision uint64, applies int) {
+	t.Helper()
 	if r, a := env.srv.Snapshot().Revision(), len(env.dp.Records()); r != revision || a != applies {
-		t.Fatalf("%s failed (%v) but changed the store (revision %d → %d) or reached the dataplane (%d → %d applies)", rpc, err, revision, r, applies, a)
+		t.Fatalf("%s (%v) changed the store (revision %d → %d) or reached the dataplane (%d → %d applies)", rpc, err, revision, r, applies, a)
 	}
 }
 
@@ -214,13 +232,15 @@ func checkSynced(t *testing.T, env *fuzzAPIEnv, req *vipdv1.SyncServicesRequest,
 		want = append(want, s.GetName())
 	}
 	slices.Sort(want)
-	var have []string
-	for _, e := range env.srv.Snapshot().List(req.Owner) {
-		have = append(have, e.Name())
-		checkStored(t, env, "SyncServices", e.Service())
-	}
-	if !slices.Equal(want, have) {
-		t.Fatalf("SyncServices for %q asked for %v; the owner has %v", req.Owner, want, have)
+	if !req.GetValidateOnly() {
+		var have []string
+		for _, e := range env.srv.Snapshot().List(req.Owner) {
+			have = append(have, e.Name())
+			checkStored(t, env, "SyncServices", e.Service())
+		}
+		if !slices.Equal(want, have) {
+			t.Fatalf("SyncServices for %q asked for %v; the owner has %v", req.Owner, want, have)
+		}
 	}
 	listed := slices.Concat(resp.Created, resp.Updated, resp.Unchanged)
 	slices.Sort(listed)
@@ -228,7 +248,7 @@ func checkSynced(t *testing.T, env *fuzzAPIEnv, req *vipdv1.SyncServicesRequest,
 		t.Fatalf("SyncServices reported %v created, updated or unchanged; want %v", listed, want)
 	}
 	for _, name := range resp.Deleted {
-		if _, ok := env.srv.Snapshot().Get(name); ok {
+		if _, ok := env.srv.Snapshot().Get(name); ok && !req.GetValidateOnly() {
 			t.Fatalf("SyncServices reported %s deleted, but it is stored", name)
 		}
 	}
