@@ -94,7 +94,7 @@ PKG_VERSION ?= $(shell ./scripts/pkg-version.sh)
 package:
 	rm -rf $(BIN)/pkg $(BIN)/vipd_*.deb
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath \
-		-ldflags "-X github.com/vipd/vipd/internal/version.version=$(PKG_VERSION)" \
+		-ldflags "-s -w -X github.com/vipd/vipd/internal/version.version=$(PKG_VERSION)" \
 		-o $(BIN)/pkg/ ./cmd/vipd ./cmd/vipctl
 	PKG_VERSION=$(PKG_VERSION) $(TOOL) nfpm package --config deploy/package/nfpm.yaml --packager deb --target $(BIN)/
 
