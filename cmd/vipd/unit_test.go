@@ -4,9 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/vipd/vipd/internal/configfile"
 	"github.com/vipd/vipd/internal/testkit/require"
 )
 
@@ -79,5 +81,46 @@ func TestSystemdUnitSettings(t *testing.T) {
 	// are the ones systemd creates.
 	if defaultSocket != "/run/vipd/vipd.sock" || defaultStateDir != "/var/lib/vipd" {
 		t.Errorf("socket %s, state directory %s: RuntimeDirectory and StateDirectory are /run/vipd and /var/lib/vipd", defaultSocket, defaultStateDir)
+	}
+}
+
+const shippedConfig = "../../deploy/package/vipd.yaml"
+
+// TestShippedConfig checks the /etc/vipd/vipd.yaml that the package
+// installs: vipd run accepts it, it points the socket hooks at the cgroup2
+// that systemd mounts, and every setting it shows commented out is a flag
+// that accepts the value shown, so that uncommenting one never refuses
+// start.
+func TestShippedConfig(t *testing.T) {
+	data, err := os.ReadFile(shippedConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := runCommand().Flags()
+	if err := configfile.Apply(fs, shippedConfig, "config"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.Lookup("cgroup-path").Value.String(); got != "/sys/fs/cgroup" {
+		t.Errorf("cgroup-path %q, want /sys/fs/cgroup (systemd's cgroup2 on a stock Debian host)", got)
+	}
+
+	commented := regexp.MustCompile(`^# ([a-z0-9-]+:( |$)|  - )`)
+	var uncommented []string
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if commented.MatchString(line) {
+			line, n = line[2:], n+1
+		}
+		uncommented = append(uncommented, line)
+	}
+	if n < 10 {
+		t.Fatalf("only %d commented settings found in %s; has its format changed?", n, shippedConfig)
+	}
+	path := filepath.Join(t.TempDir(), "vipd.yaml")
+	if err := os.WriteFile(path, []byte(strings.Join(uncommented, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := configfile.Apply(runCommand().Flags(), path, "config"); err != nil {
+		t.Errorf("%s with every setting uncommented: %v", shippedConfig, err)
 	}
 }
