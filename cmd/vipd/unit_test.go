@@ -71,7 +71,8 @@ func TestSystemdUnitSettings(t *testing.T) {
 		"CapabilityBoundingSet": "CAP_NET_ADMIN CAP_BPF CAP_PERFMON CAP_NET_RAW",
 		"NoNewPrivileges":       "yes",
 		"ProtectSystem":         "strict",
-		"ReadWritePaths":        "/sys/fs/bpf /sys/fs/cgroup /proc/sys/net",
+		"ReadWritePaths":        "/sys/fs/bpf /proc/sys/net",
+		"ProtectControlGroups":  "yes",
 	} {
 		if len(got[k]) != 1 || got[k][0] != want {
 			t.Errorf("%s=%q, want %q", k, got[k], want)
