@@ -42,7 +42,10 @@ func Apply(fs *pflag.FlagSet, path string, skip ...string) error {
 	var sets []set
 	for _, key := range keys {
 		f := fs.Lookup(key)
-		if f == nil || key == "help" || key == "version" || slices.Contains(skip, key) {
+		switch {
+		case key == "help" || key == "version" || slices.Contains(skip, key):
+			return fmt.Errorf("config file %s: unknown key %q: --%s cannot be set in a config file", path, key, key)
+		case f == nil:
 			return fmt.Errorf("config file %s: unknown key %q: it names no flag of %s", path, key, fs.Name())
 		}
 		s := set{f: f}

@@ -97,6 +97,18 @@ func TestPrecedence(t *testing.T) {
 	}
 }
 
+// TestSliceFromScalar checks that a repeatable flag also takes one value,
+// comma-separated as on the command line, replacing its default.
+func TestSliceFromScalar(t *testing.T) {
+	f := newFlags(t)
+	if err := configfile.Apply(f.fs, write(t, "service-cidr: 198.19.0.0/16,fd00:198::/64\n"), "config"); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"198.19.0.0/16", "fd00:198::/64"}; !slices.Equal(f.cidrs, want) {
+		t.Errorf("service-cidr %v, want %v", f.cidrs, want)
+	}
+}
+
 func TestEmptyFileKeepsDefaults(t *testing.T) {
 	f := newFlags(t)
 	if err := configfile.Apply(f.fs, write(t, "# everything is commented out\n"), "config"); err != nil {
