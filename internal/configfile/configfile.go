@@ -46,7 +46,7 @@ func Apply(fs *pflag.FlagSet, path string, skip ...string) error {
 		case key == "help" || key == "version" || slices.Contains(skip, key):
 			return fmt.Errorf("config file %s: unknown key %q: --%s cannot be set in a config file", path, key, key)
 		case f == nil:
-			return fmt.Errorf("config file %s: unknown key %q: it names no flag of %s", path, key, fs.Name())
+			return fmt.Errorf("config file %s: unknown key %q: it names no flag", path, key)
 		}
 		s := set{f: f}
 		switch v := k.Get(key).(type) {
