@@ -21,9 +21,11 @@ if ((${#debs[@]} != 1)); then
 fi
 deb=${debs[0]}
 dpkg-deb --info "$deb"
-dpkg-deb --contents "$deb"
+contents=$(dpkg-deb --contents "$deb")
+echo "$contents"
+paths=$(awk '{print $6}' <<<"$contents")
 for want in ./usr/bin/vipd ./usr/bin/vipctl ./usr/lib/systemd/system/vipd.service ./etc/vipd/vipd.yaml ./etc/vipd/services.d/; do
-	dpkg-deb --contents "$deb" | awk '{print $6}' | grep -qxF "$want" || { echo "package-check: $deb lacks $want" >&2; exit 1; }
+	grep -qxF "$want" <<<"$paths" || { echo "package-check: $deb lacks $want" >&2; exit 1; }
 done
 rm -rf bin/pkg/control
 dpkg-deb -e "$deb" bin/pkg/control
@@ -38,8 +40,9 @@ apt-get install -y -q --no-install-recommends "./$deb"
 version=$(dpkg-deb --field "$deb" Version)
 got=$(/usr/bin/vipd --version)
 [[ $got == "$version" ]] || { echo "package-check: vipd --version says $got, the package $version" >&2; exit 1; }
-/usr/bin/vipctl --version
-/usr/bin/vipctl --version | grep -qF "$version" || { echo "package-check: vipctl --version does not say $version" >&2; exit 1; }
+got=$(/usr/bin/vipctl --version)
+echo "vipd --version: $(/usr/bin/vipd --version); vipctl --version: $got"
+[[ $got == *"$version"* ]] || { echo "package-check: vipctl --version does not say $version" >&2; exit 1; }
 after=$(pgrep -x vipd | sort || true)
 if [[ $after != "$before" ]]; then
 	echo "package-check: installing the package started vipd:" >&2
