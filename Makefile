@@ -7,7 +7,7 @@ BIN      := $(CURDIR)/bin
 GOTEST   ?= $(GO) test
 TESTARGS ?= -count=1 -race -timeout 20m
 
-.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz test-soak test-soak-full
+.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz test-soak test-soak-full package
 
 all: build
 
@@ -85,6 +85,18 @@ bench: deps build
 
 bench-quick: deps build
 	$(GO) run ./bench/cmd/vipd-bench -quick -vipd $(BIN)/vipd
+
+# package builds bin/vipd_<version>_amd64.deb with nfpm (deploy/package/
+# nfpm.yaml): vipd and vipctl (static, with the version linked in), the
+# systemd unit, a commented /etc/vipd/vipd.yaml and an empty
+# /etc/vipd/services.d/. PKG_VERSION overrides the version from git.
+PKG_VERSION ?= $(shell ./scripts/pkg-version.sh)
+package:
+	rm -rf $(BIN)/pkg $(BIN)/vipd_*.deb
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath \
+		-ldflags "-s -w -X github.com/vipd/vipd/internal/version.version=$(PKG_VERSION)" \
+		-o $(BIN)/pkg/ ./cmd/vipd ./cmd/vipctl
+	PKG_VERSION=$(PKG_VERSION) $(TOOL) nfpm package --config deploy/package/nfpm.yaml --packager deb --target $(BIN)/
 
 clean:
 	rm -rf $(BIN)

@@ -12,6 +12,8 @@ have ip || need+=(iproute2)
 have nsenter || need+=(util-linux)
 { have iptables-nft-restore && have iptables-legacy-restore; } || need+=(iptables)
 have conntrack || need+=(conntrack)
+# systemd-analyze verifies deploy/systemd/vipd.service (cmd/vipd's tests).
+have systemd-analyze || need+=(systemd)
 if [[ ${1:-} == generate ]]; then
 	have clang || need+=(clang)
 	have llvm-strip || need+=(llvm)

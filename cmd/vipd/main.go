@@ -20,6 +20,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/configfile"
 	"github.com/vipd/vipd/internal/daemon"
 	"github.com/vipd/vipd/internal/envflag"
 	"github.com/vipd/vipd/internal/logsetup"
@@ -80,6 +81,7 @@ func runCommand() *cobra.Command {
 		socketMode   string
 		iptablesMode string
 		memoryLimit  string
+		configPath   string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -91,8 +93,15 @@ func runCommand() *cobra.Command {
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			cfg.Reload = hup
+			// Precedence: the command line, then VIPD_<FLAG>, then the
+			// file; each sets only what the ones before it left unset.
 			if err := envflag.Apply(cmd.Flags(), envPrefix, os.LookupEnv); err != nil {
 				return err
+			}
+			if configPath != "" {
+				if err := configfile.Apply(cmd.Flags(), configPath, "config"); err != nil {
+					return err
+				}
 			}
 			for _, c := range cidrs {
 				p, err := netip.ParsePrefix(c)
@@ -125,6 +134,7 @@ func runCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&configPath, "config", "", "YAML file of flag settings (max-services: 1000; lists for repeatable flags); the command line and VIPD_<FLAG> win over it, and an unknown key refuses start")
 	f.StringVar(&cfg.Socket, "socket", client.DefaultSocket, "Unix socket to serve the API on")
 	f.StringVar(&socketMode, "socket-mode", "", "file mode of the Unix socket, in octal; others may have no permission (default 0600, or 0660 with --socket-group)")
 	f.StringVar(&cfg.SocketGroup, "socket-group", "", "group (name or GID) that owns the Unix socket, so that its members may connect (default: vipd's own group)")

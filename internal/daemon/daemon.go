@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/iptables"
@@ -177,6 +178,10 @@ func Cleanup(ctx context.Context, log hclog.Logger, netns, bpffs string) error {
 //
 // Run is Assemble (which checks cfg first), Start, a wait for ctx to end or
 // the gRPC server to fail, and Stop; see Node for the order of each.
+//
+// Under systemd (Type=notify: NOTIFY_SOCKET is set) Run tells the service
+// manager READY=1 once the node is ready (health SERVING), and STOPPING=1
+// when it begins to shut down; without NOTIFY_SOCKET it sends nothing.
 func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	n, err := Assemble(ctx, log, cfg)
 	if err != nil {
@@ -184,8 +189,28 @@ func Run(ctx context.Context, log hclog.Logger, cfg Config) error {
 	}
 	n.Start(ctx)
 	select {
+	case <-n.Ready():
+		sdNotify(log, sddaemon.SdNotifyReady)
+		select {
+		case <-ctx.Done():
+		case <-n.Done():
+		}
 	case <-ctx.Done():
 	case <-n.Done():
 	}
+	sdNotify(log, sddaemon.SdNotifyStopping)
 	return n.Stop()
+}
+
+// sdNotify sends state to the service manager, if NOTIFY_SOCKET names
+// one. NOTIFY_SOCKET is kept, for the messages that follow. A failure is
+// only logged: systemd then times the start out, which says more.
+func sdNotify(log hclog.Logger, state string) {
+	sent, err := sddaemon.SdNotify(false, state)
+	switch {
+	case err != nil:
+		log.Warn("notify the service manager", "state", state, "error", err)
+	case sent:
+		log.Debug("notified the service manager", "state", state)
+	}
 }
