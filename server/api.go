@@ -148,7 +148,7 @@ func newNames(tx *store.Txn, name string, newService bool, owner string, setOwne
 		v = append(v, validation.NewName(name, prefix+"name")...)
 	}
 	if setOwner {
-		if ov := validation.NewName(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
+		if ov := validation.NewOwner(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
 			v = append(v, ov...)
 		}
 	}
@@ -325,7 +325,7 @@ func (a *API) GetService(_ context.Context, req *vipdv1.GetServiceRequest) (*vip
 // ListServices implements vipdv1.LoadBalancerServiceServer.
 func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (*vipdv1.ListServicesResponse, error) {
 	if req.Owner != "" {
-		if v := validation.Name(req.Owner, "owner"); len(v) > 0 {
+		if v := validation.Owner(req.Owner, "owner"); len(v) > 0 {
 			return nil, toStatus(v)
 		}
 	}
@@ -346,7 +346,7 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 // since it listed, and lists again.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	var v validation.Violations
-	v = append(v, validation.Name(req.Owner, "owner")...)
+	v = append(v, validation.Owner(req.Owner, "owner")...)
 	// A desired service is kept encoded (store.EncodeSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change: for 100,000 services with 10 backends
@@ -417,7 +417,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		stored := tx.Names(req.Owner)
 		var v validation.Violations
 		if len(stored) == 0 {
-			v = append(v, validation.NewName(req.Owner, "owner")...)
+			v = append(v, validation.NewOwner(req.Owner, "owner")...)
 		}
 		for _, d := range want {
 			if _, exists := tx.Get(d.dp.Name); !exists {
