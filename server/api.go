@@ -60,7 +60,7 @@ type API struct {
 	version   string
 	flows     *flowhub.Hub
 	explainer dataplane.Explainer
-	warnings  func() []*vipdv1.StatusWarning
+	warnings  []func() []*vipdv1.StatusWarning
 }
 
 // APIOption configures an API.
@@ -76,10 +76,12 @@ func WithFlows(h *flowhub.Hub) APIOption { return func(a *API) { a.flows = h } }
 func WithExplainer(e dataplane.Explainer) APIOption { return func(a *API) { a.explainer = e } }
 
 // WithStatusWarnings makes GetStatus report what f returns, such as the
-// node prerequisites found unmet. f is called once per GetStatus, from the
-// call's goroutine, and must not block.
+// node prerequisites found unmet. It may be given once per source (the
+// node checks, the services directory): GetStatus reports the warnings of
+// every source, in the order the options were given. Each f is called once
+// per GetStatus, from the call's goroutine, and must not block.
 func WithStatusWarnings(f func() []*vipdv1.StatusWarning) APIOption {
-	return func(a *API) { a.warnings = f }
+	return func(a *API) { a.warnings = append(a.warnings, f) }
 }
 
 // NewAPI returns the API over rec, for a dataplane named dpName with caps.
@@ -623,8 +625,8 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 		}
 		resp.LastError = msg
 	}
-	if a.warnings != nil {
-		resp.Warnings = a.warnings()
+	for _, f := range a.warnings {
+		resp.Warnings = append(resp.Warnings, f()...)
 	}
 	for _, lb := range a.caps.LoadBalancing {
 		resp.SupportedLoadBalancing = append(resp.SupportedLoadBalancing, loadBalancingToProto[lb])
