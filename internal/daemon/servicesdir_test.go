@@ -182,7 +182,7 @@ func TestServicesDirBadFileKeepsLastGood(t *testing.T) {
 			if web := services(t, r)["default/web"]; !slices.Equal(backendIPs(web), []string{"198.18.1.10"}) {
 				t.Errorf("bad file changed the service: %v", web)
 			}
-			if v := dirErrorsMetric(t, cfg.MetricsAddr); v[fmt.Sprintf(`file="web.yaml",field=%q`, tc.field)] != "1" {
+			if v := dirErrorsMetric(t, cfg.MetricsAddr); v[fmt.Sprintf(`field=%q,file="web.yaml"`, tc.field)] != "1" {
 				t.Errorf("vipd_services_dir_errors: %v, want web.yaml with field %q at 1", v, tc.field)
 			}
 			if line := logLine(r.log.String(), "file not applied; its last good version stays in force: file=web.yaml"); line == "" || !strings.Contains(line, tc.words) || !strings.Contains(line, "field="+tc.field) {
