@@ -173,6 +173,7 @@ func TestServicesDirBadFileKeepsLastGood(t *testing.T) {
 			w := waitWarning(t, r, "services-dir/web.yaml", func(w *vipdv1.StatusWarning) bool {
 				return strings.Contains(w.GetMessage(), tc.words)
 			})
+			t.Logf("warning: %s", w.GetMessage())
 			if !strings.Contains(w.GetMessage(), "web.yaml") || (tc.field != "" && !strings.Contains(w.GetMessage(), tc.field)) {
 				t.Errorf("warning %q names not the file and the field %q", w.GetMessage(), tc.field)
 			}
@@ -215,6 +216,7 @@ func TestServicesDirConflict(t *testing.T) {
 	// a.yaml comes later but first in name order: still refused.
 	putFile(t, filepath.Join(dir, "a.yaml"), svcYAML("default/web2", "198.19.0.10", 80, "198.18.1.20"))
 	w := waitWarning(t, r, "services-dir/a.yaml", func(*vipdv1.StatusWarning) bool { return true })
+	t.Logf("warning: %s (remedy: %s)", w.GetMessage(), w.GetRemedy())
 	for _, want := range []string{"a.yaml", "b.yaml", "198.19.0.10:80/TCP", "vips[0]"} {
 		if !strings.Contains(w.GetMessage(), want) {
 			t.Errorf("conflict warning %q does not name %s", w.GetMessage(), want)
