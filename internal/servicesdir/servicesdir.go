@@ -515,9 +515,14 @@ func (w *Watcher) report(dirErr *fileErr) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(w.errored())) {
 		f := w.files[name]
+		kept := "; its last good version stays in force"
+		if !f.applied {
+			// Not since vipd started: the state may hold an older version.
+			kept = "; its last good version, if any, stays in force"
+		}
 		ws = append(ws, &vipdv1.StatusWarning{
 			Check:   WarningCheck + "/" + name,
-			Message: f.err.msg + "; its last good version stays in force",
+			Message: f.err.msg + kept,
 			Remedy:  f.err.remedy,
 			Since:   timestamppb.New(f.since),
 		})
