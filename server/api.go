@@ -60,7 +60,7 @@ type API struct {
 	version   string
 	flows     *flowhub.Hub
 	explainer dataplane.Explainer
-	warnings  func() []*vipdv1.StatusWarning
+	warnings  []func() []*vipdv1.StatusWarning
 }
 
 // APIOption configures an API.
@@ -76,10 +76,12 @@ func WithFlows(h *flowhub.Hub) APIOption { return func(a *API) { a.flows = h } }
 func WithExplainer(e dataplane.Explainer) APIOption { return func(a *API) { a.explainer = e } }
 
 // WithStatusWarnings makes GetStatus report what f returns, such as the
-// node prerequisites found unmet. f is called once per GetStatus, from the
-// call's goroutine, and must not block.
+// node prerequisites found unmet. It may be given once per source (the
+// node checks, the services directory): GetStatus reports the warnings of
+// every source, in the order the options were given. Each f is called once
+// per GetStatus, from the call's goroutine, and must not block.
 func WithStatusWarnings(f func() []*vipdv1.StatusWarning) APIOption {
-	return func(a *API) { a.warnings = f }
+	return func(a *API) { a.warnings = append(a.warnings, f) }
 }
 
 // NewAPI returns the API over rec, for a dataplane named dpName with caps.
@@ -148,7 +150,7 @@ func newNames(tx *store.Txn, name string, newService bool, owner string, setOwne
 		v = append(v, validation.NewName(name, prefix+"name")...)
 	}
 	if setOwner {
-		if ov := validation.NewName(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
+		if ov := validation.NewOwner(owner, prefix+"owner"); len(ov) > 0 && len(tx.Names(owner)) == 0 {
 			v = append(v, ov...)
 		}
 	}
@@ -325,7 +327,7 @@ func (a *API) GetService(_ context.Context, req *vipdv1.GetServiceRequest) (*vip
 // ListServices implements vipdv1.LoadBalancerServiceServer.
 func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (*vipdv1.ListServicesResponse, error) {
 	if req.Owner != "" {
-		if v := validation.Name(req.Owner, "owner"); len(v) > 0 {
+		if v := validation.Owner(req.Owner, "owner"); len(v) > 0 {
 			return nil, toStatus(v)
 		}
 	}
@@ -346,7 +348,7 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 // since it listed, and lists again.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	var v validation.Violations
-	v = append(v, validation.Name(req.Owner, "owner")...)
+	v = append(v, validation.Owner(req.Owner, "owner")...)
 	// A desired service is kept encoded (store.EncodeSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change: for 100,000 services with 10 backends
@@ -417,7 +419,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		stored := tx.Names(req.Owner)
 		var v validation.Violations
 		if len(stored) == 0 {
-			v = append(v, validation.NewName(req.Owner, "owner")...)
+			v = append(v, validation.NewOwner(req.Owner, "owner")...)
 		}
 		for _, d := range want {
 			if _, exists := tx.Get(d.dp.Name); !exists {
@@ -623,8 +625,8 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 		}
 		resp.LastError = msg
 	}
-	if a.warnings != nil {
-		resp.Warnings = a.warnings()
+	for _, f := range a.warnings {
+		resp.Warnings = append(resp.Warnings, f()...)
 	}
 	for _, lb := range a.caps.LoadBalancing {
 		resp.SupportedLoadBalancing = append(resp.SupportedLoadBalancing, loadBalancingToProto[lb])

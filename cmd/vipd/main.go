@@ -1,6 +1,6 @@
 // Command vipd is the per-node service load-balancer daemon. "vipd run" (the
 // default) serves the vipd.v1 API and programs the kernel, and reloads its
-// TLS and authz files on SIGHUP; "vipd version" prints the version. This
+// TLS and authz files and rescans its services directory on SIGHUP; "vipd version" prints the version. This
 // file only parses flags; internal/daemon does the work.
 package main
 
@@ -183,6 +183,8 @@ func runCommand() *cobra.Command {
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
 	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100; negative turns it off, which needs a memory limit)")
 	f.StringVar(&memoryLimit, "memory-limit", "0", "soft limit on the Go runtime's memory (GOMEMLIMIT), in bytes or with KiB, MiB or GiB: the GC works harder near it and never fails on it (0 keeps GOMEMLIMIT's setting)")
+	f.StringVar(&cfg.ServicesDir, "services-dir", "", "apply every *.yaml, *.yml and *.json file in this directory (the format of vipctl apply -f), each as owner file:<name>, and watch it; SIGHUP rescans it")
+	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the node-local endpoints of Kubernetes EndpointSlices in --services-dir (default: the host name, in lower case)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	return cmd

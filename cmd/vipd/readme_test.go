@@ -21,6 +21,7 @@ var documentedDefaults = map[string]struct{ value, readme string }{
 	"cgroup-path":  {"", "root of a cgroup2 mount at /run/vipd/cgroupv2 (mounted if absent)"},
 	"gc-percent":   {"0", "GOGC"},
 	"memory-limit": {"0", "GOMEMLIMIT"},
+	"node-name":    {"", "the host name, in lower case"},
 }
 
 // TestREADMEFlagTable checks that every vipd run flag has a row in the

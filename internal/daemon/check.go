@@ -38,6 +38,13 @@ func (c Config) Check() error {
 			errs = append(errs, fmt.Errorf("%s %d: a limit cannot be negative (0: no limit)", l.flag, l.n))
 		}
 	}
+	if c.ServicesDir != "" {
+		if fi, err := os.Stat(c.ServicesDir); err != nil {
+			errs = append(errs, fmt.Errorf("--services-dir: %w", err))
+		} else if !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--services-dir %s: not a directory", c.ServicesDir))
+		}
+	}
 	if c.FlowBuffer < 1 {
 		errs = append(errs, fmt.Errorf("--flow-buffer %d: each WatchFlows stream needs room for at least 1 event", c.FlowBuffer))
 	}

@@ -80,8 +80,16 @@ type Config struct {
 	Pprof bool
 	// Memory tunes the Go runtime's garbage collector; see Memory.
 	Memory Memory
+	// ServicesDir, when set, is a directory of service files that vipd
+	// applies, each file as the owner "file:<name>", and watches (see
+	// internal/servicesdir); Reload rescans it.
+	ServicesDir string
+	// NodeName names this node for the Kubernetes manifests in ServicesDir
+	// (their node-local endpoints); empty means the host name in lower case.
+	NodeName string
 	// Reload, when not nil, makes vipd read its TLS and authz files again
-	// (Remote) on every signal it receives; cmd/vipd sends SIGHUP there.
+	// (Remote), and rescan ServicesDir, on every signal it receives;
+	// cmd/vipd sends SIGHUP there.
 	Reload <-chan os.Signal
 }
 

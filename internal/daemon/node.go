@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/nodecheck"
+	"github.com/vipd/vipd/internal/servicesdir"
 	"github.com/vipd/vipd/internal/version"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/flowhub"
 	"github.com/vipd/vipd/server/reconcile"
@@ -84,10 +88,11 @@ type Node struct {
 	rec        *reconcile.Reconciler
 	api        *server.API
 	srv        *server.Server
-	hub        *flowhub.Hub       // nil: the dataplane reports no flows
-	checker    *nodecheck.Checker // nil: the dataplane programs nothing
-	metricsSrv *metrics.Server    // nil: no Config.MetricsAddr
-	reloader   *reloader          // nil: no Config.Remote listener
+	hub        *flowhub.Hub         // nil: the dataplane reports no flows
+	checker    *nodecheck.Checker   // nil: the dataplane programs nothing
+	metricsSrv *metrics.Server      // nil: no Config.MetricsAddr
+	reloader   *reloader            // nil: no Config.Remote listener
+	dirWatcher *servicesdir.Watcher // nil: no Config.ServicesDir
 
 	startOnce sync.Once
 	started   bool
@@ -98,7 +103,7 @@ type Node struct {
 	serveErr  error
 	recDone   chan error
 	// What Start started, each stopped by Stop in its turn.
-	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec func()
+	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopDir func()
 
 	stopOnce sync.Once
 	stopErr  error
@@ -176,16 +181,18 @@ func Assemble(ctx context.Context, log hclog.Logger, cfg Config, opts ...Option)
 	log.Info("dataplane opened", "dataplane", n.dp.Name(), "netns", cfg.NetNS)
 
 	m := metrics.New()
-	n.buildCore(m, snap, o)
+	if err := n.buildCore(m, snap, o); err != nil {
+		return nil, err
+	}
 	if err := n.listen(m, remoteOpts, gid, o); err != nil {
 		return nil, err
 	}
 	return n, nil
 }
 
-// buildCore builds the reconciler over snap, and the flow hub, node checks
-// and API over it, all reporting to m.
-func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
+// buildCore builds the reconciler over snap, and the flow hub, node checks,
+// API and services directory watcher over it, all reporting to m.
+func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) error {
 	cfg, log := n.cfg, n.log
 	if dd, ok := n.dp.(dataplane.DriftDetector); ok {
 		m.InitDataplane(n.dp.Name(), dd.DriftKinds())
@@ -216,7 +223,27 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
+	if cfg.ServicesDir != "" {
+		// n.dirWatcher is set below, before anything can call GetStatus.
+		apiOpts = append(apiOpts, server.WithStatusWarnings(func() []*vipdv1.StatusWarning { return n.dirWatcher.Warnings() }))
+	}
 	n.api = server.NewAPI(log.Named("api"), n.rec, n.dp.Name(), n.dp.Capabilities(), limits, o.version, apiOpts...)
+	if cfg.ServicesDir == "" {
+		return nil
+	}
+	var err error
+	n.dirWatcher, err = servicesdir.New(log.Named("servicesdir"), servicesdir.Config{Dir: cfg.ServicesDir, NodeName: nodeName(cfg.NodeName)}, n.api, m)
+	return err
+}
+
+// nodeName is name, or else the host name in lower case, as the kubelet
+// names its node.
+func nodeName(name string) string {
+	if name != "" {
+		return name
+	}
+	h, _ := os.Hostname()
+	return strings.ToLower(strings.TrimSpace(h))
 }
 
 // listen builds the gRPC server, opening the Unix socket, the remote
@@ -277,7 +304,11 @@ func (n *Node) Start(ctx context.Context) {
 
 func (n *Node) start(ctx context.Context) {
 	n.started = true
-	n.stopReload = watchReload(ctx, n.log, n.cfg.Reload, n.reloader)
+	var rescan func()
+	if n.dirWatcher != nil {
+		rescan = n.dirWatcher.Rescan
+	}
+	n.stopReload = watchReload(ctx, n.log, n.cfg.Reload, n.reloader, rescan)
 	n.stopHub = func() {}
 	if n.hub != nil {
 		hubCtx, cancel := context.WithCancel(ctx)
@@ -306,6 +337,16 @@ func (n *Node) start(ctx context.Context) {
 	recCtx, stopRec := context.WithCancel(ctx)
 	n.stopRec = stopRec
 	go func() { n.recDone <- n.rec.Run(recCtx) }()
+	n.stopDir = func() {}
+	if n.dirWatcher != nil {
+		dirCtx, cancel := context.WithCancel(ctx)
+		dirDone := make(chan struct{})
+		go func() {
+			defer close(dirDone)
+			n.dirWatcher.Run(dirCtx)
+		}()
+		n.stopDir = func() { cancel(); <-dirDone }
+	}
 	go func() {
 		defer close(n.served)
 		n.serveErr = n.srv.Serve()
@@ -321,6 +362,14 @@ func (n *Node) watchReady() {
 	case <-n.rec.Ready():
 	case <-n.stopping:
 		return
+	}
+	if n.dirWatcher != nil {
+		// Ready means the services directory is in force too.
+		select {
+		case <-n.dirWatcher.Synced():
+		case <-n.stopping:
+			return
+		}
 	}
 	if n.holdReason != "" {
 		// The first SyncServices is applied and saved: the state on disk
@@ -380,6 +429,8 @@ func (n *Node) stop() error {
 	<-n.readyDone
 	n.log.Info("shutting down; the dataplane stays programmed")
 	n.stopHub()
+	// Before the reconciler: the watcher's calls wait for it.
+	n.stopDir()
 	n.srv.Shutdown(n.cfg.ShutdownTimeout)
 	<-n.served
 	n.stopRec()

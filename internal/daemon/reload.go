@@ -171,10 +171,11 @@ func changes(old, next *remoteFiles) []string {
 	return out
 }
 
-// watchReload calls rl.Reload for each signal on reload until ctx ends, or
-// only logs that there is nothing to reload when rl is nil (no --listen).
-// It returns a function that stops it and waits.
-func watchReload(ctx context.Context, log hclog.Logger, reload <-chan os.Signal, rl *reloader) (stop func()) {
+// watchReload calls rl.Reload and rescan for each signal on reload until
+// ctx ends; it only logs that there is nothing to reload when both are nil
+// (no --listen, no --services-dir). It returns a function that stops it
+// and waits.
+func watchReload(ctx context.Context, log hclog.Logger, reload <-chan os.Signal, rl *reloader, rescan func()) (stop func()) {
 	if reload == nil {
 		return func() {}
 	}
@@ -187,8 +188,13 @@ func watchReload(ctx context.Context, log hclog.Logger, reload <-chan os.Signal,
 			case <-ctx.Done():
 				return
 			case sig := <-reload:
+				if rescan != nil {
+					rescan()
+				}
 				if rl == nil {
-					log.Info("nothing to reload: vipd reloads its TLS and authz files on "+sig.String()+", and has none without --listen", "signal", sig.String())
+					if rescan == nil {
+						log.Info("nothing to reload: vipd reloads its TLS and authz files on "+sig.String()+", and has none without --listen", "signal", sig.String())
+					}
 					continue
 				}
 				log.Info("reloading the TLS and authz files", "signal", sig.String())

@@ -53,6 +53,10 @@ type Metrics struct {
 	active       *prometheus.GaugeVec
 	driftRepairs *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
+	dirErrors    *prometheus.GaugeVec
+
+	dirMu     sync.Mutex
+	dirSeries map[[2]string]bool // the vipd_services_dir_errors series set
 
 	// activeCount mirrors vipd_active_flows so that a CLOSED event whose
 	// NEW was never seen (a flow older than vipd, or a lost NEW) cannot
@@ -105,6 +109,11 @@ func New() *Metrics {
 			Name: "vipd_dataplane_drift_repairs_total",
 			Help: "Full syncs that repaired the dataplane after its drift check found something missing or altered in the kernel (another tool removed a hook, chain, program or map), by dataplane and what was found (one increment per kind per repair).",
 		}, []string{"dataplane", "what"}),
+		dirErrors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipd_services_dir_errors",
+			Help: "Files of the services directory (--services-dir) that vipd could not apply, one series of value 1 per file: file is its name (the directory's path when the directory itself cannot be read), field the field of its first error (empty for the file as a whole). The file's last good version stays in force. No series: no errors.",
+		}, []string{"file", "field"}),
+		dirSeries:   map[[2]string]bool{},
 		grpc:        grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 		activeCount: map[string]int64{},
 	}
@@ -116,7 +125,7 @@ func New() *Metrics {
 	buildInfo.Set(1)
 	m.reg.MustRegister(
 		m.syncDuration, m.programming, m.services, m.backends, m.syncErrors,
-		m.flows, m.lost, m.active, m.driftRepairs, m.grpc, buildInfo,
+		m.flows, m.lost, m.active, m.driftRepairs, m.dirErrors, m.grpc, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -176,6 +185,26 @@ func (m *Metrics) SetState(services, backends int) {
 // dataplane named dp. It implements reconcile.Observer.
 func (m *Metrics) ObserveDriftRepair(dp, what string) {
 	m.driftRepairs.WithLabelValues(dp, what).Inc()
+}
+
+// SetServicesDirErrors makes vipd_services_dir_errors hold exactly one
+// series per entry of fields, a file in error mapped to the field of its
+// first error. Series of files no longer in error are deleted. It
+// implements servicesdir.Observer.
+func (m *Metrics) SetServicesDirErrors(fields map[string]string) {
+	m.dirMu.Lock()
+	defer m.dirMu.Unlock()
+	next := make(map[[2]string]bool, len(fields))
+	for file, field := range fields {
+		next[[2]string{file, field}] = true
+		m.dirErrors.WithLabelValues(file, field).Set(1)
+	}
+	for k := range m.dirSeries {
+		if !next[k] {
+			m.dirErrors.DeleteLabelValues(k[0], k[1])
+		}
+	}
+	m.dirSeries = next
 }
 
 // Flow counts one flow event of service and keeps vipd_active_flows: +1 on

@@ -91,7 +91,7 @@ func parseRule(v json.RawMessage) (rule, error) {
 			r.all = true
 			continue
 		}
-		if vs := validation.Name(o, fmt.Sprintf("owners[%d]", i)); len(vs) > 0 {
+		if vs := validation.Owner(o, fmt.Sprintf("owners[%d]", i)); len(vs) > 0 {
 			return rule{}, vs
 		}
 		r.owners = append(r.owners, o)

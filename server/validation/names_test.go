@@ -39,3 +39,41 @@ func TestUnsafeNames(t *testing.T) {
 		}
 	}
 }
+
+// TestFileOwners: an owner may be "file:" and a file name of one segment
+// (the services directory's owners), and only that form has a ":"; a
+// service name may not use it.
+func TestFileOwners(t *testing.T) {
+	for _, owner := range []string{"file:web.yaml", "file:a", "file:0-web_1.json", "file:a..b.yml"} {
+		if v := validation.NewOwner(owner, "owner"); len(v) > 0 {
+			t.Errorf("NewOwner(%q): %v; want it accepted", owner, v)
+		}
+		if v := validation.Owner(owner, "owner"); len(v) > 0 {
+			t.Errorf("Owner(%q): %v; want it accepted", owner, v)
+		}
+		svc := valid()
+		svc.Owner = owner
+		if _, _, v := validation.Service(svc, validation.Limits{}, "service"); len(v) > 0 {
+			t.Errorf("service owned by %q: %v; want it accepted", owner, v)
+		}
+		if v := validation.Name(owner, "name"); !slices.Equal(violationFields(v), []string{"name"}) {
+			t.Errorf("service name %q: violations %v; want one on name", owner, v)
+		}
+	}
+	for _, owner := range []string{"file:", "file:.web.yaml", "file:-web", "file:..", "file:a/b", "file:Web.yaml", "file:a:b", "files:a", "x:a",
+		validation.FileOwner(strings.Repeat("a", validation.MaxNameLength))} {
+		if v := validation.NewOwner(owner, "owner"); !slices.Equal(violationFields(v), []string{"owner"}) {
+			t.Errorf("NewOwner(%q): violations %v; want one on owner", owner, v)
+		}
+		if v := validation.Owner(owner, "owner"); !slices.Equal(violationFields(v), []string{"owner"}) {
+			t.Errorf("Owner(%q): violations %v; want one on owner", owner, v)
+		}
+	}
+	// Names keep their rules as owners.
+	if v := validation.NewOwner("-web", "owner"); len(v) != 1 {
+		t.Errorf("NewOwner(-web): %v; want it refused as NewName refuses it", v)
+	}
+	if v := validation.Owner("kube/cluster-1", "owner"); len(v) > 0 {
+		t.Errorf("Owner(kube/cluster-1): %v", v)
+	}
+}

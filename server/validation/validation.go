@@ -156,7 +156,7 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	in.Generation = 0
 	checkName(&v, in.Name, field+".name")
 	if in.Owner != "" { // ConvertService fills in DefaultOwner
-		checkName(&v, in.Owner, field+".owner")
+		v = append(v, Owner(in.Owner, field+".owner")...)
 	}
 	badVIPs := !vips(&v, in, lim, field)
 	ports(&v, in, lim, field)
