@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/health"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/nodecheck"
 	"github.com/vipd/vipd/internal/version"
@@ -86,6 +87,7 @@ type Node struct {
 	srv        *server.Server
 	hub        *flowhub.Hub       // nil: the dataplane reports no flows
 	checker    *nodecheck.Checker // nil: the dataplane programs nothing
+	prober     *health.Prober
 	metricsSrv *metrics.Server    // nil: no Config.MetricsAddr
 	reloader   *reloader          // nil: no Config.Remote listener
 
@@ -98,7 +100,7 @@ type Node struct {
 	serveErr  error
 	recDone   chan error
 	// What Start started, each stopped by Stop in its turn.
-	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec func()
+	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopProber func()
 
 	stopOnce sync.Once
 	stopErr  error
@@ -213,6 +215,8 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) {
 	if ex, ok := n.dp.(dataplane.Explainer); ok {
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
 	}
+	n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, health.WithNetNS(cfg.NetNS), health.WithObserver(m))
+	apiOpts = append(apiOpts, server.WithBackendHealth(n.prober))
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
@@ -306,6 +310,13 @@ func (n *Node) start(ctx context.Context) {
 	recCtx, stopRec := context.WithCancel(ctx)
 	n.stopRec = stopRec
 	go func() { n.recDone <- n.rec.Run(recCtx) }()
+	proberCtx, cancelProber := context.WithCancel(ctx)
+	proberDone := make(chan struct{})
+	go func() {
+		defer close(proberDone)
+		n.prober.Run(proberCtx)
+	}()
+	n.stopProber = func() { cancelProber(); <-proberDone }
 	go func() {
 		defer close(n.served)
 		n.serveErr = n.srv.Serve()
@@ -382,6 +393,8 @@ func (n *Node) stop() error {
 	n.stopHub()
 	n.srv.Shutdown(n.cfg.ShutdownTimeout)
 	<-n.served
+	// Order matters: the prober submits to the reconciler.
+	n.stopProber()
 	n.stopRec()
 	recErr := <-n.recDone
 	if errors.Is(recErr, context.Canceled) {
