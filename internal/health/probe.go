@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vipd/vipd/internal/nsdo"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,23 +29,15 @@ type spec struct {
 	unhealthy   uint32
 }
 
-// dialer opens TCP connections from a network namespace.
-type dialer struct{ netns string }
+// dialer opens TCP connections, from a network namespace when ns is set.
+type dialer struct{ ns *nsSockets }
 
 func (d dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	if d.netns == "" {
+	if d.ns == nil {
+		var nd net.Dialer
 		return nd.DialContext(ctx, "tcp", addr)
 	}
-	var conn net.Conn
-	// A socket belongs to the namespace of the thread that creates it, and
-	// stays there: the connection is used from any thread afterwards.
-	err := nsdo.Do(d.netns, func() error {
-		var err error
-		conn, err = nd.DialContext(ctx, "tcp", addr)
-		return err
-	})
-	return conn, err
+	return d.ns.dialTCP(ctx, addr)
 }
 
 // checker runs the checks of one target. It is used by one goroutine.

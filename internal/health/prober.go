@@ -48,7 +48,7 @@ type Option func(*Prober)
 
 // WithNetNS makes the checks dial from the network namespace at path
 // (vipd's --netns); empty is the process's own.
-func WithNetNS(path string) Option { return func(p *Prober) { p.dial.netns = path } }
+func WithNetNS(path string) Option { return func(p *Prober) { p.netns = path } }
 
 // WithConcurrency bounds the checks in flight at once; n < 1 means
 // DefaultConcurrency.
@@ -74,6 +74,7 @@ type Prober struct {
 	snapshot  func() *store.Snapshot
 	sub       Submitter
 	obs       Observer
+	netns     string
 	dial      dialer
 	sem       chan struct{}
 	syncEvery time.Duration
@@ -114,6 +115,10 @@ func New(log hclog.Logger, snapshot func() *store.Snapshot, sub Submitter, opts 
 // then stops every check and returns ctx's error. It lifts nothing on the
 // way out: the dataplane keeps what it was given, as on any stop.
 func (p *Prober) Run(ctx context.Context) error {
+	if p.netns != "" {
+		p.dial.ns = startNSSockets(p.netns)
+		defer p.dial.ns.close()
+	}
 	t := time.NewTicker(p.syncEvery)
 	defer t.Stop()
 	var rev uint64

@@ -1,0 +1,54 @@
+package health
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestNSSocketsDial: the namespace dialer connects, reports a refused
+// port as "connection refused", and gives up at the deadline. With an
+// empty path it runs in the test's own namespace, so it needs no root.
+func TestNSSocketsDial(t *testing.T) {
+	s := startNSSockets("")
+	defer s.close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := s.dialTCP(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RemoteAddr().String() != ln.Addr().String() {
+		t.Errorf("connected to %v, want %v", c.RemoteAddr(), ln.Addr())
+	}
+	c.Close()
+	ln6, err := net.Listen("tcp", "[::1]:0")
+	if err == nil {
+		defer ln6.Close()
+		c, err := s.dialTCP(ctx, ln6.Addr().String())
+		if err != nil {
+			t.Fatalf("IPv6: %v", err)
+		}
+		c.Close()
+	}
+	if _, err := s.dialTCP(ctx, "127.0.0.1:1"); err == nil || describe(err).Error() != "connection refused" {
+		t.Errorf("refused port: %v", err)
+	}
+	// 192.0.2.0/24 (TEST-NET-1) is never routed; a short deadline ends the
+	// wait either way, before any packet could leave loopback for long.
+	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	start := time.Now()
+	if _, err := s.dialTCP(short, "127.0.0.1:1"); err == nil {
+		t.Error("refused port connected")
+	}
+	if time.Since(start) > time.Second {
+		t.Errorf("dial took %v", time.Since(start))
+	}
+}
