@@ -40,15 +40,4 @@ func TestNSSocketsDial(t *testing.T) {
 	if _, err := s.dialTCP(ctx, "127.0.0.1:1"); err == nil || describe(err).Error() != "connection refused" {
 		t.Errorf("refused port: %v", err)
 	}
-	// 192.0.2.0/24 (TEST-NET-1) is never routed; a short deadline ends the
-	// wait either way, before any packet could leave loopback for long.
-	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel2()
-	start := time.Now()
-	if _, err := s.dialTCP(short, "127.0.0.1:1"); err == nil {
-		t.Error("refused port connected")
-	}
-	if time.Since(start) > time.Second {
-		t.Errorf("dial took %v", time.Since(start))
-	}
 }
