@@ -67,4 +67,3 @@ health_check: {protocol: tcp, interval_ms: 50, unhealthy_threshold: 2, healthy_t
 		t.Errorf("explain does not give the health reason:\n%s%s", ex.stdout, ex.stderr)
 	}
 }
-

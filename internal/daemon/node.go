@@ -88,8 +88,8 @@ type Node struct {
 	hub        *flowhub.Hub       // nil: the dataplane reports no flows
 	checker    *nodecheck.Checker // nil: the dataplane programs nothing
 	prober     *health.Prober
-	metricsSrv *metrics.Server    // nil: no Config.MetricsAddr
-	reloader   *reloader          // nil: no Config.Remote listener
+	metricsSrv *metrics.Server // nil: no Config.MetricsAddr
+	reloader   *reloader       // nil: no Config.Remote listener
 
 	startOnce sync.Once
 	started   bool

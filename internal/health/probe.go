@@ -137,4 +137,3 @@ func describe(err error) error {
 	}
 	return err
 }
-
