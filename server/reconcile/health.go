@@ -82,6 +82,9 @@ func (f failingSet) with(changes []HealthChange) (failingSet, []string) {
 // that do not exist are kept, and take effect if they appear; a prober
 // lifts what it no longer checks.
 func (r *Reconciler) SetHealth(ctx context.Context, changes []HealthChange) error {
+	if len(changes) == 0 {
+		return nil
+	}
 	q := &request{ctx: ctx, health: changes, done: make(chan result, 1), submitted: time.Now()}
 	select {
 	case r.queue <- q:
