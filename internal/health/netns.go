@@ -82,11 +82,11 @@ func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) 
 		return nil, err
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	family := unix.AF_INET
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	if ap.Addr().Is6() {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	family := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if ap.Addr().Is4() {
+		family = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	}
 	fd, err := s.socket(ctx, family)
 	if err != nil {
