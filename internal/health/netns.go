@@ -18,12 +18,20 @@ import (
 // check would cost two setns calls and a locked thread each. A socket
 // belongs to the namespace it was created in, so it is connected and used
 // from any thread afterwards.
+//
+// Handing work to that thread costs a thread wake-up, so sockets are made
+// in batches of socketBatch and kept until used.
 type nsSockets struct {
 	req  chan sockReq
 	stop chan struct{}
 	done chan error
 	once sync.Once
+
+	mu    sync.Mutex
+	stash map[int][]int // by family: sockets made, not yet used
 }
+
+const socketBatch = 64
 
 type sockReq struct {
 	family int
@@ -31,12 +39,12 @@ type sockReq struct {
 }
 
 type sockResp struct {
-	fd  int
+	fds []int
 	err error
 }
 
 func startNSSockets(path string) *nsSockets {
-	s := &nsSockets{req: make(chan sockReq), stop: make(chan struct{}), done: make(chan error, 1)}
+	s := &nsSockets{req: make(chan sockReq), stop: make(chan struct{}), done: make(chan error, 1), stash: map[int][]int{}}
 	go func() {
 		s.done <- nsdo.Do(path, func() error {
 			for {
@@ -44,8 +52,16 @@ func startNSSockets(path string) *nsSockets {
 				case <-s.stop:
 					return nil
 				case r := <-s.req:
-					fd, err := unix.Socket(r.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-					r.resp <- sockResp{fd, err}
+					var resp sockResp
+					for range socketBatch {
+						fd, err := unix.Socket(r.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+						if err != nil {
+							resp.err = err
+							break
+						}
+						resp.fds = append(resp.fds, fd)
+					}
+					r.resp <- resp
 				}
 			}
 		})
@@ -53,12 +69,30 @@ func startNSSockets(path string) *nsSockets {
 	return s
 }
 
-// close stops the thread.
+// close stops the thread and closes the sockets not used yet.
 func (s *nsSockets) close() {
 	s.once.Do(func() { close(s.stop) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for f, fds := range s.stash {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		delete(s.stash, f)
+	}
 }
 
+// socket returns a new TCP socket of family made in the namespace, which
+// the caller owns.
 func (s *nsSockets) socket(ctx context.Context, family int) (int, error) {
+	s.mu.Lock()
+	if fds := s.stash[family]; len(fds) > 0 {
+		fd := fds[len(fds)-1]
+		s.stash[family] = fds[:len(fds)-1]
+		s.mu.Unlock()
+		return fd, nil
+	}
+	s.mu.Unlock()
 	r := sockReq{family: family, resp: make(chan sockResp, 1)}
 	select {
 	case s.req <- r:
@@ -72,11 +106,44 @@ func (s *nsSockets) socket(ctx context.Context, family int) (int, error) {
 		return -1, ctx.Err()
 	}
 	resp := <-r.resp
-	return resp.fd, resp.err
+	if len(resp.fds) == 0 {
+		return -1, resp.err
+	}
+	s.mu.Lock()
+	s.stash[family] = append(s.stash[family], resp.fds[1:]...)
+	s.mu.Unlock()
+	return resp.fds[0], nil
 }
 
 // dialTCP connects to addr from a socket that s creates, by ctx's deadline.
 func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) {
+	f, err := s.connect(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// checkTCP connects to addr as dialTCP does, and closes the connection at
+// once with a reset (see checker.check): a TCP check without the cost of
+// a net.Conn.
+func (s *nsSockets) checkTCP(ctx context.Context, addr string) error {
+	f, err := s.connect(ctx, addr)
+	if err != nil {
+		return err
+	}
+	rc, err := f.SyscallConn()
+	if err == nil {
+		rc.Control(func(fd uintptr) {
+			unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		})
+	}
+	return f.Close()
+}
+
+// connect returns a socket made by s, connected to addr by ctx's deadline.
+func (s *nsSockets) connect(ctx context.Context, addr string) (*os.File, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return nil, err
@@ -93,7 +160,12 @@ func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) 
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), "health-check")
-	defer f.Close()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
 	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", err)}
 	}
@@ -137,5 +209,6 @@ func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) 
 	if cerr != nil {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", cerr)}
 	}
-	return net.FileConn(f)
+	ok = true
+	return f, nil
 }

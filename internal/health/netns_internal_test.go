@@ -40,4 +40,16 @@ func TestNSSocketsDial(t *testing.T) {
 	if _, err := s.dialTCP(ctx, "127.0.0.1:1"); err == nil || describe(err).Error() != "connection refused" {
 		t.Errorf("refused port: %v", err)
 	}
+	if err := s.checkTCP(ctx, ln.Addr().String()); err != nil {
+		t.Errorf("checkTCP: %v", err)
+	}
+	if err := s.checkTCP(ctx, "127.0.0.1:1"); describe(err) == nil || describe(err).Error() != "connection refused" {
+		t.Errorf("checkTCP of a refused port: %v", err)
+	}
+	// More than a batch of sockets.
+	for range 2*socketBatch + 1 {
+		if err := s.checkTCP(ctx, ln.Addr().String()); err != nil {
+			t.Fatalf("checkTCP: %v", err)
+		}
+	}
 }

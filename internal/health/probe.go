@@ -105,6 +105,9 @@ func (c *checker) check(ctx context.Context) error {
 		}
 		return nil
 	default:
+		if c.d.ns != nil {
+			return describe(c.d.ns.checkTCP(ctx, addr))
+		}
 		conn, err := c.d.dial(ctx, addr)
 		if err != nil {
 			return describe(err)
@@ -130,6 +133,9 @@ func (c *checker) close() {
 // describe shortens the common errors to what explain shows:
 // "connection refused", "timeout".
 func describe(err error) error {
+	if err == nil {
+		return nil
+	}
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return errors.New("connection refused")
