@@ -14,8 +14,8 @@ import (
 func TestServiceViewHealth(t *testing.T) {
 	svc := &vipdv1.Service{
 		Name: "web", Owner: "default", Generation: 1, Vips: []string{"10.96.0.10"},
-		Ports:    []*vipdv1.Port{{Name: "http", Port: 80, TargetPort: 8080}},
-		Backends: []*vipdv1.Backend{{Ip: "10.0.1.5"}, {Ip: "10.0.1.6"}, {Ip: "10.0.1.7"}},
+		Ports:       []*vipdv1.Port{{Name: "http", Port: 80, TargetPort: 8080}},
+		Backends:    []*vipdv1.Backend{{Ip: "10.0.1.5"}, {Ip: "10.0.1.6"}, {Ip: "10.0.1.7"}},
 		HealthCheck: &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP, PortName: "http", Path: "/healthz"},
 	}
 	since := time.Date(2026, 12, 3, 17, 0, 0, 0, time.UTC).UnixMilli()

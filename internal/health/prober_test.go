@@ -18,9 +18,9 @@ import (
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // submitter records what the prober submits: the failing backends.
