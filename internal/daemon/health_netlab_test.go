@@ -3,10 +3,13 @@ package daemon_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,8 @@ import (
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/validation"
+	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -57,7 +62,8 @@ func labDataplane(t *testing.T, cfg *daemon.Config, dp string) {
 // control-plane NOT_SERVING is never overridden by a passing check; and
 // when every backend fails, new connections are refused (the ClusterIP
 // way: failing backends are NOT_SERVING), while an established connection
-// to a failing backend goes on.
+// to a failing backend goes on; and an HTTP check answered 500 and a gRPC
+// check answered NOT_SERVING fail, refusing new connections.
 func TestHealthChecksRealTraffic(t *testing.T) {
 	netlab.RequireRoot(t)
 	for _, dp := range []string{daemon.DataplaneIPTables, daemon.DataplaneEBPF} {
@@ -273,6 +279,95 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			}
 		}
 	})
+	// HTTP 500 and gRPC NOT_SERVING fail: be3 (serving 8080) answers
+	// its checks on 9091 (HTTP) and 9092 (gRPC health) from servers in
+	// its namespace; once they answer badly, new connections are refused.
+	for _, proto := range []string{"http", "grpc"} {
+		t.Run(proto+" check fails", func(t *testing.T) {
+			var ln net.Listener
+			port := map[string]uint32{"http": 9091, "grpc": 9092}[proto]
+			if err := be3.Do(func() error {
+				var err error
+				ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var bad atomic.Bool
+			hc := &vipdv1.HealthCheck{Port: port, IntervalMs: 50, UnhealthyThreshold: 2, HealthyThreshold: 1}
+			want := ""
+			switch proto {
+			case "http":
+				srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if bad.Load() {
+						w.WriteHeader(500)
+					}
+				})}
+				go srv.Serve(ln)
+				defer srv.Close()
+				hc.Protocol, hc.Path, want = vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP, "/healthz", "HTTP 500"
+			case "grpc":
+				hs := grpchealth.NewServer()
+				hs.SetServingStatus("web", healthpb.HealthCheckResponse_SERVING)
+				srv := grpc.NewServer()
+				healthpb.RegisterHealthServer(srv, hs)
+				go srv.Serve(ln)
+				defer srv.Stop()
+				defer hs.Shutdown()
+				go func() {
+					for !bad.Load() {
+						time.Sleep(5 * time.Millisecond)
+					}
+					hs.SetServingStatus("web", healthpb.HealthCheckResponse_NOT_SERVING)
+				}()
+				hc.Protocol, hc.GrpcService, want = vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_GRPC, "web", "gRPC health NOT_SERVING"
+			}
+			to := netip.MustParseAddrPort("198.19.0.12:80")
+			if _, err := r.local.UpsertService(ctxT(t), &vipdv1.Service{Name: "chk-" + proto, Vips: []string{to.Addr().String()},
+				Ports:    []*vipdv1.Port{{Port: uint32(to.Port()), TargetPort: 8080}},
+				Backends: []*vipdv1.Backend{{Ip: be3.IPv4().String()}}, HealthCheck: hc}, 0); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for healthOf("chk-" + proto)[be3.IPv4().String()].GetState() != vipdv1.HealthState_HEALTH_STATE_PASSING {
+				if time.Now().After(deadline) {
+					t.Fatalf("be3 never passing: %v\nlog:\n%s", healthOf("chk-"+proto), r.log)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got, err := request(to); err != nil || got != "be3" {
+				t.Fatalf("request while passing: %q, %v", got, err)
+			}
+			bad.Store(true)
+			deadline = time.Now().Add(5 * time.Second)
+			for {
+				h := healthOf("chk-" + proto)[be3.IPv4().String()]
+				if h.GetState() == vipdv1.HealthState_HEALTH_STATE_FAILING {
+					if h.GetLastError() != want {
+						t.Errorf("last error %q, want %q", h.GetLastError(), want)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("be3 not failing: %v", h)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			deadline = time.Now().Add(2 * time.Second)
+			for {
+				if _, err := request(to); err != nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("new connections to %v still served with its only backend failing", to)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := r.local.DeleteService(ctxT(t), "chk-"+proto, 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 	if !strings.Contains(r.log.String(), "backend health changed") {
 		t.Errorf("no health transition logged:\n%s", r.log)
 	}
