@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/vipd/vipd/internal/nsdo"
 	"golang.org/x/sys/unix"
@@ -128,63 +127,19 @@ func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) 
 
 // checkTCP connects to addr as dialTCP does, and closes the connection at
 // once with a reset (see checker.check): a TCP check without the cost of
-// a net.Conn or a poller registration. It waits for the connect with
-// poll(2) on the calling thread; on a local network the handshake has
-// mostly finished when connect returns, so the first poll does not wait.
+// a net.Conn.
 func (s *nsSockets) checkTCP(ctx context.Context, addr string) error {
-	family, sa, err := sockaddr(addr)
+	f, err := s.connect(ctx, addr)
 	if err != nil {
 		return err
 	}
-	fd, err := s.socket(ctx, family)
-	if err != nil {
-		return err
+	rc, err := f.SyscallConn()
+	if err == nil {
+		rc.Control(func(fd uintptr) {
+			unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		})
 	}
-	defer unix.Close(fd)
-	// A reset on close: no TIME_WAIT socket is left behind.
-	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
-		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", err)}
-	}
-	for {
-		wait := -1 // no deadline: until the connect finishes
-		if dl, ok := ctx.Deadline(); ok {
-			wait = max(int(time.Until(dl).Milliseconds()), 0)
-		}
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-		n, err := unix.Poll(pfd, wait)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return os.NewSyscallError("poll", err)
-		}
-		if n == 0 {
-			return context.DeadlineExceeded
-		}
-		break
-	}
-	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
-	if err == nil && v != 0 {
-		err = unix.Errno(v)
-	}
-	if err != nil {
-		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", err)}
-	}
-	return nil
-}
-
-// sockaddr is addr ("ip:port") as a socket address, with its family.
-func sockaddr(addr string) (int, unix.Sockaddr, error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return 0, nil, err
-	}
-	a := ap.Addr().Unmap()
-	if a.Is4() {
-		return unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}, nil
-	}
-	return unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}, nil
+	return f.Close()
 }
 
 // connect returns a socket made by s, connected to addr by ctx's deadline.
