@@ -157,7 +157,7 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			if tc.name == "tightest" {
 				bound += 250 * time.Millisecond
 			}
-			var lastBe1, lastFail time.Time
+			var lastBe1 time.Time
 			var failures, after int
 			for time.Since(stopped) < bound+2*interval+time.Second {
 				got, err := request(vip)
@@ -165,7 +165,7 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 				switch {
 				case err != nil:
 					// be1's kernel resets it: the connection went to be1.
-					lastFail, lastBe1 = now, now
+					lastBe1 = now
 					failures++
 				case got == "be1":
 					t.Fatalf("be1 answered after its server stopped")
@@ -186,7 +186,6 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			}
 			t.Logf("%s: interval %v, unhealthy_threshold %d: failover (server stopped → last connection to it) %v; %d failed connections before, %d good after the bound %v",
 				dp, interval, d.UnhealthyThreshold, failover.Round(time.Millisecond), failures, after, bound)
-			_ = lastFail
 			h := healthOf("web")[be1.IPv4().String()]
 			if h.GetState() != vipdv1.HealthState_HEALTH_STATE_FAILING || !strings.Contains(h.GetDetail(), "connection refused") {
 				t.Errorf("be1 health %v, want failing with connection refused", h)
@@ -371,7 +370,6 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 	if !strings.Contains(r.log.String(), "backend health changed") {
 		t.Errorf("no health transition logged:\n%s", r.log)
 	}
-	_ = fmt.Sprint
 }
 
 func validationDefaults(hc *vipdv1.HealthCheck) *vipdv1.HealthCheck {
