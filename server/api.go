@@ -61,6 +61,7 @@ type API struct {
 	flows     *flowhub.Hub
 	explainer dataplane.Explainer
 	warnings  []func() []*vipdv1.StatusWarning
+	health    BackendHealth
 }
 
 // APIOption configures an API.
@@ -74,6 +75,21 @@ func WithFlows(h *flowhub.Hub) APIOption { return func(a *API) { a.flows = h } }
 // for a client's session-affinity entry and deterministic pick. Without
 // it, Explain answers from the desired state alone.
 func WithExplainer(e dataplane.Explainer) APIOption { return func(a *API) { a.explainer = e } }
+
+// BackendHealth is what active health checks found: internal/health's
+// Prober.
+type BackendHealth interface {
+	// Health returns the health of service's probed backends, in the
+	// order of its backends.
+	Health(service string) []*vipdv1.BackendHealth
+	// Explain says why health checks keep a backend out, and whether
+	// they do.
+	Explain(service string, ip netip.Addr) (string, bool)
+}
+
+// WithBackendHealth makes GetService report each backend's health and
+// Explain count failing backends out, as the dataplane does.
+func WithBackendHealth(h BackendHealth) APIOption { return func(a *API) { a.health = h } }
 
 // WithStatusWarnings makes GetStatus report what f returns, such as the
 // node prerequisites found unmet. It may be given once per source (the
@@ -321,7 +337,11 @@ func (a *API) GetService(_ context.Context, req *vipdv1.GetServiceRequest) (*vip
 	if !ok {
 		return nil, notFound(req.Name)
 	}
-	return &vipdv1.GetServiceResponse{Service: e.Service()}, nil
+	resp := &vipdv1.GetServiceResponse{Service: e.Service()}
+	if a.health != nil {
+		resp.BackendHealth = a.health.Health(req.Name)
+	}
+	return resp, nil
 }
 
 // ListServices implements vipdv1.LoadBalancerServiceServer.

@@ -28,7 +28,7 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no service claims %s/%s", q.VIP, q.Protocol)
 	}
-	svc := e.Dataplane
+	svc, failing := a.withHealth(e.Dataplane)
 	api := e.Service()
 	resp := &vipdv1.ExplainResponse{
 		Service:               svc.Name,
@@ -47,9 +47,13 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	hasReady := slices.ContainsFunc(eligible, func(b *dataplane.Backend) bool { return b.State == dataplane.BackendReady })
 	for i := range svc.Backends {
 		b := &svc.Backends[i]
+		state := b.State
+		if _, ok := failing[b.IP]; ok {
+			state = e.Dataplane.Backends[i].State
+		}
 		eb := &vipdv1.ExplainedBackend{
 			Ip:        b.IP.String(),
-			State:     backendStateToProto[b.State],
+			State:     backendStateToProto[state],
 			Weight:    uint32(max(b.Weight, 1)),
 			NodeLocal: b.NodeLocal,
 			Eligible:  slices.Contains(eligible, b),
@@ -63,6 +67,9 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 		}
 		if !eb.Eligible {
 			eb.IneligibleReason = ineligibleReason(svc, b, port, q.VIP.Addr(), hasReady)
+			if why, ok := failing[b.IP]; ok && eb.IneligibleReason == "not serving" {
+				eb.IneligibleReason = why
+			}
 		}
 		resp.Backends = append(resp.Backends, eb)
 	}
@@ -90,6 +97,36 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	}
 	resp.Summary = explainSummary(svc, port, q, resp, len(eligible), a.explainer != nil, affinityEligible)
 	return resp, nil
+}
+
+// withHealth returns svc as the dataplane has it: with the backends that
+// fail their health checks NOT_SERVING, each with the reason in words.
+func (a *API) withHealth(svc *dataplane.Service) (*dataplane.Service, map[netip.Addr]string) {
+	if a.health == nil {
+		return svc, nil
+	}
+	var out *dataplane.Service
+	var failing map[netip.Addr]string
+	for i, b := range svc.Backends {
+		if b.State == dataplane.BackendNotServing {
+			continue
+		}
+		why, ok := a.health.Explain(svc.Name, b.IP)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			c := *svc
+			c.Backends = slices.Clone(svc.Backends)
+			out, failing = &c, map[netip.Addr]string{}
+		}
+		out.Backends[i].State = dataplane.BackendNotServing
+		failing[b.IP] = why
+	}
+	if out == nil {
+		return svc, nil
+	}
+	return out, failing
 }
 
 // ineligibleReason says why b may not take a new connection to port of vip.

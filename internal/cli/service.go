@@ -52,15 +52,20 @@ func (a *App) serviceGetCommand() *cobra.Command {
 		Short: "Show one service with its backends",
 		Long: `Show one service with its backends.
 
+With a health check, a Health section shows each probed backend's result:
+passing, failing or unknown (no check finished yet: treated as passing),
+since when, how many in a row, and why.
+
 -o json and -o yaml print the service as "vipctl apply -f" reads it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.run(func(ctx context.Context, args []string) error {
 			return a.withClient(func(c *client.Client) error {
-				svc, err := c.GetService(ctx, args[0])
+				resp, err := c.LoadBalancerClient().GetService(ctx, &vipdv1.GetServiceRequest{Name: args[0]})
 				if err != nil {
 					return err
 				}
-				return a.printer().show(svc, serviceView(svc))
+				svc := resp.GetService()
+				return a.printer().show(svc, serviceView(svc, resp.GetBackendHealth()...))
 			})
 		}),
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vipd/vipd/internal/manifest"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -30,7 +31,7 @@ func servicesView(svcs []*vipdv1.Service) func(*table) {
 }
 
 // serviceView is the detail view of "service get".
-func serviceView(s *vipdv1.Service) func(*table) {
+func serviceView(s *vipdv1.Service, health ...*vipdv1.BackendHealth) func(*table) {
 	return func(t *table) {
 		ports := make([]string, len(s.GetPorts()))
 		for i, p := range s.GetPorts() {
@@ -50,7 +51,58 @@ func serviceView(s *vipdv1.Service) func(*table) {
 			t.section()
 			backendRows(t, s.GetBackends(), s.GetPorts(), "  ")
 		}
+		if hc := s.GetHealthCheck(); hc != nil {
+			t.section()
+			t.field("Health check", healthCheckString(hc))
+			t.section()
+			t.row("  IP", "HEALTH", "SINCE", "IN-A-ROW", "DETAIL")
+			for _, h := range health {
+				since := "-"
+				if h.GetSinceUnixMs() > 0 {
+					since = time.UnixMilli(h.GetSinceUnixMs()).UTC().Format(time.RFC3339)
+				}
+				t.row("  "+h.GetIp(), enumString(h.GetState()), since, strconv.FormatUint(uint64(h.GetConsecutive()), 10), h.GetDetail())
+			}
+		}
 	}
+}
+
+// healthCheckString is a health check in one line, defaults filled in:
+// "tcp port http every 2000ms (timeout 1000ms, up 2, down 3)".
+func healthCheckString(hc *vipdv1.HealthCheck) string {
+	// The API's defaults (vipd.v1.HealthCheck), as vipd applies them.
+	d := proto.Clone(hc).(*vipdv1.HealthCheck)
+	if d.IntervalMs == 0 {
+		d.IntervalMs = 2000
+	}
+	if d.TimeoutMs == 0 {
+		d.TimeoutMs = min(1000, d.IntervalMs)
+	}
+	if d.HealthyThreshold == 0 {
+		d.HealthyThreshold = 2
+	}
+	if d.UnhealthyThreshold == 0 {
+		d.UnhealthyThreshold = 3
+	}
+	if d.Protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP && d.Path == "" {
+		d.Path = "/"
+	}
+	port := "first port"
+	switch {
+	case d.GetPort() != 0:
+		port = "port " + strconv.FormatUint(uint64(d.GetPort()), 10)
+	case d.GetPortName() != "":
+		port = "port " + d.GetPortName()
+	}
+	what := enumString(d.GetProtocol())
+	switch d.GetProtocol() {
+	case vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP:
+		what += " GET " + d.GetPath()
+	case vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_GRPC:
+		what += " service " + strconv.Quote(d.GetGrpcService())
+	}
+	return fmt.Sprintf("%s, %s, every %dms (timeout %dms, up after %d passes, down after %d failures)",
+		what, port, d.GetIntervalMs(), d.GetTimeoutMs(), d.GetHealthyThreshold(), d.GetUnhealthyThreshold())
 }
 
 // backendsView is the table of "backends list". ports are the service's

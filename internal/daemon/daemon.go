@@ -39,7 +39,8 @@ type Config struct {
 	// Dataplane is auto, ebpf, iptables or none (fake is a deprecated
 	// alias of none). Assemble's WithDataplane replaces it in tests.
 	Dataplane string
-	// NetNS, when set, is the network namespace to program instead of the current one.
+	// NetNS, when set, is the network namespace to program instead of the
+	// current one; health checks are made from it too.
 	NetNS string
 	// MaxBackends bounds the backends of one service (0: no limit).
 	MaxBackends int

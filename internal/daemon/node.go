@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/health"
 	"github.com/vipd/vipd/internal/metrics"
 	"github.com/vipd/vipd/internal/nodecheck"
 	"github.com/vipd/vipd/internal/servicesdir"
@@ -88,8 +89,9 @@ type Node struct {
 	rec        *reconcile.Reconciler
 	api        *server.API
 	srv        *server.Server
-	hub        *flowhub.Hub         // nil: the dataplane reports no flows
-	checker    *nodecheck.Checker   // nil: the dataplane programs nothing
+	hub        *flowhub.Hub       // nil: the dataplane reports no flows
+	checker    *nodecheck.Checker // nil: the dataplane programs nothing
+	prober     *health.Prober
 	metricsSrv *metrics.Server      // nil: no Config.MetricsAddr
 	reloader   *reloader            // nil: no Config.Remote listener
 	dirWatcher *servicesdir.Watcher // nil: no Config.ServicesDir
@@ -103,7 +105,7 @@ type Node struct {
 	serveErr  error
 	recDone   chan error
 	// What Start started, each stopped by Stop in its turn.
-	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopDir func()
+	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopDir, stopProber func()
 
 	stopOnce sync.Once
 	stopErr  error
@@ -220,6 +222,8 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	if ex, ok := n.dp.(dataplane.Explainer); ok {
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
 	}
+	n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, health.WithNetNS(cfg.NetNS), health.WithObserver(m))
+	apiOpts = append(apiOpts, server.WithBackendHealth(n.prober))
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
@@ -337,6 +341,13 @@ func (n *Node) start(ctx context.Context) {
 	recCtx, stopRec := context.WithCancel(ctx)
 	n.stopRec = stopRec
 	go func() { n.recDone <- n.rec.Run(recCtx) }()
+	proberCtx, cancelProber := context.WithCancel(ctx)
+	proberDone := make(chan struct{})
+	go func() {
+		defer close(proberDone)
+		n.prober.Run(proberCtx)
+	}()
+	n.stopProber = func() { cancelProber(); <-proberDone }
 	n.stopDir = func() {}
 	if n.dirWatcher != nil {
 		dirCtx, cancel := context.WithCancel(ctx)
@@ -433,6 +444,8 @@ func (n *Node) stop() error {
 	n.stopDir()
 	n.srv.Shutdown(n.cfg.ShutdownTimeout)
 	<-n.served
+	// Order matters: the prober submits to the reconciler.
+	n.stopProber()
 	n.stopRec()
 	recErr := <-n.recDone
 	if errors.Is(recErr, context.Canceled) {

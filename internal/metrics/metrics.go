@@ -52,6 +52,8 @@ type Metrics struct {
 	lost         *prometheus.CounterVec
 	active       *prometheus.GaugeVec
 	driftRepairs *prometheus.CounterVec
+	health       *prometheus.GaugeVec
+	checks       *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
 	dirErrors    *prometheus.GaugeVec
 
@@ -113,7 +115,15 @@ func New() *Metrics {
 			Name: "vipd_services_dir_errors",
 			Help: "Files of the services directory (--services-dir) that vipd could not apply, one series of value 1 per file: file is its name (the directory's path when the directory itself cannot be read), field the field of its first error (empty for the file as a whole). The file's last good version stays in force. No series: no errors.",
 		}, []string{"file", "field"}),
-		dirSeries:   map[[2]string]bool{},
+		dirSeries: map[[2]string]bool{},
+		health: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipd_backend_health",
+			Help: "Health of each backend that active health checks probe, by service and backend: 1 passing (or no result yet, treated as passing), 0 failing (programmed as NOT_SERVING).",
+		}, []string{"service", "backend"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_health_checks_total",
+			Help: "Finished active health checks, by result (pass, fail).",
+		}, []string{"result"}),
 		grpc:        grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 		activeCount: map[string]int64{},
 	}
@@ -125,7 +135,7 @@ func New() *Metrics {
 	buildInfo.Set(1)
 	m.reg.MustRegister(
 		m.syncDuration, m.programming, m.services, m.backends, m.syncErrors,
-		m.flows, m.lost, m.active, m.driftRepairs, m.dirErrors, m.grpc, buildInfo,
+		m.flows, m.lost, m.active, m.driftRepairs, m.dirErrors, m.health, m.checks, m.grpc, buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -135,6 +145,8 @@ func New() *Metrics {
 	m.syncDuration.WithLabelValues(SyncPartial)
 	m.lost.WithLabelValues(LostKernel)
 	m.lost.WithLabelValues(LostSubscriber)
+	m.checks.WithLabelValues("pass")
+	m.checks.WithLabelValues("fail")
 	return m
 }
 
@@ -261,4 +273,18 @@ func (m *Metrics) GRPCInterceptors() ([]grpc.UnaryServerInterceptor, []grpc.Stre
 // service is registered.
 func (m *Metrics) InitializeGRPC(s reflection.ServiceInfoProvider) {
 	m.grpc.InitializeMetrics(s)
+}
+
+// ObserveCheck counts one finished health check by result (pass, fail);
+// it implements health.Observer.
+func (m *Metrics) ObserveCheck(result string) { m.checks.WithLabelValues(result).Inc() }
+
+// SetBackendHealth sets vipd_backend_health of a probed backend.
+func (m *Metrics) SetBackendHealth(service, backend string, v float64) {
+	m.health.WithLabelValues(service, backend).Set(v)
+}
+
+// DeleteBackendHealth removes the series of a backend no longer probed.
+func (m *Metrics) DeleteBackendHealth(service, backend string) {
+	m.health.DeleteLabelValues(service, backend)
 }

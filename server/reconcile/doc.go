@@ -20,4 +20,8 @@
 // changes submitted with Release are accepted, until one of them has been
 // applied as a full sync. vipd --recover uses it so that an empty desired
 // state never wipes the kernel before the control plane has re-synced.
+//
+// SetHealth takes health-check results (internal/health) through the same
+// queue: a failing backend is handed to the dataplane as NOT_SERVING on
+// top of the desired state, never saved and never promoting a backend.
 package reconcile

@@ -128,6 +128,9 @@ type Reconciler struct {
 	// driftErr is the error of the last drift check, "" if it worked; Run's
 	// goroutine only.
 	driftErr string
+	// failing is what SetHealth made NOT_SERVING, as the dataplane has
+	// it; Run's goroutine only.
+	failing failingSet
 
 	mu     sync.Mutex
 	status Status
@@ -142,6 +145,8 @@ type request struct {
 	submitted time.Time
 	// release marks a change submitted with Release.
 	release bool
+	// health, when not nil, makes this a SetHealth request: mutate is nil.
+	health []HealthChange
 }
 
 type result struct {
@@ -484,7 +489,7 @@ func (r *Reconciler) driftLeft(ctx context.Context, det dataplane.DriftDetector)
 // changed makes it a full sync.
 func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []string) (time.Time, error) {
 	start := time.Now()
-	err := r.dp.Apply(ctx, snap.DataplaneState(changed))
+	err := r.dp.Apply(ctx, dataplaneState(snap, changed, r.failing))
 	end := time.Now()
 	elapsed := end.Sub(start)
 	kind := SyncPartial
@@ -523,6 +528,8 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	base := r.current.Load()
 	tx := base.Begin()
 	held, releasing := r.held, false
+	prevFailing, failing := r.failing, r.failing
+	var healthChanged []string
 	var staged []*request
 	var values []any
 	var changes []bool // per staged request: did it change anything
@@ -533,6 +540,19 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		}
 		if held && !q.release {
 			q.done <- result{err: &HeldError{Reason: r.Status().HeldReason}}
+			continue
+		}
+		if q.health != nil {
+			var names []string
+			failing, names = failing.with(q.health)
+			for _, n := range names {
+				if !slices.Contains(healthChanged, n) {
+					healthChanged = append(healthChanged, n)
+				}
+			}
+			changes = append(changes, len(names) > 0)
+			staged = append(staged, q)
+			values = append(values, nil)
 			continue
 		}
 		sub := tx.Sub()
@@ -553,21 +573,39 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		return
 	}
 	changed := tx.Changed()
-	if len(changed) == 0 && !releasing {
+	if len(changed) == 0 && len(healthChanged) == 0 && !releasing {
 		for i, q := range staged {
 			q.done <- result{value: values[i]}
 		}
 		return
 	}
-	next := tx.Commit()
+	// Health changes ride on the batch's apply; they are not desired
+	// state, so a batch of only those applies the current snapshot and
+	// saves nothing.
+	r.failing = failing
 	var (
 		applied time.Time
 		err     error
 	)
-	if releasing {
-		applied, err = r.commitRelease(ctx, next)
-	} else {
-		applied, err = r.commit(ctx, base, next, changed)
+	switch {
+	case releasing:
+		applied, err = r.commitRelease(ctx, tx.Commit())
+	case len(changed) == 0:
+		applied, err = r.apply(ctx, base, healthChanged)
+		if err != nil {
+			r.log.Error("dataplane apply of health changes failed; change rolled back", "services", healthChanged, "error", err)
+			err = &ApplyError{Err: err}
+		}
+	default:
+		for _, n := range healthChanged {
+			if !slices.Contains(changed, n) {
+				changed = append(changed, n)
+			}
+		}
+		applied, err = r.commit(ctx, base, tx.Commit(), changed, prevFailing)
+	}
+	if err != nil {
+		r.failing = prevFailing
 	}
 	if err == nil {
 		for i, q := range staged {
@@ -623,7 +661,9 @@ func (r *Reconciler) commitRelease(ctx context.Context, next *store.Snapshot) (t
 // commit applies next, saves it and publishes it, and returns when the
 // dataplane finished applying it. On any error the dataplane and the
 // published snapshot are left at base.
-func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string) (time.Time, error) {
+//
+// prevFailing is the health overlay that goes with base.
+func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string, prevFailing failingSet) (time.Time, error) {
 	applied, err := r.apply(ctx, next, changed)
 	if err != nil {
 		r.log.Error("dataplane apply failed; change rolled back", "generation", next.Revision(), "error", err)
@@ -631,6 +671,7 @@ func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, cha
 	}
 	if err := r.persist.Save(next); err != nil {
 		r.log.Error("saving state failed; rolling the dataplane back", "generation", next.Revision(), "error", err)
+		r.failing = prevFailing
 		if _, rerr := r.apply(ctx, base, changed); rerr != nil {
 			r.log.Error("roll back dataplane", "error", rerr)
 		}

@@ -365,8 +365,12 @@ func (x *GetServiceRequest) GetName() string {
 }
 
 type GetServiceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Service       *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Service *Service               `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	// backend_health is each probed backend's health, in the order of
+	// service.backends, when the service has a health_check; backends that
+	// are not probed (NOT_SERVING in the spec) are left out.
+	BackendHealth []*BackendHealth `protobuf:"bytes,2,rep,name=backend_health,json=backendHealth,proto3" json:"backend_health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +408,13 @@ func (*GetServiceResponse) Descriptor() ([]byte, []int) {
 func (x *GetServiceResponse) GetService() *Service {
 	if x != nil {
 		return x.Service
+	}
+	return nil
+}
+
+func (x *GetServiceResponse) GetBackendHealth() []*BackendHealth {
+	if x != nil {
+		return x.BackendHealth
 	}
 	return nil
 }
@@ -794,9 +805,10 @@ const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\x13expected_generation\x18\x02 \x01(\x04R\x12expectedGeneration\"\x17\n" +
 	"\x15DeleteServiceResponse\"'\n" +
 	"\x11GetServiceRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"@\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x7f\n" +
 	"\x12GetServiceResponse\x12*\n" +
-	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\"+\n" +
+	"\aservice\x18\x01 \x01(\v2\x10.vipd.v1.ServiceR\aservice\x12=\n" +
+	"\x0ebackend_health\x18\x02 \x03(\v2\x16.vipd.v1.BackendHealthR\rbackendHealth\"+\n" +
 	"\x13ListServicesRequest\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\"D\n" +
 	"\x14ListServicesResponse\x12,\n" +
@@ -862,34 +874,36 @@ var file_vipd_v1_load_balancer_service_proto_goTypes = []any{
 	(*UpdateBackendsRequest)(nil),  // 11: vipd.v1.UpdateBackendsRequest
 	(*UpdateBackendsResponse)(nil), // 12: vipd.v1.UpdateBackendsResponse
 	(*Service)(nil),                // 13: vipd.v1.Service
-	(*Backend)(nil),                // 14: vipd.v1.Backend
+	(*BackendHealth)(nil),          // 14: vipd.v1.BackendHealth
+	(*Backend)(nil),                // 15: vipd.v1.Backend
 }
 var file_vipd_v1_load_balancer_service_proto_depIdxs = []int32{
 	13, // 0: vipd.v1.UpsertServiceRequest.service:type_name -> vipd.v1.Service
 	13, // 1: vipd.v1.UpsertServiceResponse.service:type_name -> vipd.v1.Service
 	0,  // 2: vipd.v1.UpsertServiceResponse.result:type_name -> vipd.v1.UpsertResult
 	13, // 3: vipd.v1.GetServiceResponse.service:type_name -> vipd.v1.Service
-	13, // 4: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
-	13, // 5: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
-	14, // 6: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
-	13, // 7: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
-	1,  // 8: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
-	3,  // 9: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
-	5,  // 10: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
-	7,  // 11: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
-	9,  // 12: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
-	11, // 13: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
-	2,  // 14: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
-	4,  // 15: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
-	6,  // 16: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
-	8,  // 17: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
-	10, // 18: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
-	12, // 19: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	14, // 4: vipd.v1.GetServiceResponse.backend_health:type_name -> vipd.v1.BackendHealth
+	13, // 5: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
+	13, // 6: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
+	15, // 7: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
+	13, // 8: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
+	1,  // 9: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
+	3,  // 10: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
+	5,  // 11: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
+	7,  // 12: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
+	9,  // 13: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
+	11, // 14: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
+	2,  // 15: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
+	4,  // 16: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
+	6,  // 17: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
+	8,  // 18: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
+	10, // 19: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
+	12, // 20: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_load_balancer_service_proto_init() }

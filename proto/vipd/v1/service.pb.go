@@ -295,6 +295,121 @@ func (LoadBalancing) EnumDescriptor() ([]byte, []int) {
 	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
 }
 
+// HealthCheckProtocol is how a backend is probed.
+type HealthCheckProtocol int32
+
+const (
+	// HEALTH_CHECK_PROTOCOL_UNSPECIFIED is refused in a HealthCheck.
+	HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_UNSPECIFIED HealthCheckProtocol = 0
+	// HEALTH_CHECK_PROTOCOL_TCP passes when a TCP connection is accepted.
+	HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP HealthCheckProtocol = 1
+	// HEALTH_CHECK_PROTOCOL_HTTP passes when GET path answers 2xx or 3xx.
+	HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP HealthCheckProtocol = 2
+	// HEALTH_CHECK_PROTOCOL_GRPC passes when grpc.health.v1.Health/Check of
+	// grpc_service answers SERVING.
+	HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_GRPC HealthCheckProtocol = 3
+)
+
+// Enum value maps for HealthCheckProtocol.
+var (
+	HealthCheckProtocol_name = map[int32]string{
+		0: "HEALTH_CHECK_PROTOCOL_UNSPECIFIED",
+		1: "HEALTH_CHECK_PROTOCOL_TCP",
+		2: "HEALTH_CHECK_PROTOCOL_HTTP",
+		3: "HEALTH_CHECK_PROTOCOL_GRPC",
+	}
+	HealthCheckProtocol_value = map[string]int32{
+		"HEALTH_CHECK_PROTOCOL_UNSPECIFIED": 0,
+		"HEALTH_CHECK_PROTOCOL_TCP":         1,
+		"HEALTH_CHECK_PROTOCOL_HTTP":        2,
+		"HEALTH_CHECK_PROTOCOL_GRPC":        3,
+	}
+)
+
+func (x HealthCheckProtocol) Enum() *HealthCheckProtocol {
+	p := new(HealthCheckProtocol)
+	*p = x
+	return p
+}
+
+func (x HealthCheckProtocol) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HealthCheckProtocol) Descriptor() protoreflect.EnumDescriptor {
+	return file_vipd_v1_service_proto_enumTypes[5].Descriptor()
+}
+
+func (HealthCheckProtocol) Type() protoreflect.EnumType {
+	return &file_vipd_v1_service_proto_enumTypes[5]
+}
+
+func (x HealthCheckProtocol) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HealthCheckProtocol.Descriptor instead.
+func (HealthCheckProtocol) EnumDescriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{5}
+}
+
+// HealthState is the result of a backend's health checks.
+type HealthState int32
+
+const (
+	HealthState_HEALTH_STATE_UNSPECIFIED HealthState = 0
+	// HEALTH_STATE_UNKNOWN: no check has finished yet; the backend is treated
+	// as passing until one does.
+	HealthState_HEALTH_STATE_UNKNOWN HealthState = 1
+	// HEALTH_STATE_PASSING: the backend gets new connections as its state allows.
+	HealthState_HEALTH_STATE_PASSING HealthState = 2
+	// HEALTH_STATE_FAILING: the backend is programmed as NOT_SERVING.
+	HealthState_HEALTH_STATE_FAILING HealthState = 3
+)
+
+// Enum value maps for HealthState.
+var (
+	HealthState_name = map[int32]string{
+		0: "HEALTH_STATE_UNSPECIFIED",
+		1: "HEALTH_STATE_UNKNOWN",
+		2: "HEALTH_STATE_PASSING",
+		3: "HEALTH_STATE_FAILING",
+	}
+	HealthState_value = map[string]int32{
+		"HEALTH_STATE_UNSPECIFIED": 0,
+		"HEALTH_STATE_UNKNOWN":     1,
+		"HEALTH_STATE_PASSING":     2,
+		"HEALTH_STATE_FAILING":     3,
+	}
+)
+
+func (x HealthState) Enum() *HealthState {
+	p := new(HealthState)
+	*p = x
+	return p
+}
+
+func (x HealthState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HealthState) Descriptor() protoreflect.EnumDescriptor {
+	return file_vipd_v1_service_proto_enumTypes[6].Descriptor()
+}
+
+func (HealthState) Type() protoreflect.EnumType {
+	return &file_vipd_v1_service_proto_enumTypes[6]
+}
+
+func (x HealthState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HealthState.Descriptor instead.
+func (HealthState) EnumDescriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{6}
+}
+
 // Port is one (protocol, port) of a service's VIPs.
 type Port struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -562,7 +677,13 @@ type Service struct {
 	Labels map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// generation is output only. It increases on every change to the service,
 	// and never repeats for a name, even across a delete and a re-create.
-	Generation    uint64 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
+	// health_check, when set, makes vipd probe every backend that is not
+	// BACKEND_STATE_NOT_SERVING from the node's network namespace. A backend
+	// that fails unhealthy_threshold checks in a row is programmed as
+	// NOT_SERVING until it passes healthy_threshold checks; health never
+	// promotes a backend the control plane marked NOT_SERVING. Unset: no checks.
+	HealthCheck   *HealthCheck `protobuf:"bytes,11,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -667,6 +788,231 @@ func (x *Service) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *Service) GetHealthCheck() *HealthCheck {
+	if x != nil {
+		return x.HealthCheck
+	}
+	return nil
+}
+
+// HealthCheck configures the active health checks of a service's backends.
+type HealthCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// protocol is required.
+	Protocol HealthCheckProtocol `protobuf:"varint,1,opt,name=protocol,proto3,enum=vipd.v1.HealthCheckProtocol" json:"protocol,omitempty"`
+	// port_name names the service port whose target port (the backend's own,
+	// when its ports map overrides it) is probed. Empty, with port 0, means
+	// the first port. At most one of port_name and port may be set.
+	PortName string `protobuf:"bytes,2,opt,name=port_name,json=portName,proto3" json:"port_name,omitempty"`
+	// port is a fixed port to probe on every backend, 1-65535; 0 means
+	// port_name's.
+	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	// path is the HTTP request path, starting with "/"; empty means "/".
+	// Only for HEALTH_CHECK_PROTOCOL_HTTP.
+	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// grpc_service is the service name sent in the gRPC health Check; empty
+	// asks for the server's overall health. Only for HEALTH_CHECK_PROTOCOL_GRPC.
+	GrpcService string `protobuf:"bytes,5,opt,name=grpc_service,json=grpcService,proto3" json:"grpc_service,omitempty"`
+	// interval_ms is the time between two checks of a backend, 50-3600000;
+	// 0 means 2000.
+	IntervalMs uint32 `protobuf:"varint,6,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// timeout_ms bounds one check, 10-3600000 and at most interval_ms; 0
+	// means 1000 (or interval_ms when that is shorter).
+	TimeoutMs uint32 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// healthy_threshold is the number of passes in a row that bring a failing
+	// backend back, 1-100; 0 means 2.
+	HealthyThreshold uint32 `protobuf:"varint,8,opt,name=healthy_threshold,json=healthyThreshold,proto3" json:"healthy_threshold,omitempty"`
+	// unhealthy_threshold is the number of failures in a row that make a
+	// backend failing, 1-100; 0 means 3.
+	UnhealthyThreshold uint32 `protobuf:"varint,9,opt,name=unhealthy_threshold,json=unhealthyThreshold,proto3" json:"unhealthy_threshold,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *HealthCheck) Reset() {
+	*x = HealthCheck{}
+	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthCheck) ProtoMessage() {}
+
+func (x *HealthCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
+func (*HealthCheck) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HealthCheck) GetProtocol() HealthCheckProtocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_UNSPECIFIED
+}
+
+func (x *HealthCheck) GetPortName() string {
+	if x != nil {
+		return x.PortName
+	}
+	return ""
+}
+
+func (x *HealthCheck) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *HealthCheck) GetGrpcService() string {
+	if x != nil {
+		return x.GrpcService
+	}
+	return ""
+}
+
+func (x *HealthCheck) GetIntervalMs() uint32 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetHealthyThreshold() uint32 {
+	if x != nil {
+		return x.HealthyThreshold
+	}
+	return 0
+}
+
+func (x *HealthCheck) GetUnhealthyThreshold() uint32 {
+	if x != nil {
+		return x.UnhealthyThreshold
+	}
+	return 0
+}
+
+// BackendHealth is the observed health of one backend (output only).
+type BackendHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ip is the backend's address.
+	Ip    string      `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	State HealthState `protobuf:"varint,2,opt,name=state,proto3,enum=vipd.v1.HealthState" json:"state,omitempty"`
+	// since is when state was entered, in Unix milliseconds.
+	SinceUnixMs int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	// last_error is the error of the last failed check, "" if none failed yet.
+	LastError string `protobuf:"bytes,4,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// consecutive is the number of checks in a row with the last result.
+	Consecutive uint32 `protobuf:"varint,5,opt,name=consecutive,proto3" json:"consecutive,omitempty"`
+	// detail explains the state in words, such as "failing health check
+	// (connection refused, 3 in a row)".
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackendHealth) Reset() {
+	*x = BackendHealth{}
+	mi := &file_vipd_v1_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackendHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackendHealth) ProtoMessage() {}
+
+func (x *BackendHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackendHealth.ProtoReflect.Descriptor instead.
+func (*BackendHealth) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BackendHealth) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *BackendHealth) GetState() HealthState {
+	if x != nil {
+		return x.State
+	}
+	return HealthState_HEALTH_STATE_UNSPECIFIED
+}
+
+func (x *BackendHealth) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *BackendHealth) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *BackendHealth) GetConsecutive() uint32 {
+	if x != nil {
+		return x.Consecutive
+	}
+	return 0
+}
+
+func (x *BackendHealth) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // Endpoint is an address and port: a client, a VIP or a backend.
 type Endpoint struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -678,7 +1024,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	mi := &file_vipd_v1_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +1036,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_service_proto_msgTypes[4]
+	mi := &file_vipd_v1_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +1049,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Endpoint) GetIp() string {
@@ -746,7 +1092,7 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"n\n" +
 	"\x15SessionAffinityConfig\x12,\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x18.vipd.v1.SessionAffinityR\x04mode\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\x85\x04\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\xbe\x04\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -760,10 +1106,31 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\n" +
 	" \x01(\x04R\n" +
-	"generation\x1a9\n" +
+	"generation\x127\n" +
+	"\fhealth_check\x18\v \x01(\v2\x14.vipd.v1.HealthCheckR\vhealthCheck\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\".\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +
+	"\vHealthCheck\x128\n" +
+	"\bprotocol\x18\x01 \x01(\x0e2\x1c.vipd.v1.HealthCheckProtocolR\bprotocol\x12\x1b\n" +
+	"\tport_name\x18\x02 \x01(\tR\bportName\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12!\n" +
+	"\fgrpc_service\x18\x05 \x01(\tR\vgrpcService\x12\x1f\n" +
+	"\vinterval_ms\x18\x06 \x01(\rR\n" +
+	"intervalMs\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\a \x01(\rR\ttimeoutMs\x12+\n" +
+	"\x11healthy_threshold\x18\b \x01(\rR\x10healthyThreshold\x12/\n" +
+	"\x13unhealthy_threshold\x18\t \x01(\rR\x12unhealthyThreshold\"\xc8\x01\n" +
+	"\rBackendHealth\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12*\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x14.vipd.v1.HealthStateR\x05state\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x04 \x01(\tR\tlastError\x12 \n" +
+	"\vconsecutive\x18\x05 \x01(\rR\vconsecutive\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\".\n" +
 	"\bEndpoint\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port*[\n" +
@@ -788,7 +1155,17 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\rLoadBalancing\x12\x1e\n" +
 	"\x1aLOAD_BALANCING_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOAD_BALANCING_RANDOM\x10\x01\x12\x19\n" +
-	"\x15LOAD_BALANCING_MAGLEV\x10\x02B+Z)github.com/vipd/vipd/proto/vipd/v1;vipdv1b\x06proto3"
+	"\x15LOAD_BALANCING_MAGLEV\x10\x02*\x9b\x01\n" +
+	"\x13HealthCheckProtocol\x12%\n" +
+	"!HEALTH_CHECK_PROTOCOL_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19HEALTH_CHECK_PROTOCOL_TCP\x10\x01\x12\x1e\n" +
+	"\x1aHEALTH_CHECK_PROTOCOL_HTTP\x10\x02\x12\x1e\n" +
+	"\x1aHEALTH_CHECK_PROTOCOL_GRPC\x10\x03*y\n" +
+	"\vHealthState\x12\x1c\n" +
+	"\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14HEALTH_STATE_UNKNOWN\x10\x01\x12\x18\n" +
+	"\x14HEALTH_STATE_PASSING\x10\x02\x12\x18\n" +
+	"\x14HEALTH_STATE_FAILING\x10\x03B+Z)github.com/vipd/vipd/proto/vipd/v1;vipdv1b\x06proto3"
 
 var (
 	file_vipd_v1_service_proto_rawDescOnce sync.Once
@@ -802,38 +1179,45 @@ func file_vipd_v1_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_service_proto_rawDescData
 }
 
-var file_vipd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_vipd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_vipd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_vipd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_vipd_v1_service_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: vipd.v1.Protocol
 	(BackendState)(0),             // 1: vipd.v1.BackendState
 	(SessionAffinity)(0),          // 2: vipd.v1.SessionAffinity
 	(TrafficPolicy)(0),            // 3: vipd.v1.TrafficPolicy
 	(LoadBalancing)(0),            // 4: vipd.v1.LoadBalancing
-	(*Port)(nil),                  // 5: vipd.v1.Port
-	(*Backend)(nil),               // 6: vipd.v1.Backend
-	(*SessionAffinityConfig)(nil), // 7: vipd.v1.SessionAffinityConfig
-	(*Service)(nil),               // 8: vipd.v1.Service
-	(*Endpoint)(nil),              // 9: vipd.v1.Endpoint
-	nil,                           // 10: vipd.v1.Backend.PortsEntry
-	nil,                           // 11: vipd.v1.Service.LabelsEntry
+	(HealthCheckProtocol)(0),      // 5: vipd.v1.HealthCheckProtocol
+	(HealthState)(0),              // 6: vipd.v1.HealthState
+	(*Port)(nil),                  // 7: vipd.v1.Port
+	(*Backend)(nil),               // 8: vipd.v1.Backend
+	(*SessionAffinityConfig)(nil), // 9: vipd.v1.SessionAffinityConfig
+	(*Service)(nil),               // 10: vipd.v1.Service
+	(*HealthCheck)(nil),           // 11: vipd.v1.HealthCheck
+	(*BackendHealth)(nil),         // 12: vipd.v1.BackendHealth
+	(*Endpoint)(nil),              // 13: vipd.v1.Endpoint
+	nil,                           // 14: vipd.v1.Backend.PortsEntry
+	nil,                           // 15: vipd.v1.Service.LabelsEntry
 }
 var file_vipd_v1_service_proto_depIdxs = []int32{
 	0,  // 0: vipd.v1.Port.protocol:type_name -> vipd.v1.Protocol
-	10, // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
+	14, // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
 	1,  // 2: vipd.v1.Backend.state:type_name -> vipd.v1.BackendState
 	2,  // 3: vipd.v1.SessionAffinityConfig.mode:type_name -> vipd.v1.SessionAffinity
-	5,  // 4: vipd.v1.Service.ports:type_name -> vipd.v1.Port
-	6,  // 5: vipd.v1.Service.backends:type_name -> vipd.v1.Backend
-	7,  // 6: vipd.v1.Service.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
+	7,  // 4: vipd.v1.Service.ports:type_name -> vipd.v1.Port
+	8,  // 5: vipd.v1.Service.backends:type_name -> vipd.v1.Backend
+	9,  // 6: vipd.v1.Service.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
 	3,  // 7: vipd.v1.Service.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
 	4,  // 8: vipd.v1.Service.load_balancing:type_name -> vipd.v1.LoadBalancing
-	11, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
+	11, // 10: vipd.v1.Service.health_check:type_name -> vipd.v1.HealthCheck
+	5,  // 11: vipd.v1.HealthCheck.protocol:type_name -> vipd.v1.HealthCheckProtocol
+	6,  // 12: vipd.v1.BackendHealth.state:type_name -> vipd.v1.HealthState
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_service_proto_init() }
@@ -846,8 +1230,8 @@ func file_vipd_v1_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_service_proto_rawDesc), len(file_vipd_v1_service_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   7,
+			NumEnums:      7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,13 @@
+// Package health runs vipd's active health checks: it probes every backend
+// of every service that has a health_check (TCP connect, HTTP GET, gRPC
+// health Check) from the node's network namespace, with bounded
+// concurrency and jittered schedules, keeps each backend's result (passing,
+// failing or unknown, since when, the last error, how many in a row), and
+// submits each change of a backend's effective state to the reconciler
+// (reconcile.Reconciler.SetHealth), which hands failing backends to the
+// dataplane as NOT_SERVING.
+//
+// It never changes desired state and never promotes a backend: a backend
+// the control plane marked NOT_SERVING is not probed at all. It programs
+// nothing itself.
+package health
