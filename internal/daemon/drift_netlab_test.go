@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,11 +13,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
-	"github.com/vipd/vipd/dataplane/ebpf"
-	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
 	"github.com/vipd/vipd/internal/daemon"
-	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vishvananda/netlink"
@@ -66,27 +62,7 @@ func testDriftLoopRepairs(t *testing.T, dp string) {
 			}
 		}
 	case daemon.DataplaneEBPF:
-		// Never the machine's root cgroup, and pins in a private bpffs,
-		// unmounted after vipd stops (cleanups run last first).
-		dir, err := os.MkdirTemp("", "vipdd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.EBPF.CgroupPath = cgroup2test.New(t)
-		cfg.EBPF.BPFFS = filepath.Join(dir, "bpf")
-		cfg.EBPF.TCAttach = ebpf.TCAttachTCX
-		// vipd run's defaults: Config.Check refuses zero sizes and times.
-		cfg.EBPF.Maps = ebpf.DefaultMapSizes
-		cfg.EBPF.ConntrackTimeouts = ebpf.DefaultConntrackTimeouts
-		cfg.EBPF.GCInterval = 30 * time.Second
-		cfg.EBPF.MaglevTableSize = maglev.DefaultTableSize
-		t.Cleanup(func() {
-			if err := ebpf.UnmountBPFFS(cfg.EBPF.BPFFS); err != nil {
-				t.Errorf("%v (leaving %s)", err, dir)
-				return
-			}
-			os.RemoveAll(dir)
-		})
+		labDataplane(t, &cfg, dp) // a test cgroup and a private bpffs
 		what = "tc-link"
 		breakIt = func() {
 			var ifindex int
@@ -161,9 +137,8 @@ func testDriftLoopRepairs(t *testing.T, dp string) {
 	}
 }
 
-// driftRepairs reads vipd_dataplane_drift_repairs_total{dataplane,what}
-// from vipd's /metrics.
-func driftRepairs(t *testing.T, addr, dp, what string) float64 {
+// metricsText fetches vipd's /metrics from addr.
+func metricsText(t *testing.T, addr string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -174,8 +149,16 @@ func driftRepairs(t *testing.T, addr, dp, what string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return string(body)
+}
+
+// driftRepairs reads vipd_dataplane_drift_repairs_total{dataplane,what}
+// from vipd's /metrics.
+func driftRepairs(t *testing.T, addr, dp, what string) float64 {
+	t.Helper()
+	body := metricsText(t, addr)
 	prefix := fmt.Sprintf("vipd_dataplane_drift_repairs_total{dataplane=%q,what=%q} ", dp, what)
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, prefix); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {

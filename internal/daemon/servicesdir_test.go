@@ -2,8 +2,6 @@ package daemon_test
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -368,17 +366,8 @@ func waitWarning(t *testing.T, r *running, check string, cond func(*vipdv1.Statu
 // value.
 func dirErrorsMetric(t *testing.T, addr string) map[string]string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]string{}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(metricsText(t, addr), "\n") {
 		if rest, ok := strings.CutPrefix(line, "vipd_services_dir_errors{"); ok {
 			labels, v, _ := strings.Cut(rest, "} ")
 			out[labels] = v
