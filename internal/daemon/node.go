@@ -35,6 +35,16 @@ type options struct {
 	persister  func(*store.Dir) reconcile.Persister
 	serverOpts []server.Option
 	version    string
+	noHealth   bool
+}
+
+// WithoutHealthChecks runs no active health checks: backends are never
+// probed, whatever their services' health_check says. A test whose vipd
+// runs in the machine's own network namespace (no Config.NetNS) needs it,
+// so that no service it writes, fuzzed ones included, makes vipd connect
+// to an address off the machine.
+func WithoutHealthChecks() Option {
+	return func(o *options) { o.noHealth = true }
 }
 
 // WithDataplane makes the node apply to dp, which is already open, instead
@@ -89,9 +99,9 @@ type Node struct {
 	rec        *reconcile.Reconciler
 	api        *server.API
 	srv        *server.Server
-	hub        *flowhub.Hub       // nil: the dataplane reports no flows
-	checker    *nodecheck.Checker // nil: the dataplane programs nothing
-	prober     *health.Prober
+	hub        *flowhub.Hub         // nil: the dataplane reports no flows
+	checker    *nodecheck.Checker   // nil: the dataplane programs nothing
+	prober     *health.Prober       // nil: WithoutHealthChecks
 	metricsSrv *metrics.Server      // nil: no Config.MetricsAddr
 	reloader   *reloader            // nil: no Config.Remote listener
 	dirWatcher *servicesdir.Watcher // nil: no Config.ServicesDir
@@ -222,8 +232,10 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	if ex, ok := n.dp.(dataplane.Explainer); ok {
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
 	}
-	n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, health.WithNetNS(cfg.NetNS), health.WithObserver(m))
-	apiOpts = append(apiOpts, server.WithBackendHealth(n.prober))
+	if !o.noHealth {
+		n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, health.WithNetNS(cfg.NetNS), health.WithObserver(m))
+		apiOpts = append(apiOpts, server.WithBackendHealth(n.prober))
+	}
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
@@ -341,13 +353,16 @@ func (n *Node) start(ctx context.Context) {
 	recCtx, stopRec := context.WithCancel(ctx)
 	n.stopRec = stopRec
 	go func() { n.recDone <- n.rec.Run(recCtx) }()
-	proberCtx, cancelProber := context.WithCancel(ctx)
-	proberDone := make(chan struct{})
-	go func() {
-		defer close(proberDone)
-		n.prober.Run(proberCtx)
-	}()
-	n.stopProber = func() { cancelProber(); <-proberDone }
+	n.stopProber = func() {}
+	if n.prober != nil {
+		proberCtx, cancelProber := context.WithCancel(ctx)
+		proberDone := make(chan struct{})
+		go func() {
+			defer close(proberDone)
+			n.prober.Run(proberCtx)
+		}()
+		n.stopProber = func() { cancelProber(); <-proberDone }
+	}
 	n.stopDir = func() {}
 	if n.dirWatcher != nil {
 		dirCtx, cancel := context.WithCancel(ctx)

@@ -186,8 +186,10 @@ func (s *Server) start(cfg config) error {
 	if cfg.noFlows {
 		dp = withoutFlows{s.dp, s.dp}
 	}
+	// The test vipd runs in the machine's own network namespace: it must
+	// never probe a backend, which could be any address.
 	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister),
-		daemon.WithServerOptions(cfg.serverOpts...)}
+		daemon.WithServerOptions(cfg.serverOpts...), daemon.WithoutHealthChecks()}
 	for _, l := range s.extra {
 		opts = append(opts, daemon.WithListener(l))
 	}

@@ -196,3 +196,29 @@ func TestStartFailure(t *testing.T) {
 		t.Errorf("the WithListener listener is still open (dial: %v)", err)
 	}
 }
+
+// TestNoHealthChecks checks that the test vipd, which runs in the
+// machine's own network namespace, never probes backends: a service with a
+// health check gets no backend health at all (a prober reports each
+// backend "unknown" within its 200 ms sync period). The check interval is
+// an hour, and the first check of a backend comes at a random point in
+// it, so that even a prober would almost surely send no probe before the
+// test ends.
+func TestNoHealthChecks(t *testing.T) {
+	srv := testserver.Start(t)
+	c := vipdv1.NewLoadBalancerServiceClient(dial(t, srv.Target(), nil))
+	svc := web("198.18.0.1")
+	svc.HealthCheck = &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP, IntervalMs: 3_600_000}
+	if _, err := c.UpsertService(ctxT(t), &vipdv1.UpsertServiceRequest{Service: svc}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		got, err := c.GetService(ctxT(t), &vipdv1.GetServiceRequest{Name: svc.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := got.GetBackendHealth(); len(h) != 0 {
+			t.Fatalf("backend health %v: the test vipd runs health checks from the machine's own namespace", h)
+		}
+	}
+}
