@@ -5,7 +5,6 @@ package iptables_test
 // export_test.go), under the names those use.
 
 import (
-	"net/netip"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -37,16 +36,7 @@ const (
 )
 
 // kernel returns a Tracer for family f that has applied payloads in order.
-func kernel(t testing.TB, f Family, payloads ...[]byte) *Tracer {
-	t.Helper()
-	tr := NewTracer(f)
-	for _, p := range payloads {
-		if err := tr.Restore(p); err != nil {
-			t.Fatalf("%s: %v\n%s", f, err, p)
-		}
-	}
-	return tr
-}
+var kernel = Loaded
 
 // tracer renders s and loads it, in full, into a Tracer for family f.
 func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
@@ -54,18 +44,10 @@ func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
 	return kernel(t, f, Payload(nil, mustRender(t, s, opts), true, nil)[f].Restore)
 }
 
-func packet(src, dst string, proto dataplane.Protocol, p uint16) Packet {
-	return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: proto, DstPort: p}
-}
-
-func mustTrace(t testing.TB, tr *Tracer, p Packet) Outcome {
-	t.Helper()
-	o, err := tr.Trace(p)
-	if err != nil {
-		t.Fatalf("Trace: %v", err)
-	}
-	return o
-}
+var (
+	packet    = NewPacket
+	mustTrace = MustTrace
+)
 
 // assertKernel checks that the kernel model holds exactly the chains of rs.
 func assertKernel(t testing.TB, tr *Tracer, rs *Ruleset, f Family) {

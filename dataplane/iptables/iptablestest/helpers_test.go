@@ -60,16 +60,7 @@ func mustRender(t testing.TB, s *dataplane.State, opts Options) *Ruleset {
 }
 
 // kernel returns a Tracer for family f that has applied payloads in order.
-func kernel(t testing.TB, f Family, payloads ...[]byte) *Tracer {
-	t.Helper()
-	tr := NewTracer(f)
-	for _, p := range payloads {
-		if err := tr.Restore(p); err != nil {
-			t.Fatalf("%s: %v\n%s", f, err, p)
-		}
-	}
-	return tr
-}
+var kernel = Loaded
 
 // tracer renders s and loads it, in full, into a Tracer for family f.
 func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
@@ -77,17 +68,9 @@ func tracer(t testing.TB, s *dataplane.State, opts Options, f Family) *Tracer {
 	return kernel(t, f, Payload(nil, mustRender(t, s, opts), true, nil)[f].Restore)
 }
 
-func packet(src, dst string, proto dataplane.Protocol, p uint16) Packet {
-	return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), Protocol: proto, DstPort: p}
-}
-
-func mustTrace(t testing.TB, tr *Tracer, p Packet) Outcome {
-	t.Helper()
-	o, err := tr.Trace(p)
-	if err != nil {
-		t.Fatalf("Trace: %v", err)
-	}
-	return o
-}
+var (
+	packet    = NewPacket
+	mustTrace = MustTrace
+)
 
 var families = []Family{IPv4, IPv6}
