@@ -44,6 +44,9 @@ type Capabilities struct {
 	LoadBalancing []LoadBalancing
 	// Protocols lists the protocols the dataplane forwards.
 	Protocols []Protocol
+	// External is true when the dataplane serves node ports, external IPs,
+	// load-balancer IPs and the external traffic policy.
+	External bool
 	// Hint is added to unsupported-feature errors: what to use instead.
 	Hint string
 }
@@ -66,6 +69,9 @@ func (caps Capabilities) Check(svc *Service) error {
 		if !slices.Contains(caps.Protocols, p.Protocol) {
 			return &UnsupportedError{Service: svc.Name, Feature: "protocol " + p.Protocol.String(), Hint: caps.Hint}
 		}
+	}
+	if !caps.External && svc.HasExternal() {
+		return &UnsupportedError{Service: svc.Name, Feature: "external traffic (node ports, external IPs, load-balancer IPs)", Hint: caps.Hint}
 	}
 	return nil
 }

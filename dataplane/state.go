@@ -27,8 +27,64 @@ type State struct {
 	Services map[string]*Service
 	// Changed names the services added, changed or removed since the State of
 	// the previous successful Apply. It is only a hint for incremental
-	// dataplanes; nil means "unknown, diff everything".
+	// dataplanes; nil means "unknown, diff everything". A change of Node is
+	// never listed in it: a dataplane compares Node with the Node of its
+	// previous successful Apply (Node.Equal).
 	Changed []string
+	// Node is what the node's network looks like, for the external half of
+	// the services (node ports, external and load-balancer IPs, external
+	// traffic policy). The zero Node has no node-port address and no
+	// external interface: node ports are served nowhere and no traffic
+	// counts as from outside the node.
+	Node Node
+}
+
+// Node describes the node's network as the dataplanes need it for
+// external traffic. The daemon keeps it current (internal/nodenet) and
+// hands it over in every State.
+type Node struct {
+	// NodePortAddresses are the addresses node ports are served on: the
+	// node's addresses, or those within vipd run --nodeport-addresses,
+	// never loopback. Sorted and distinct.
+	NodePortAddresses []netip.Addr
+	// Interfaces are the node's interfaces that are up and either have a
+	// unicast address or are external, sorted by name.
+	Interfaces []Interface
+}
+
+// Interface is one network interface of the node.
+type Interface struct {
+	Name  string
+	Index int
+	// Addrs are the interface's unicast addresses (no link-local IPv6),
+	// sorted.
+	Addrs []netip.Addr
+	// External marks an interface that traffic from outside the node
+	// arrives on (vipd run --external-interfaces; by default those that
+	// hold a default route). A packet that enters the node on one is
+	// external traffic, subject to a service's ExternalTrafficPolicy;
+	// every other packet (from a pod's interface, or sent by the node
+	// itself) gets cluster semantics.
+	External bool
+}
+
+// ExternalInterfaces returns the names of n's external interfaces, sorted.
+func (n *Node) ExternalInterfaces() []string {
+	var names []string
+	for _, i := range n.Interfaces {
+		if i.External {
+			names = append(names, i.Name)
+		}
+	}
+	return names
+}
+
+// Equal reports whether n and o describe the same node network.
+func (n *Node) Equal(o *Node) bool {
+	return slices.Equal(n.NodePortAddresses, o.NodePortAddresses) &&
+		slices.EqualFunc(n.Interfaces, o.Interfaces, func(a, b Interface) bool {
+			return a.Name == b.Name && a.Index == b.Index && a.External == b.External && slices.Equal(a.Addrs, b.Addrs)
+		})
 }
 
 // ServiceSet is an immutable set of services keyed by name. Its methods are
@@ -120,6 +176,44 @@ type Service struct {
 	TrafficPolicy TrafficPolicy
 	// LoadBalancing is the algorithm that picks a backend.
 	LoadBalancing LoadBalancing
+
+	// ExternalIPs are addresses vipd does not own, routed to this node and
+	// served on Ports: distinct, each of a family of one of the VIPs, never
+	// a VIP or a backend of any service, never one of LoadBalancerIPs.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are served on Ports like ExternalIPs.
+	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges, when not empty, are the only sources whose
+	// packets to LoadBalancerIPs are forwarded; the others are dropped,
+	// whether they come from outside the node or from a pod. Masked
+	// (Prefix.Masked) and distinct.
+	LoadBalancerSourceRanges []netip.Prefix
+	// ExternalTrafficPolicy applies to external traffic (see
+	// Interface.External) to a node port, an external IP or a
+	// load-balancer IP: Cluster picks from ExternalBackends with the
+	// source masqueraded to the node's address; Local picks from the
+	// node-local ones with the source kept, and drops the packets when
+	// there is none. Every other packet to these addresses gets cluster
+	// semantics: ExternalBackends with policy Cluster, no masquerade.
+	ExternalTrafficPolicy TrafficPolicy
+	// HealthCheckNodePort is the TCP port, on the NodePortAddresses, of the
+	// daemon's HTTP health answer for an ExternalTrafficPolicy of Local; 0
+	// means none. Dataplanes program nothing for it.
+	HealthCheckNodePort uint16
+}
+
+// HasExternal reports whether s asks for any external traffic: a node
+// port, an external IP or a load-balancer IP.
+func (s *Service) HasExternal() bool {
+	if len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0 {
+		return true
+	}
+	for _, p := range s.Ports {
+		if p.NodePort != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Port is one (protocol, port) served on every VIP of a service.
@@ -128,6 +222,10 @@ type Port struct {
 	Protocol   Protocol
 	Port       uint16
 	TargetPort uint16
+	// NodePort, when not 0, also serves the port on every node-port
+	// address (Node.NodePortAddresses) at this port. Unique by (Protocol,
+	// NodePort) over every service.
+	NodePort uint16
 }
 
 // Backend is one endpoint of a service.
@@ -185,13 +283,27 @@ func (b *Backend) Serves(p Port) bool {
 // returned, in the order of s.Backends. An empty result means that new
 // connections to p are refused.
 func (s *Service) EligibleBackends(p Port, is6 bool) []*Backend {
+	return s.eligible(p, is6, s.TrafficPolicy)
+}
+
+// ExternalBackends returns the backends that may receive a new connection
+// to port p through a node port, an external IP or a load-balancer IP, as
+// EligibleBackends does but under policy instead of the internal traffic
+// policy: s.ExternalTrafficPolicy for external traffic, TrafficPolicyCluster
+// for traffic from the node and its pods. With Local, an empty result means
+// the packets are dropped; with Cluster, that connections are refused.
+func (s *Service) ExternalBackends(p Port, is6 bool, policy TrafficPolicy) []*Backend {
+	return s.eligible(p, is6, policy)
+}
+
+func (s *Service) eligible(p Port, is6 bool, policy TrafficPolicy) []*Backend {
 	var ready, terminating []*Backend
 	for i := range s.Backends {
 		b := &s.Backends[i]
 		if b.IP.Is6() != is6 || !b.Serves(p) {
 			continue
 		}
-		if s.TrafficPolicy == TrafficPolicyLocal && !b.NodeLocal {
+		if policy == TrafficPolicyLocal && !b.NodeLocal {
 			continue
 		}
 		switch b.State {

@@ -64,6 +64,7 @@ func New(opts ...Option) *Dataplane {
 		caps: dataplane.Capabilities{
 			LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom, dataplane.LoadBalancingMaglev},
 			Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+			External:      true,
 		},
 		applied:  map[string]*dataplane.Service{},
 		needFull: true,

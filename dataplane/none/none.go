@@ -37,6 +37,7 @@ func (d *Dataplane) Capabilities() dataplane.Capabilities {
 	return dataplane.Capabilities{
 		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom, dataplane.LoadBalancingMaglev},
 		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+		External:      true,
 	}
 }
 

@@ -37,6 +37,11 @@ const (
 	// FLOW_EVENT_TYPE_EXISTING is a flow that was live when listed, by
 	// ListFlows or by WatchFlows with include_existing.
 	FlowEventType_FLOW_EVENT_TYPE_EXISTING FlowEventType = 3
+	// FLOW_EVENT_TYPE_HEALTH marks a backend's health-check transition
+	// (passing to failing or back): not a flow, but what decides where new
+	// flows go. It sets time, service, backend (the probed address and port)
+	// and health; the other fields are empty.
+	FlowEventType_FLOW_EVENT_TYPE_HEALTH FlowEventType = 4
 )
 
 // Enum value maps for FlowEventType.
@@ -46,12 +51,14 @@ var (
 		1: "FLOW_EVENT_TYPE_NEW",
 		2: "FLOW_EVENT_TYPE_CLOSED",
 		3: "FLOW_EVENT_TYPE_EXISTING",
+		4: "FLOW_EVENT_TYPE_HEALTH",
 	}
 	FlowEventType_value = map[string]int32{
 		"FLOW_EVENT_TYPE_UNSPECIFIED": 0,
 		"FLOW_EVENT_TYPE_NEW":         1,
 		"FLOW_EVENT_TYPE_CLOSED":      2,
 		"FLOW_EVENT_TYPE_EXISTING":    3,
+		"FLOW_EVENT_TYPE_HEALTH":      4,
 	}
 )
 
@@ -366,7 +373,10 @@ type FlowEvent struct {
 	// EXISTING events show TCP_STATE_SYN_SENT, TCP_STATE_SYN_RECV or
 	// TCP_STATE_ESTABLISHED; the iptables dataplane lists closing connections
 	// too, until their TIME_WAIT is over.
-	TcpState      TcpState `protobuf:"varint,17,opt,name=tcp_state,json=tcpState,proto3,enum=vipd.v1.TcpState" json:"tcp_state,omitempty"`
+	TcpState TcpState `protobuf:"varint,17,opt,name=tcp_state,json=tcpState,proto3,enum=vipd.v1.TcpState" json:"tcp_state,omitempty"`
+	// health is set on FLOW_EVENT_TYPE_HEALTH only: the backend's health
+	// after the transition, as GetServiceResponse.backend_health shows it.
+	Health        *BackendHealth `protobuf:"bytes,18,opt,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +530,13 @@ func (x *FlowEvent) GetTcpState() TcpState {
 	return TcpState_TCP_STATE_UNSPECIFIED
 }
 
+func (x *FlowEvent) GetHealth() *BackendHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
 // LostEvents reports events that a stream missed, exactly counted.
 type LostEvents struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -578,8 +595,11 @@ func (x *LostEvents) GetSource() LostEventsSource {
 type WatchFlowsRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Filter *FlowFilter            `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
-	// types selects the event types to send: FLOW_EVENT_TYPE_NEW and
-	// FLOW_EVENT_TYPE_CLOSED; empty means both. FLOW_EVENT_TYPE_EXISTING in
+	// types selects the event types to send: FLOW_EVENT_TYPE_NEW,
+	// FLOW_EVENT_TYPE_CLOSED and FLOW_EVENT_TYPE_HEALTH; empty means all
+	// three. A FLOW_EVENT_TYPE_HEALTH event matches filter's service and
+	// backend (its probed address) and never a filter with vip, client or
+	// protocol set. FLOW_EVENT_TYPE_EXISTING in
 	// it means the same as include_existing; when it is the only type, the
 	// stream sends the existing flows and ends.
 	Types []FlowEventType `protobuf:"varint,2,rep,packed,name=types,proto3,enum=vipd.v1.FlowEventType" json:"types,omitempty"`
@@ -846,7 +866,7 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12-\n" +
-	"\bprotocol\x18\x05 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\"\xcb\x05\n" +
+	"\bprotocol\x18\x05 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\"\xfb\x05\n" +
 	"\tFlowEvent\x12*\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x16.vipd.v1.FlowEventTypeR\x04type\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
@@ -865,7 +885,8 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\fclose_reason\x18\x0e \x01(\tR\vcloseReason\x12\x17\n" +
 	"\aflow_id\x18\x0f \x01(\x04R\x06flowId\x120\n" +
 	"\x05start\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12.\n" +
-	"\ttcp_state\x18\x11 \x01(\x0e2\x11.vipd.v1.TcpStateR\btcpState\"U\n" +
+	"\ttcp_state\x18\x11 \x01(\x0e2\x11.vipd.v1.TcpStateR\btcpState\x12.\n" +
+	"\x06health\x18\x12 \x01(\v2\x16.vipd.v1.BackendHealthR\x06health\"U\n" +
 	"\n" +
 	"LostEvents\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\x121\n" +
@@ -883,12 +904,13 @@ const file_vipd_v1_flow_service_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\"[\n" +
 	"\x11ListFlowsResponse\x12(\n" +
 	"\x05flows\x18\x01 \x03(\v2\x12.vipd.v1.FlowEventR\x05flows\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x83\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\x9f\x01\n" +
 	"\rFlowEventType\x12\x1f\n" +
 	"\x1bFLOW_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13FLOW_EVENT_TYPE_NEW\x10\x01\x12\x1a\n" +
 	"\x16FLOW_EVENT_TYPE_CLOSED\x10\x02\x12\x1c\n" +
-	"\x18FLOW_EVENT_TYPE_EXISTING\x10\x03*\xe8\x01\n" +
+	"\x18FLOW_EVENT_TYPE_EXISTING\x10\x03\x12\x1a\n" +
+	"\x16FLOW_EVENT_TYPE_HEALTH\x10\x04*\xe8\x01\n" +
 	"\bTcpState\x12\x19\n" +
 	"\x15TCP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TCP_STATE_SYN_SENT\x10\x01\x12\x16\n" +
@@ -937,6 +959,7 @@ var file_vipd_v1_flow_service_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 	(*Endpoint)(nil),              // 12: vipd.v1.Endpoint
 	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*BackendHealth)(nil),         // 14: vipd.v1.BackendHealth
 }
 var file_vipd_v1_flow_service_proto_depIdxs = []int32{
 	10, // 0: vipd.v1.FlowFilter.protocol:type_name -> vipd.v1.Protocol
@@ -949,22 +972,23 @@ var file_vipd_v1_flow_service_proto_depIdxs = []int32{
 	13, // 7: vipd.v1.FlowEvent.duration:type_name -> google.protobuf.Duration
 	11, // 8: vipd.v1.FlowEvent.start:type_name -> google.protobuf.Timestamp
 	1,  // 9: vipd.v1.FlowEvent.tcp_state:type_name -> vipd.v1.TcpState
-	2,  // 10: vipd.v1.LostEvents.source:type_name -> vipd.v1.LostEventsSource
-	3,  // 11: vipd.v1.WatchFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
-	0,  // 12: vipd.v1.WatchFlowsRequest.types:type_name -> vipd.v1.FlowEventType
-	4,  // 13: vipd.v1.WatchFlowsResponse.flow:type_name -> vipd.v1.FlowEvent
-	5,  // 14: vipd.v1.WatchFlowsResponse.lost:type_name -> vipd.v1.LostEvents
-	3,  // 15: vipd.v1.ListFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
-	4,  // 16: vipd.v1.ListFlowsResponse.flows:type_name -> vipd.v1.FlowEvent
-	6,  // 17: vipd.v1.FlowService.WatchFlows:input_type -> vipd.v1.WatchFlowsRequest
-	8,  // 18: vipd.v1.FlowService.ListFlows:input_type -> vipd.v1.ListFlowsRequest
-	7,  // 19: vipd.v1.FlowService.WatchFlows:output_type -> vipd.v1.WatchFlowsResponse
-	9,  // 20: vipd.v1.FlowService.ListFlows:output_type -> vipd.v1.ListFlowsResponse
-	19, // [19:21] is the sub-list for method output_type
-	17, // [17:19] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 10: vipd.v1.FlowEvent.health:type_name -> vipd.v1.BackendHealth
+	2,  // 11: vipd.v1.LostEvents.source:type_name -> vipd.v1.LostEventsSource
+	3,  // 12: vipd.v1.WatchFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
+	0,  // 13: vipd.v1.WatchFlowsRequest.types:type_name -> vipd.v1.FlowEventType
+	4,  // 14: vipd.v1.WatchFlowsResponse.flow:type_name -> vipd.v1.FlowEvent
+	5,  // 15: vipd.v1.WatchFlowsResponse.lost:type_name -> vipd.v1.LostEvents
+	3,  // 16: vipd.v1.ListFlowsRequest.filter:type_name -> vipd.v1.FlowFilter
+	4,  // 17: vipd.v1.ListFlowsResponse.flows:type_name -> vipd.v1.FlowEvent
+	6,  // 18: vipd.v1.FlowService.WatchFlows:input_type -> vipd.v1.WatchFlowsRequest
+	8,  // 19: vipd.v1.FlowService.ListFlows:input_type -> vipd.v1.ListFlowsRequest
+	7,  // 20: vipd.v1.FlowService.WatchFlows:output_type -> vipd.v1.WatchFlowsResponse
+	9,  // 21: vipd.v1.FlowService.ListFlows:output_type -> vipd.v1.ListFlowsResponse
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_flow_service_proto_init() }

@@ -420,7 +420,14 @@ type Port struct {
 	// port is the VIP's port, 1-65535.
 	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
 	// target_port is the backends' port; 0 means the same as port.
-	TargetPort    uint32 `protobuf:"varint,4,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	TargetPort uint32 `protobuf:"varint,4,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	// node_port, 1-65535, also serves this port on the node's own addresses
+	// (those that vipd run --nodeport-addresses selects; by default every
+	// address of the node but loopback) at node_port; 0 means none. The
+	// control plane allocates node ports: a node_port and protocol that
+	// another service holds is AlreadyExists. Traffic from outside the node
+	// follows external_traffic_policy.
+	NodePort      uint32 `protobuf:"varint,5,opt,name=node_port,json=nodePort,proto3" json:"node_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -479,6 +486,13 @@ func (x *Port) GetPort() uint32 {
 func (x *Port) GetTargetPort() uint32 {
 	if x != nil {
 		return x.TargetPort
+	}
+	return 0
+}
+
+func (x *Port) GetNodePort() uint32 {
+	if x != nil {
+		return x.NodePort
 	}
 	return 0
 }
@@ -683,9 +697,45 @@ type Service struct {
 	// that fails unhealthy_threshold checks in a row is programmed as
 	// NOT_SERVING until it passes healthy_threshold checks; health never
 	// promotes a backend the control plane marked NOT_SERVING. Unset: no checks.
-	HealthCheck   *HealthCheck `protobuf:"bytes,11,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HealthCheck *HealthCheck `protobuf:"bytes,11,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
+	// external_ips are addresses that vipd does not own and that the network
+	// routes to this node, served on ports like the VIPs: at most 8, distinct,
+	// unicast, each of a family of one of the VIPs, and never a VIP, an
+	// external or load-balancer IP of this service, or a backend of any
+	// service. Another service may use the same address on other ports; the
+	// same address, port and protocol on two services is AlreadyExists.
+	ExternalIps []string `protobuf:"bytes,12,rep,name=external_ips,json=externalIps,proto3" json:"external_ips,omitempty"`
+	// load_balancer_ips are the addresses a load balancer sends this
+	// service's traffic to (Kubernetes' status.loadBalancer.ingress), served
+	// on ports, under the rules of external_ips.
+	LoadBalancerIps []string `protobuf:"bytes,13,rep,name=load_balancer_ips,json=loadBalancerIps,proto3" json:"load_balancer_ips,omitempty"`
+	// load_balancer_source_ranges, when not empty, are the only source CIDRs
+	// (at most 64, IPv4 or IPv6) whose packets reach load_balancer_ips;
+	// packets from any other source to them are dropped, from outside the node
+	// and from its pods alike, as kube-proxy does.
+	LoadBalancerSourceRanges []string `protobuf:"bytes,14,rep,name=load_balancer_source_ranges,json=loadBalancerSourceRanges,proto3" json:"load_balancer_source_ranges,omitempty"`
+	// external_traffic_policy applies to traffic that arrives from outside the
+	// node (on one of vipd run --external-interfaces) at a node port, an
+	// external IP or a load-balancer IP; it defaults to TRAFFIC_POLICY_CLUSTER:
+	//   - TRAFFIC_POLICY_CLUSTER: any usable backend, with the client's
+	//     address masqueraded to the node's, so that replies return through
+	//     this node;
+	//   - TRAFFIC_POLICY_LOCAL: only node_local backends, with the client's
+	//     address kept; with none, the packets are dropped (not rejected), so
+	//     that a load balancer steers away from this node.
+	//
+	// Traffic from the node itself or its pods to these addresses gets
+	// cluster semantics whatever the policy: any usable backend, no
+	// masquerade.
+	ExternalTrafficPolicy TrafficPolicy `protobuf:"varint,15,opt,name=external_traffic_policy,json=externalTrafficPolicy,proto3,enum=vipd.v1.TrafficPolicy" json:"external_traffic_policy,omitempty"`
+	// health_check_node_port, 1-65535, only with external_traffic_policy
+	// TRAFFIC_POLICY_LOCAL, makes vipd serve HTTP on that TCP port of the
+	// node-port addresses: 200 with kube-proxy's JSON while the service has a
+	// usable node_local backend, 503 otherwise. 0 means none. Two services
+	// with the same one, or one that is a TCP node_port, is AlreadyExists.
+	HealthCheckNodePort uint32 `protobuf:"varint,16,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -793,6 +843,41 @@ func (x *Service) GetHealthCheck() *HealthCheck {
 		return x.HealthCheck
 	}
 	return nil
+}
+
+func (x *Service) GetExternalIps() []string {
+	if x != nil {
+		return x.ExternalIps
+	}
+	return nil
+}
+
+func (x *Service) GetLoadBalancerIps() []string {
+	if x != nil {
+		return x.LoadBalancerIps
+	}
+	return nil
+}
+
+func (x *Service) GetLoadBalancerSourceRanges() []string {
+	if x != nil {
+		return x.LoadBalancerSourceRanges
+	}
+	return nil
+}
+
+func (x *Service) GetExternalTrafficPolicy() TrafficPolicy {
+	if x != nil {
+		return x.ExternalTrafficPolicy
+	}
+	return TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED
+}
+
+func (x *Service) GetHealthCheckNodePort() uint32 {
+	if x != nil {
+		return x.HealthCheckNodePort
+	}
+	return 0
 }
 
 // HealthCheck configures the active health checks of a service's backends.
@@ -1070,13 +1155,14 @@ var File_vipd_v1_service_proto protoreflect.FileDescriptor
 
 const file_vipd_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x15vipd/v1/service.proto\x12\avipd.v1\"~\n" +
+	"\x15vipd/v1/service.proto\x12\avipd.v1\"\x9b\x01\n" +
 	"\x04Port\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x11.vipd.v1.ProtocolR\bprotocol\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\rR\n" +
-	"targetPort\"\xa8\x02\n" +
+	"targetPort\x12\x1b\n" +
+	"\tnode_port\x18\x05 \x01(\rR\bnodePort\"\xa8\x02\n" +
 	"\aBackend\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x121\n" +
 	"\x05ports\x18\x02 \x03(\v2\x1b.vipd.v1.Backend.PortsEntryR\x05ports\x12+\n" +
@@ -1092,7 +1178,7 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"n\n" +
 	"\x15SessionAffinityConfig\x12,\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x18.vipd.v1.SessionAffinityR\x04mode\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\xbe\x04\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\xd1\x06\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -1107,7 +1193,12 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"generation\x18\n" +
 	" \x01(\x04R\n" +
 	"generation\x127\n" +
-	"\fhealth_check\x18\v \x01(\v2\x14.vipd.v1.HealthCheckR\vhealthCheck\x1a9\n" +
+	"\fhealth_check\x18\v \x01(\v2\x14.vipd.v1.HealthCheckR\vhealthCheck\x12!\n" +
+	"\fexternal_ips\x18\f \x03(\tR\vexternalIps\x12*\n" +
+	"\x11load_balancer_ips\x18\r \x03(\tR\x0floadBalancerIps\x12=\n" +
+	"\x1bload_balancer_source_ranges\x18\x0e \x03(\tR\x18loadBalancerSourceRanges\x12N\n" +
+	"\x17external_traffic_policy\x18\x0f \x01(\x0e2\x16.vipd.v1.TrafficPolicyR\x15externalTrafficPolicy\x123\n" +
+	"\x16health_check_node_port\x18\x10 \x01(\rR\x13healthCheckNodePort\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +
@@ -1211,13 +1302,14 @@ var file_vipd_v1_service_proto_depIdxs = []int32{
 	4,  // 8: vipd.v1.Service.load_balancing:type_name -> vipd.v1.LoadBalancing
 	15, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
 	11, // 10: vipd.v1.Service.health_check:type_name -> vipd.v1.HealthCheck
-	5,  // 11: vipd.v1.HealthCheck.protocol:type_name -> vipd.v1.HealthCheckProtocol
-	6,  // 12: vipd.v1.BackendHealth.state:type_name -> vipd.v1.HealthState
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 11: vipd.v1.Service.external_traffic_policy:type_name -> vipd.v1.TrafficPolicy
+	5,  // 12: vipd.v1.HealthCheck.protocol:type_name -> vipd.v1.HealthCheckProtocol
+	6,  // 13: vipd.v1.BackendHealth.state:type_name -> vipd.v1.HealthState
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_service_proto_init() }
