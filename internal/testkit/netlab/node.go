@@ -124,7 +124,7 @@ func (n *Node) wire(ctx context.Context) error {
 	if err := n.enableForwarding(); err != nil {
 		return err
 	}
-	fabric := fmt.Sprintf("node%d", k)
+	fabric := n.routerLink()
 	if err := n.addVeth(uplinkName, nodeIndexBase, up, fabric); err != nil {
 		return err
 	}
