@@ -64,10 +64,11 @@
 //	pod with host number h  198.18.k.h/32 and fd00:198:k::h/128
 //	external link e, IPv4   198.18.250.2e/31 (upstream) and 198.18.250.2e+1/31 (host e)
 //	external link e, IPv6   fd00:198:fa:e::1/64 (upstream) and fd00:198:fa:e::2/64 (host e)
+//	node k, secondary       198.18.251.k/32 and fd00:198:fb::k/128 on its uplink (Node.AddSecondaryAddresses)
 //
 // k, h and e are written in hex in IPv6 addresses (node 10 owns
-// fd00:198:a::/64). 198.18.250.0/24 and fd00:198:fa::/48 lie beyond every
-// node's pod range, since nodes stop at 100. External host numbers, too, are
+// fd00:198:a::/64). 198.18.250-251.0/24 and fd00:198:fa-fb::/48 lie beyond
+// every node's pod range, since nodes stop at 100. External host numbers, too, are
 // never reused within a lab.
 // Host numbers start at 10 and are never reused within a lab, so a removed
 // pod's address does not come back as a different pod.

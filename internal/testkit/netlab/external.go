@@ -240,10 +240,19 @@ func (h *ExternalHost) teardown() error {
 // UplinkIndex returns the interface index of the node's uplink, eth0.
 func (n *Node) UplinkIndex() int { return nodeIndexBase }
 
-// UplinkAddrs returns the node's addresses on its uplink, IPv4 first. They
-// are the node's only non-loopback unicast addresses: host veths have
-// link-local addresses only.
-func (n *Node) UplinkAddrs() []netip.Addr { return []netip.Addr{n.IPv4(), n.IPv6()} }
+// UplinkAddrs returns the node's addresses on its uplink, sorted (IPv4
+// first), secondary addresses included once added. They are the node's only
+// non-loopback unicast addresses: host veths have link-local addresses only.
+func (n *Node) UplinkAddrs() []netip.Addr {
+	n.lab.mu.Lock()
+	defer n.lab.mu.Unlock()
+	addrs := []netip.Addr{n.IPv4(), n.IPv6()}
+	if n.secondary {
+		addrs = append(addrs, n.SecondaryIPv4(), n.SecondaryIPv6())
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return addrs
+}
 
 // DataplaneNode returns the node's network as a dataplane sees it with
 // vipd's defaults: node ports on the uplink addresses, and the uplink as the
@@ -261,3 +270,56 @@ func (n *Node) DataplaneNode() dataplane.Node {
 
 // routerLink is the name of the upstream router's end of the node's uplink.
 func (n *Node) routerLink() string { return fmt.Sprintf("node%d", n.index) }
+
+// The node's secondary uplink addresses; doc.go describes them.
+func secondaryV4(k int) netip.Addr { return v4Prefix(secondaryThirdOctet, k, 32).Addr() }
+func secondaryV6(k int) netip.Addr { return v6Prefix(secondaryThirdOctet, 0, k, 128).Addr() }
+
+// secondaryThirdOctet is 251: secondary node addresses live in
+// 198.18.251.0/24 and fd00:198:fb::/64.
+const secondaryThirdOctet = 251
+
+// SecondaryIPv4 returns the IPv4 address AddSecondaryAddresses gives the
+// node, 198.18.251.k, whether or not it has been added.
+func (n *Node) SecondaryIPv4() netip.Addr { return secondaryV4(n.index) }
+
+// SecondaryIPv6 returns the IPv6 address AddSecondaryAddresses gives the
+// node, fd00:198:fb::k.
+func (n *Node) SecondaryIPv6() netip.Addr { return secondaryV6(n.index) }
+
+// AddSecondaryAddresses gives the node a second IPv4 and IPv6 address on
+// its uplink, SecondaryIPv4 and SecondaryIPv6, and makes the upstream router
+// route them to the node, so that a node has an address outside a range
+// (vipd run --nodeport-addresses, say). It returns once the addresses are
+// usable. Adding them twice is an error.
+func (n *Node) AddSecondaryAddresses(ctx context.Context) error {
+	l := n.lab
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("add secondary addresses to node%d: %w", n.index, ErrClosed)
+	}
+	if n.secondary {
+		return fmt.Errorf("add secondary addresses to node%d: added already", n.index)
+	}
+	v4, v6 := netip.PrefixFrom(n.SecondaryIPv4(), 32), netip.PrefixFrom(n.SecondaryIPv6(), 128)
+	if _, err := n.configureLink(uplinkName, v4, v6); err != nil {
+		return fmt.Errorf("add secondary addresses to node%d: %w", n.index, err)
+	}
+	link, err := l.upstream.nl.LinkByName(n.routerLink())
+	if err != nil {
+		return fmt.Errorf("add secondary addresses to node%d: find link %s in netns %s: %w", n.index, n.routerLink(), l.upstream.name, err)
+	}
+	err = l.upstream.addRoutes(
+		route(v4, link.Attrs().Index, n.IPv4()),
+		route(v6, link.Attrs().Index, n.IPv6()),
+	)
+	if err != nil {
+		return fmt.Errorf("add secondary addresses to node%d: %w", n.index, err)
+	}
+	n.secondary = true
+	if err := n.waitReady(ctx, uplinkName, v4.Addr(), v6.Addr()); err != nil {
+		return fmt.Errorf("add secondary addresses to node%d: %w", n.index, err)
+	}
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -166,6 +167,32 @@ func TestExternalHost(t *testing.T) {
 		got := n1.DataplaneNode()
 		if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 			t.Errorf("DataplaneNode (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("SecondaryAddresses", func(t *testing.T) {
+		if n2.SecondaryIPv4().String() != "198.18.251.2" || n2.SecondaryIPv6().String() != "fd00:198:fb::2" {
+			t.Errorf("node2 secondary: got %s %s", n2.SecondaryIPv4(), n2.SecondaryIPv6())
+		}
+		if err := n2.AddSecondaryAddresses(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		// A refusal is node2's kernel answering: the address is reachable
+		// from outside and from a pod on another node, and served by nobody.
+		for _, from := range []endpoint{out, a1} {
+			for _, a := range []netip.Addr{n2.SecondaryIPv4(), n2.SecondaryIPv6()} {
+				dst := netip.AddrPortFrom(a, 9).String()
+				if _, err := from.Request(t.Context(), "tcp", dst); !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Errorf("%s -> %s: got %v, want ECONNREFUSED from node2", from.Name(), dst, err)
+				}
+			}
+		}
+		want := []netip.Addr{n2.IPv4(), n2.SecondaryIPv4(), n2.IPv6(), n2.SecondaryIPv6()}
+		if got := n2.DataplaneNode(); !slices.Equal(got.NodePortAddresses, want) || !slices.Equal(got.Interfaces[0].Addrs, want) {
+			t.Errorf("DataplaneNode after AddSecondaryAddresses: got %+v, want addresses %v", got, want)
+		}
+		if err := n2.AddSecondaryAddresses(t.Context()); err == nil {
+			t.Error("second AddSecondaryAddresses succeeded")
 		}
 	})
 

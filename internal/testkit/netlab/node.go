@@ -16,8 +16,9 @@ type Node struct {
 	index int
 
 	// Guarded by lab.mu.
-	pods     []*Pod
-	nextHost int
+	pods      []*Pod
+	nextHost  int
+	secondary bool // AddSecondaryAddresses has added them
 }
 
 // Index returns k, the node's number: node k is Lab.Node(k), its namespace
