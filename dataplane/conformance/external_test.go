@@ -64,6 +64,25 @@ func (f family) lbIP(n int) netip.Addr {
 	return netip.AddrFrom4([4]byte{198, 19, 201, byte(n)})
 }
 
+func familyOf(a netip.Addr) family {
+	if a.Is4() {
+		return ipv4
+	}
+	return ipv6
+}
+
+// fmtAddrs says "a" or "one of a, b".
+func fmtAddrs(as []netip.Addr) string {
+	var ss []string
+	for _, a := range as {
+		ss = append(ss, a.String())
+	}
+	if len(ss) == 1 {
+		return ss[0]
+	}
+	return "one of " + strings.Join(ss, ", ")
+}
+
 // families is both address families, for scenarios that cover both.
 var families = []family{ipv4, ipv6}
 
@@ -132,10 +151,29 @@ func (e *env) upsertExternal(svc *vipdv1.Service) bool {
 	return false
 }
 
+// node1Addrs returns node1's addresses of family f, primary first: what a
+// backend may see as the client of masqueraded traffic.
+func (e *env) node1Addrs(f family) []netip.Addr {
+	n1 := e.lab.Node(1)
+	if f == ipv6 {
+		return []netip.Addr{n1.IPv6(), n1.SecondaryIPv6()}
+	}
+	return []netip.Addr{n1.IPv4(), n1.SecondaryIPv4()}
+}
+
+// masqueraded is the peer a backend sees for external traffic under
+// CLUSTER: one of node1's addresses. (Which one is the dataplane's choice:
+// iptables' MASQUERADE takes the outgoing interface's address, or the first
+// of the node's for a pod's veth, which has none.)
+func (e *env) masqueraded(f family) []netip.Addr { return e.node1Addrs(f) }
+
+// as is the peer a backend sees for traffic whose client address is kept.
+func as(h host, f family) []netip.Addr { return []netip.Addr{h.addr(f)} }
+
 // expectSeenAs makes n requests from h to dst: every one must be answered,
-// from dst, by a backend that saw the client as peer; the answering set must
-// be exactly want. It returns how often each answered.
-func (e *env) expectSeenAs(h host, proto string, dst netip.AddrPort, peer netip.Addr, n int, want ...string) map[string]int {
+// from dst, by a backend that saw the client as one of peers; the answering
+// set must be exactly want. It returns how often each answered.
+func (e *env) expectSeenAs(h host, proto string, dst netip.AddrPort, peers []netip.Addr, n int, want ...string) map[string]int {
 	e.t.Helper()
 	counts := map[string]int{}
 	for i := range n {
@@ -146,8 +184,8 @@ func (e *env) expectSeenAs(h host, proto string, dst netip.AddrPort, peer netip.
 		if r.Remote != dst {
 			e.fatalf("%s %v from %s: reply from %s came from %v, want it from %v", upper(proto), dst, h.name, r.Backend, r.Remote, dst)
 		}
-		if r.Peer.Addr() != peer {
-			e.fatalf("%s %v from %s: backend %s saw the client as %v, want %v", upper(proto), dst, h.name, r.Backend, r.Peer.Addr(), peer)
+		if !slices.Contains(peers, r.Peer.Addr()) {
+			e.fatalf("%s %v from %s (%v): backend %s saw the client as %v, want %s", upper(proto), dst, h.name, h.addr(familyOf(dst.Addr())), r.Backend, r.Peer.Addr(), fmtAddrs(peers))
 		}
 		counts[r.Backend]++
 	}
@@ -179,7 +217,13 @@ type probe struct {
 // expectDropped requires every probe to be dropped: no reply and no
 // refusal or ICMP error within deadWait, only silence. The probes run in
 // parallel, since each one waits out deadWait.
-func (e *env) expectDropped(probes ...probe) {
+func (e *env) expectDropped(probes ...probe) { e.t.Helper(); e.expectUnanswered(true, probes...) }
+
+// expectNoBackend requires every probe to reach no backend: refused,
+// unreachable or unanswered are all fine (expectDead, in parallel).
+func (e *env) expectNoBackend(probes ...probe) { e.t.Helper(); e.expectUnanswered(false, probes...) }
+
+func (e *env) expectUnanswered(silence bool, probes ...probe) {
 	e.t.Helper()
 	var (
 		wg       sync.WaitGroup
@@ -195,12 +239,16 @@ func (e *env) expectDropped(probes ...probe) {
 			switch {
 			case err == nil:
 				problem = fmt.Sprintf("got a reply from %s (seeing the client as %v)", r.Backend, r.Peer)
-			case !netlab.IsTimeout(err):
+			case silence && !netlab.IsTimeout(err):
 				problem = fmt.Sprintf("got %v after %v: rejected, not dropped", err, took)
 			}
 			if problem != "" {
 				mu.Lock()
-				problems = append(problems, fmt.Sprintf("%s %v from %s: want it dropped (no answer within %v), %s", upper(p.proto), p.dst, p.h.name, deadWait, problem))
+				want := "dropped (no answer within " + deadWait.String() + ")"
+				if !silence {
+					want = "no backend to answer (refused or timeout)"
+				}
+				problems = append(problems, fmt.Sprintf("%s %v from %s: want %s, %s", upper(p.proto), p.dst, p.h.name, want, problem))
 				mu.Unlock()
 			}
 		})
@@ -294,25 +342,25 @@ func nodePortCluster(e *env) {
 	n1 := e.lab.Node(1)
 	for _, f := range families {
 		np := ap(e.node1.addr(f), nodePort)
-		e.expectSeenAs(e.out, "tcp", np, e.node1.addr(f), 40, echoes(8080, e.be1, e.be4)...)
-		e.expectSeenAs(e.out2, "tcp", np, e.node1.addr(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", np, e.masqueraded(f), 40, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out2, "tcp", np, e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
 		// By default every node address but loopback is a node-port address.
 		secondary := n1.SecondaryIPv4()
 		if f == ipv6 {
 			secondary = n1.SecondaryIPv6()
 		}
-		e.expectSeenAs(e.out, "tcp", ap(secondary, nodePort), secondary, 20, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", ap(secondary, nodePort), e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
 		// The service's VIP port is not a node port, nor is any other port.
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), 80))
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), nodePort+1))
 		// From a pod of the node: cluster semantics, the client's address kept.
-		e.expectSeenAs(e.client, "tcp", np, e.client.addr(f), 40, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.client, "tcp", np, as(e.client, f), 40, echoes(8080, e.be1, e.be4)...)
 	}
 
 	// A remote backend alone: the reply comes back through node1.
 	e.updateBackends(svcName, nil, e.be1.v4, e.be1.v6)
 	for _, f := range families {
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 10, e.be4.echo(8080))
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 10, e.be4.echo(8080))
 	}
 	// No backend: rejected, as through the VIP.
 	svc.Backends = nil
@@ -330,8 +378,8 @@ func nodePortUDP(e *env) {
 	}
 	for _, f := range families {
 		np := ap(e.node1.addr(f), nodePort)
-		e.expectSeenAs(e.out, "udp", np, e.node1.addr(f), 40, echoes(8081, e.be1, e.be4)...)
-		e.expectSeenAs(e.client, "udp", np, e.client.addr(f), 40, echoes(8081, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "udp", np, e.masqueraded(f), 40, echoes(8081, e.be1, e.be4)...)
+		e.expectSeenAs(e.client, "udp", np, as(e.client, f), 40, echoes(8081, e.be1, e.be4)...)
 		// A long flow from one socket stays on one backend, both ways.
 		c := e.dial(e.out, "udp", np)
 		first := e.on(c, "")
@@ -357,21 +405,20 @@ func externalIPs(e *env) {
 	if !e.upsertExternal(svc) {
 		return
 	}
+	var dead []probe
 	for _, f := range families {
 		ext := ap(f.externalIP(10), 80)
 		for _, proto := range []string{"tcp", "udp"} {
-			e.expectSeenAs(e.out, proto, ext, e.node1.addr(f), 40, echoes(8080, e.be1, e.be4)...)
-			e.expectSeenAs(e.client, proto, ext, e.client.addr(f), 40, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(e.out, proto, ext, e.masqueraded(f), 40, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(e.client, proto, ext, as(e.client, f), 40, echoes(8080, e.be1, e.be4)...)
 		}
-		e.expectDead(e.out, "tcp", ap(f.externalIP(10), 8080))
-		e.expectDead(e.out, "tcp", ap(f.externalIP(11), 80))
+		dead = append(dead, probe{e.out, "tcp", ap(f.externalIP(10), 8080)}, probe{e.out, "tcp", ap(f.externalIP(11), 80)})
 	}
+	e.expectNoBackend(dead...)
 	// Dropped from the service, the address stops forwarding.
 	svc.ExternalIps = nil
 	e.upsert(svc)
-	for _, f := range families {
-		e.expectDead(e.out, "tcp", ap(f.externalIP(10), 80))
-	}
+	e.expectNoBackend(probe{e.out, "tcp", ap(ipv4.externalIP(10), 80)}, probe{e.out, "tcp", ap(ipv6.externalIP(10), 80)})
 }
 
 // should be able to create a functioning LoadBalancer service: its
@@ -387,10 +434,10 @@ func loadBalancerIP(e *env) {
 	for _, f := range families {
 		lb := ap(f.lbIP(10), 80)
 		for _, from := range []host{e.out, e.out2} {
-			e.expectSeenAs(from, "tcp", lb, e.node1.addr(f), 30, echoes(8080, e.be1, e.be4)...)
-			e.expectSeenAs(from, "udp", lb, e.node1.addr(f), 30, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(from, "tcp", lb, e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(from, "udp", lb, e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
 		}
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 20, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
 	}
 }
 
@@ -410,13 +457,13 @@ func loadBalancerSourceRanges(e *env) {
 	for _, f := range families {
 		lb := ap(f.lbIP(10), 80)
 		for _, proto := range []string{"tcp", "udp"} {
-			e.expectSeenAs(e.out, proto, lb, e.node1.addr(f), 20, echoes(8080, e.be1, e.be4)...)
-			e.expectSeenAs(e.client, proto, lb, e.client.addr(f), 20, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(e.out, proto, lb, e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
+			e.expectSeenAs(e.client, proto, lb, as(e.client, f), 20, echoes(8080, e.be1, e.be4)...)
 			dropped = append(dropped, probe{e.out2, proto, lb}, probe{e.client2, proto, lb})
 		}
 		// Not a load-balancer IP: the ranges do not apply.
-		e.expectSeenAs(e.out2, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 10, echoes(8080, e.be1, e.be4)...)
-		e.expectSeenAs(e.client2, "tcp", ap(f.vip(10), 80), e.client2.addr(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out2, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.client2, "tcp", ap(f.vip(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
 	}
 	e.expectDropped(dropped...)
 
@@ -424,8 +471,8 @@ func loadBalancerSourceRanges(e *env) {
 	svc.LoadBalancerSourceRanges = nil
 	e.upsert(svc)
 	for _, f := range families {
-		e.expectSeenAs(e.out2, "tcp", ap(f.lbIP(10), 80), e.node1.addr(f), 10, echoes(8080, e.be1, e.be4)...)
-		e.expectSeenAs(e.client2, "tcp", ap(f.lbIP(10), 80), e.client2.addr(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out2, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.client2, "tcp", ap(f.lbIP(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
 	}
 }
 
@@ -449,7 +496,7 @@ func externalTrafficPolicyLocal(e *env) {
 	for _, f := range families {
 		for _, dst := range targets(f) {
 			for _, proto := range []string{"tcp", "udp"} {
-				e.expectSeenAs(e.out, proto, dst, e.out.addr(f), 20, e.be1.echo(8080))
+				e.expectSeenAs(e.out, proto, dst, as(e.out, f), 20, e.be1.echo(8080))
 			}
 		}
 		e.expectHealth(e.out, ap(e.node1.addr(f), hcPort), http.StatusOK, 1)
@@ -458,7 +505,7 @@ func externalTrafficPolicyLocal(e *env) {
 	// Two local backends, and the remote one still never.
 	e.updateBackends(svcName, e.backendsOf(e.be2))
 	for _, f := range families {
-		e.expectSeenAs(e.out, "tcp", ap(f.lbIP(10), 80), e.out.addr(f), 40, echoes(8080, e.be1, e.be2)...)
+		e.expectSeenAs(e.out, "tcp", ap(f.lbIP(10), 80), as(e.out, f), 40, echoes(8080, e.be1, e.be2)...)
 		e.expectHealth(e.out, ap(e.node1.addr(f), hcPort), http.StatusOK, 2)
 	}
 
@@ -472,7 +519,7 @@ func externalTrafficPolicyLocal(e *env) {
 			for _, proto := range []string{"tcp", "udp"} {
 				dropped = append(dropped, probe{e.out, proto, dst})
 			}
-			e.expectSeenAs(e.client, "tcp", dst, e.client.addr(f), 5, e.be4.echo(8080))
+			e.expectSeenAs(e.client, "tcp", dst, as(e.client, f), 5, e.be4.echo(8080))
 		}
 	}
 	e.expectDropped(dropped...)
@@ -482,7 +529,7 @@ func externalTrafficPolicyLocal(e *env) {
 	for _, f := range families {
 		e.expectHealth(e.out, ap(e.node1.addr(f), hcPort), http.StatusOK, 1)
 		for _, dst := range targets(f) {
-			e.expectSeenAs(e.out, "tcp", dst, e.out.addr(f), 10, e.be3.echo(8080))
+			e.expectSeenAs(e.out, "tcp", dst, as(e.out, f), 10, e.be3.echo(8080))
 		}
 	}
 }
@@ -503,7 +550,7 @@ func podToLoadBalancerIP(e *env) {
 		for _, f := range families {
 			lb := ap(f.lbIP(10), 80)
 			for _, proto := range []string{"tcp", "udp"} {
-				e.expectSeenAs(e.client, proto, lb, e.client.addr(f), 40, echoes(8080, e.be1, e.be4)...)
+				e.expectSeenAs(e.client, proto, lb, as(e.client, f), 40, echoes(8080, e.be1, e.be4)...)
 			}
 			// From the node itself, too.
 			e.expectBackends(e.node1, "tcp", lb, 40, echoes(8080, e.be1, e.be4)...)
@@ -520,8 +567,8 @@ func nodePortAddresses(e *env) {
 	}
 	n1 := e.lab.Node(1)
 	for _, f := range families {
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 20, echoes(8080, e.be1, e.be4)...)
-		e.expectSeenAs(e.out, "udp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 20, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "udp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
 		secondary := n1.SecondaryIPv4()
 		if f == ipv6 {
 			secondary = n1.SecondaryIPv6()
@@ -583,17 +630,17 @@ func vipdDownExternalFlowsUp(e *env) {
 	e.vipd.kill9()
 	check("with vipd killed")
 	for _, f := range families {
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 30, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
 	}
 	e.startVipd()
 	check("after the vipd restart")
 	for _, f := range families {
-		e.expectSeenAs(e.out2, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 30, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out2, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
 	}
 	// Converged: vipd manages the service again.
 	e.updateBackends(svcName, nil, e.be1.v4, e.be1.v6)
 	check("after its service changed")
 	for _, f := range families {
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.node1.addr(f), 10, e.be4.echo(8080))
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 10, e.be4.echo(8080))
 	}
 }
