@@ -308,21 +308,23 @@ func getHealth(h host, dst netip.AddrPort) (int, healthReply, error) {
 }
 
 // expectHealth waits up to healthWait for the health check node port at dst
-// to answer h with code and localEndpoints local, in kube-proxy's JSON
-// naming the service.
-func (e *env) expectHealth(h host, dst netip.AddrPort, code, local int) {
+// to answer h with code, in kube-proxy's JSON naming the service, with
+// localEndpoints counting localPods dual-stack pods. kube-proxy counts
+// endpoints per family, vipd may count each pod's addresses: either count
+// passes.
+func (e *env) expectHealth(h host, dst netip.AddrPort, code, localPods int) {
 	e.t.Helper()
 	deadline := time.Now().Add(healthWait)
 	for {
 		got, hr, err := getHealth(h, dst)
-		ok := err == nil && got == code && hr.LocalEndpoints == local && hr.ServiceProxyHealthy &&
-			hr.Service.Namespace+"/"+hr.Service.Name == svcName
+		ok := err == nil && got == code && (hr.LocalEndpoints == localPods || hr.LocalEndpoints == 2*localPods) &&
+			hr.ServiceProxyHealthy && hr.Service.Namespace+"/"+hr.Service.Name == svcName
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.fatalf("health check node port %v from %s: want HTTP %d with localEndpoints %d, serviceProxyHealthy and service %s within %v; got HTTP %d %+v, error %v",
-				dst, h.name, code, local, svcName, healthWait, got, hr, err)
+			e.fatalf("health check node port %v from %s: want HTTP %d with localEndpoints %d (or %d: per address), serviceProxyHealthy and service %s within %v; got HTTP %d %+v, error %v",
+				dst, h.name, code, localPods, 2*localPods, svcName, healthWait, got, hr, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
