@@ -56,7 +56,8 @@ func layoutState(node *netlab.Node, web1, web2 *netlab.Pod) *dataplane.State {
 
 // TestKernelRulesGolden programs layoutState into a lab node with the real
 // dataplane, in each mode, and compares what iptables-save and
-// ip6tables-save show with kernelGolden (-update rewrites it from nft mode).
+// ip6tables-save show with kernelGolden (-update rewrites it from nft mode),
+// and checks that a second dataplane (a restart) rewrites nothing.
 // Both modes must show the same rules: a full sync compares them, as text,
 // with what Render produces.
 func TestKernelRulesGolden(t *testing.T) {
@@ -71,8 +72,22 @@ func TestKernelRulesGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer dp.Close()
-			if err := dp.Apply(ctx, layoutState(node, lab.Pod("web1"), lab.Pod("web2"))); err != nil {
+			s := layoutState(node, lab.Pod("web1"), lab.Pod("web2"))
+			if err := dp.Apply(ctx, s); err != nil {
 				t.Fatal(err)
+			}
+			// Every rule is spelled as iptables-save prints it: a restarted
+			// vipd finds nothing to rewrite.
+			again, err := New(ctx, hclog.NewNullLogger(), Config{NetNS: node.Path(), Mode: mode, Render: Options{MaxLeafRules: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer again.Close()
+			if err := again.Apply(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			if st := again.LastSync(); !st.Full || st.ChainsRewritten != 0 || st.ChainsDeleted != 0 {
+				t.Errorf("restart sync rewrote %d and deleted %d chains; want none", st.ChainsRewritten, st.ChainsDeleted)
 			}
 			var got strings.Builder
 			for _, f := range families {
