@@ -331,7 +331,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		if err := d.Capabilities().Check(svc); err != nil {
 			return nil, nil, err
 		}
-		fes, err := frontendsOf(svc, d.cfg.MaglevTableSize)
+		fes, err := serviceFrontends(svc, d.cfg.MaglevTableSize, &s.Node)
 		if err != nil {
 			return nil, nil, err
 		}
