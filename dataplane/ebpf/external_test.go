@@ -1,0 +1,155 @@
+package ebpf
+
+// External traffic on real packets: the lab's upstream router is the
+// client from outside the node; it reaches the node's uplink (eth0, the
+// external interface) at node ports, external IPs and load-balancer IPs.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/nsdo"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+)
+
+const extNodePort = 30080
+
+var (
+	extIP = netip.MustParseAddr("198.19.0.20") // an external IP
+	extLB = netip.MustParseAddr("198.19.0.21") // a load-balancer IP
+)
+
+// extEnv is a dpEnv whose node's uplink is its external interface, and
+// whose upstream router routes extIP and extLB to the node.
+type extEnv struct {
+	*dpEnv
+	nodeNet dataplane.Node
+}
+
+func newExtEnv(t *testing.T, pods []string) *extEnv {
+	t.Helper()
+	e := &extEnv{dpEnv: newDPEnv(t, pods, dpSmallMaps)}
+	var idx int
+	err := e.node.Do(func() error {
+		l, err := netlink.LinkByName(e.node.Uplink())
+		if err == nil {
+			idx = l.Attrs().Index
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("uplink: %v", err)
+	}
+	addrs := []netip.Addr{e.node.IPv4(), e.node.IPv6()}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	e.nodeNet = dataplane.Node{
+		NodePortAddresses: addrs,
+		Interfaces:        []dataplane.Interface{{Name: e.node.Uplink(), Index: idx, Addrs: addrs, External: true}},
+	}
+	err = nsdo.Do(e.lab.Upstream().Path(), func() error {
+		for _, a := range []netip.Addr{extIP, extLB} {
+			r := &netlink.Route{
+				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)},
+				Gw:  e.node.IPv4().AsSlice(),
+			}
+			if err := netlink.RouteAdd(r); err != nil {
+				return fmt.Errorf("route %s: %w", a, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("route external addresses on the upstream router: %v", err)
+	}
+	return e
+}
+
+// state is a State of svcs on the env's node.
+func (e *extEnv) state(gen uint64, svcs ...*dataplane.Service) *dataplane.State {
+	s := dpState(gen, nil, svcs...)
+	s.Node = e.nodeNet
+	return s
+}
+
+// extService is a TCP or UDP service on dpVIPA:80 with node port
+// extNodePort, the given external traffic policy, and the backends pods
+// (node-local when local).
+func (e *extEnv) extService(proto dataplane.Protocol, policy dataplane.TrafficPolicy, local bool, pods ...string) *dataplane.Service {
+	var bes []dpBE
+	for _, p := range pods {
+		bes = append(bes, dpReady(p))
+	}
+	svc := e.service("ext", dpVIPA, proto, bes...)
+	svc.Ports[0].NodePort = extNodePort
+	svc.ExternalTrafficPolicy = policy
+	for i := range svc.Backends {
+		svc.Backends[i].NodeLocal = local
+	}
+	return svc
+}
+
+// outside makes one request from the upstream router (outside the node).
+func (e *extEnv) outside(network string, to netip.AddrPort, timeout time.Duration) (netlab.Reply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return e.lab.Upstream().Request(ctx, network, to.String())
+}
+
+// upstreamAddr is the router's address on the node's fabric link: the
+// outside client's address.
+func (e *extEnv) upstreamAddr() netip.Addr {
+	a := e.node.IPv4().As4()
+	a[3]--
+	return netip.AddrFrom4(a)
+}
+
+func protoNet(p dataplane.Protocol) string {
+	if p == dataplane.UDP {
+		return "udp"
+	}
+	return "tcp"
+}
+
+// TestExternalNodePortCluster: a node port under policy Cluster, reached
+// from outside the node, masquerades the client to the node's address
+// (the backend sees the node), and the reply reaches the client from the
+// node port; a pod reaching the same node port gets cluster semantics
+// (its own address kept).
+func TestExternalNodePortCluster(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnv(t, []string{"client", "be1"})
+			e.open(nil)
+			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyCluster, true, "be1")))
+			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+			for i := range 3 {
+				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+				if err != nil {
+					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+				}
+				if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != np {
+					t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the node's address %s, from %s",
+						i, np, r.Backend, r.Peer, r.Remote, e.node.IPv4(), np)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+			defer cancel()
+			r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+			if err != nil {
+				t.Fatalf("request from a pod to node port %s: %v", np, err)
+			}
+			if r.Backend != "be1" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != np {
+				t.Fatalf("request from a pod to %s: backend %s saw client %s, reply from %s; want be1, the pod's address, from %s",
+					np, r.Backend, r.Peer, r.Remote, np)
+			}
+		})
+	}
+}
