@@ -153,3 +153,128 @@ func TestExternalNodePortCluster(t *testing.T) {
 		})
 	}
 }
+
+// expectDropped checks that a request from outside to to gets no answer
+// at all: a timeout, not a refusal (an ICMP error or a RST would fail the
+// request at once).
+func (e *extEnv) expectDropped(network string, to netip.AddrPort, what string) {
+	e.t.Helper()
+	r, err := e.outside(network, to, dpDeadTimeout)
+	if err == nil {
+		e.t.Fatalf("%s: request to %s answered by %s, want it dropped", what, to, r.Backend)
+	}
+	if !netlab.IsTimeout(err) {
+		e.t.Fatalf("%s: request to %s failed with %v, want a timeout (dropped, not refused)", what, to, err)
+	}
+}
+
+// TestExternalNodePortLocal: under policy Local, traffic from outside goes
+// to node-local backends only, with the client's address kept; with none
+// it is dropped (not refused), while pods still reach the cluster's
+// backends.
+func TestExternalNodePortLocal(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnv(t, []string{"client", "be1"})
+			e.open(nil)
+			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyLocal, true, "be1")))
+			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+			for i := range 3 {
+				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+				if err != nil {
+					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+				}
+				if r.Backend != "be1" || r.Peer.Addr() != e.upstreamAddr() || r.Remote != np {
+					t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the client's address %s, from %s",
+						i, np, r.Backend, r.Peer, r.Remote, e.upstreamAddr(), np)
+				}
+			}
+			// The only backend is not node-local any more.
+			e.apply(e.state(2, e.extService(proto, dataplane.TrafficPolicyLocal, false, "be1")))
+			e.expectDropped(protoNet(proto), np, "no node-local backend")
+			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+			defer cancel()
+			if r, err := e.pod("client").Request(ctx, protoNet(proto), np.String()); err != nil || r.Backend != "be1" {
+				t.Fatalf("request from a pod to node port %s with no node-local backend: %v, %v; want be1 (cluster semantics)", np, r, err)
+			}
+		})
+	}
+}
+
+// TestExternalIPsAndLoadBalancerSourceRanges: external IPs and
+// load-balancer IPs are served on the service port from outside; with
+// source ranges that leave the client out, its packets to the
+// load-balancer IP are dropped (the external IP still works), and with a
+// range that holds it they pass again.
+func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.open(nil)
+	svc := func(ranges ...string) *dataplane.Service {
+		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+		s.ExternalIPs = []netip.Addr{extIP}
+		s.LoadBalancerIPs = []netip.Addr{extLB}
+		for _, r := range ranges {
+			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	ext, lb := netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80)
+	works := func(to netip.AddrPort, what string) {
+		t.Helper()
+		r, err := e.outside("tcp", to, dpReplyTimeout)
+		if err != nil {
+			t.Fatalf("%s: request from outside to %s: %v", what, to, err)
+		}
+		if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != to {
+			t.Fatalf("%s: request to %s: backend %s saw %s, reply from %s; want be1, the node's address, from %s",
+				what, to, r.Backend, r.Peer, r.Remote, to)
+		}
+	}
+	e.apply(e.state(1, svc()))
+	works(ext, "external IP")
+	works(lb, "load-balancer IP without source ranges")
+
+	e.apply(e.state(2, svc("203.0.113.0/24", "fd00:198:ffff::/48")))
+	e.expectDropped("tcp", lb, "client outside load_balancer_source_ranges")
+	works(ext, "external IP, source ranges set (they are for load-balancer IPs only)")
+	// A pod outside the ranges is dropped too, whatever its origin.
+	ctx, cancel := context.WithTimeout(context.Background(), dpDeadTimeout)
+	defer cancel()
+	if r, err := e.pod("client").Request(ctx, "tcp", lb.String()); err == nil {
+		t.Fatalf("pod outside load_balancer_source_ranges reached %s through %s", r.Backend, lb)
+	}
+
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.upstreamAddr(), 31).Masked().String())))
+	works(lb, "client inside load_balancer_source_ranges")
+}
+
+// TestExternalFlowSurvivesRestart: an established external connection
+// (SNAT through the node port) keeps working while vipd is down and after
+// a new vipd took over the pinned maps.
+func TestExternalFlowSurvivesRestart(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1", "be2"})
+	e.open(nil)
+	s := e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1", "be2"))
+	e.apply(s)
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.lab.Upstream().Dial(ctx, "tcp", np.String())
+	if err != nil {
+		t.Fatalf("dial %s from outside: %v", np, err)
+	}
+	defer c.Close()
+	first := connRequest(t, c, "before the restart")
+	e.close()
+	if got := connRequest(t, c, "while vipd is down"); got != first {
+		t.Fatalf("connection answered by %s while vipd is down, want %s", got, first)
+	}
+	e.open(nil)
+	e.apply(s)
+	if got := connRequest(t, c, "after the restart"); got != first {
+		t.Fatalf("connection answered by %s after the restart, want %s", got, first)
+	}
+	if _, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
+		t.Fatalf("new connection after the restart: %v", err)
+	}
+}
