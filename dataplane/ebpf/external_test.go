@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/nsdo"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 )
 
@@ -36,7 +39,41 @@ type extEnv struct {
 
 func newExtEnv(t *testing.T, pods []string) *extEnv {
 	t.Helper()
-	e := &extEnv{dpEnv: newDPEnv(t, pods, dpSmallMaps)}
+	return newExtEnvWith(t, newDPEnv(t, pods, dpSmallMaps))
+}
+
+// newExtEnvRemote is newExtEnv with a second node whose pods remote (those
+// named be* with an echo server) are backends on another node.
+func newExtEnvRemote(t *testing.T, pods, remote []string) *extEnv {
+	t.Helper()
+	netlab.RequireRoot(t)
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: pods}, {Pods: remote}}})
+	for k, names := range [][]string{pods, remote} {
+		for _, p := range names {
+			if strings.HasPrefix(p, "be") {
+				if _, err := lab.Node(k + 1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
+					t.Fatalf("start echo: %v", err)
+				}
+			}
+		}
+	}
+	cg := cgroup2test.New(t)
+	bpffs := filepath.Join(t.TempDir(), "bpf")
+	node := lab.Node(1)
+	e := &dpEnv{
+		t: t, lab: lab, node: node, cgroup: cg, bpffs: bpffs,
+		cfg: Config{
+			NetNS: node.Path(), BPFFS: bpffs, CgroupPath: cg,
+			PodInterfaces: []string{"veth*"}, Maps: dpSmallMaps, GCInterval: time.Hour,
+		},
+	}
+	t.Cleanup(e.cleanup)
+	return newExtEnvWith(t, e)
+}
+
+func newExtEnvWith(t *testing.T, dp *dpEnv) *extEnv {
+	t.Helper()
+	e := &extEnv{dpEnv: dp}
 	var idx int
 	err := e.node.Do(func() error {
 		l, err := netlink.LinkByName(e.node.Uplink())
@@ -276,5 +313,46 @@ func TestExternalFlowSurvivesRestart(t *testing.T) {
 	}
 	if _, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
 		t.Fatalf("new connection after the restart: %v", err)
+	}
+}
+
+// TestExternalNodePortRemoteBackend: under policy Cluster, a node port
+// whose backend runs on another node sends the client's packets on,
+// masqueraded to the node's address, so that the backend's replies come
+// back through this node, which sends them to the client from the node
+// port; a pod of this node reaching the node port keeps its address.
+func TestExternalNodePortRemoteBackend(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnvRemote(t, []string{"client"}, []string{"berem"})
+			e.open(nil)
+			svc := e.service("ext", dpVIPA, proto)
+			svc.Ports[0].NodePort = extNodePort
+			svc.ExternalTrafficPolicy = dataplane.TrafficPolicyCluster
+			remote := e.lab.Pod("berem")
+			svc.Backends = []dataplane.Backend{{IP: remote.IPv4(), State: dataplane.BackendReady, Weight: 1}}
+			e.apply(e.state(1, svc))
+			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+			for i := range 3 {
+				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+				if err != nil {
+					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+				}
+				if r.Backend != "berem" || r.Peer.Addr() != e.node.IPv4() || r.Remote != np {
+					t.Fatalf("request %d to %s: backend %s saw client %s, reply from %s; want berem, the node's address %s, from %s",
+						i, np, r.Backend, r.Peer, r.Remote, e.node.IPv4(), np)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+			defer cancel()
+			r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+			if err != nil {
+				t.Fatalf("request from a pod to node port %s: %v", np, err)
+			}
+			if r.Backend != "berem" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != np {
+				t.Fatalf("request from a pod to %s: backend %s saw %s, reply from %s; want berem, the pod's address, from %s",
+					np, r.Backend, r.Peer, r.Remote, np)
+			}
+		})
 	}
 }
