@@ -127,9 +127,14 @@ func (e *extEnv) extService(proto dataplane.Protocol, policy dataplane.TrafficPo
 	svc := e.service("ext", dpVIPA, proto, bes...)
 	svc.Ports[0].NodePort = extNodePort
 	svc.ExternalTrafficPolicy = policy
+	// IPv6 too: the node port is served on both of the node's addresses.
+	for _, p := range pods {
+		svc.Backends = append(svc.Backends, dataplane.Backend{IP: e.pod(p).IPv6(), State: dataplane.BackendReady, Weight: 1})
+	}
 	for i := range svc.Backends {
 		svc.Backends[i].NodeLocal = local
 	}
+	sortBackends(svc)
 	return svc
 }
 
@@ -146,6 +151,27 @@ func (e *extEnv) upstreamAddr() netip.Addr {
 	a := e.node.IPv4().As4()
 	a[3]--
 	return netip.AddrFrom4(a)
+}
+
+// upstreamAddrOf is upstreamAddr of the family of node address a.
+func (e *extEnv) upstreamAddrOf(a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return e.upstreamAddr()
+	}
+	b := a.As16()
+	b[15]-- // fd00:198:0:k::2 is the node's, ::1 the router's
+	return netip.AddrFrom16(b)
+}
+
+// nodeAddrs are the node's addresses, IPv4 then IPv6.
+func (e *extEnv) nodeAddrs() []netip.Addr { return []netip.Addr{e.node.IPv4(), e.node.IPv6()} }
+
+// podAddrOf is the address of pod of the family of a.
+func (e *extEnv) podAddrOf(pod string, a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return e.pod(pod).IPv4()
+	}
+	return e.pod(pod).IPv6()
 }
 
 func protoNet(p dataplane.Protocol) string {
@@ -166,26 +192,28 @@ func TestExternalNodePortCluster(t *testing.T) {
 			e := newExtEnv(t, []string{"client", "be1"})
 			e.open(nil)
 			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyCluster, true, "be1")))
-			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
-			for i := range 3 {
-				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				for i := range 3 {
+					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+					if err != nil {
+						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+					}
+					if r.Backend != "be1" || r.Peer.Addr() != na || r.Remote != np {
+						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the node's address %s, from %s",
+							i, np, r.Backend, r.Peer, r.Remote, na, np)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+				defer cancel()
+				r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
 				if err != nil {
-					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+					t.Fatalf("request from a pod to node port %s: %v", np, err)
 				}
-				if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != np {
-					t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the node's address %s, from %s",
-						i, np, r.Backend, r.Peer, r.Remote, e.node.IPv4(), np)
+				if want := e.podAddrOf("client", na); r.Backend != "be1" || r.Peer.Addr() != want || r.Remote != np {
+					t.Fatalf("request from a pod to %s: backend %s saw client %s, reply from %s; want be1, the pod's address %s, from %s",
+						np, r.Backend, r.Peer, r.Remote, want, np)
 				}
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
-			defer cancel()
-			r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
-			if err != nil {
-				t.Fatalf("request from a pod to node port %s: %v", np, err)
-			}
-			if r.Backend != "be1" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != np {
-				t.Fatalf("request from a pod to %s: backend %s saw client %s, reply from %s; want be1, the pod's address, from %s",
-					np, r.Backend, r.Peer, r.Remote, np)
 			}
 		})
 	}
@@ -215,24 +243,31 @@ func TestExternalNodePortLocal(t *testing.T) {
 			e := newExtEnv(t, []string{"client", "be1"})
 			e.open(nil)
 			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyLocal, true, "be1")))
-			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
-			for i := range 3 {
-				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
-				if err != nil {
-					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
-				}
-				if r.Backend != "be1" || r.Peer.Addr() != e.upstreamAddr() || r.Remote != np {
-					t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the client's address %s, from %s",
-						i, np, r.Backend, r.Peer, r.Remote, e.upstreamAddr(), np)
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				client := e.upstreamAddrOf(na)
+				for i := range 3 {
+					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+					if err != nil {
+						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+					}
+					if r.Backend != "be1" || r.Peer.Addr() != client || r.Remote != np {
+						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the client's address %s, from %s",
+							i, np, r.Backend, r.Peer, r.Remote, client, np)
+					}
 				}
 			}
 			// The only backend is not node-local any more.
 			e.apply(e.state(2, e.extService(proto, dataplane.TrafficPolicyLocal, false, "be1")))
-			e.expectDropped(protoNet(proto), np, "no node-local backend")
-			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
-			defer cancel()
-			if r, err := e.pod("client").Request(ctx, protoNet(proto), np.String()); err != nil || r.Backend != "be1" {
-				t.Fatalf("request from a pod to node port %s with no node-local backend: %v, %v; want be1 (cluster semantics)", np, r, err)
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				e.expectDropped(protoNet(proto), np, "no node-local backend")
+				ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+				r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+				cancel()
+				if err != nil || r.Backend != "be1" {
+					t.Fatalf("request from a pod to node port %s with no node-local backend: %v, %v; want be1 (cluster semantics)", np, r, err)
+				}
 			}
 		})
 	}
