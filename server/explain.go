@@ -10,6 +10,7 @@ import (
 
 	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,12 +20,24 @@ import (
 // Explain implements vipdv1.StatusServiceServer. It reads the desired
 // state (which the dataplane has applied once Ready) and, when the
 // dataplane is an Explainer, the dataplane's state for this client.
+//
+// vip may be a VIP or an external or load-balancer IP. For the latter,
+// vipd cannot tell from the request whether the client is outside the
+// node, so the backends are judged as for traffic from outside
+// (external_traffic_policy), and the summary says what the node and its
+// pods get (cluster semantics); a client outside a load-balancer IP's
+// load_balancer_source_ranges is dropped whatever it comes from.
 func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.ExplainResponse, error) {
 	q, v := validation.Explain(req)
 	if len(v) > 0 {
 		return nil, toStatus(v)
 	}
-	e, port, ok := claimant(a.rec.Snapshot(), q.Protocol, q.VIP)
+	snap := a.rec.Snapshot()
+	e, port, ok := claimant(snap, q.Protocol, q.VIP)
+	var ext *externalView
+	if !ok {
+		e, port, ext, ok = externalClaimant(snap, q)
+	}
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no service claims %s/%s", q.VIP, q.Protocol)
 	}
@@ -39,7 +52,13 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 		Affinity:              &vipdv1.ExplainedAffinity{},
 	}
 
-	eligible := svc.EligibleBackends(port, q.VIP.Addr().Is6())
+	var eligible []*dataplane.Backend
+	switch {
+	case ext == nil:
+		eligible = svc.EligibleBackends(port, q.VIP.Addr().Is6())
+	case !ext.dropped:
+		eligible = svc.ExternalBackends(port, q.VIP.Addr().Is6(), svc.ExternalTrafficPolicy)
+	}
 	var total float64
 	for _, b := range eligible {
 		total += float64(max(b.Weight, 1))
@@ -66,7 +85,7 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 			eb.Probability = float64(eb.Weight) / total
 		}
 		if !eb.Eligible {
-			eb.IneligibleReason = ineligibleReason(svc, b, port, q.VIP.Addr(), hasReady)
+			eb.IneligibleReason = ineligibleReason(svc, b, port, q.VIP.Addr(), hasReady, ext)
 			if why, ok := failing[b.IP]; ok && eb.IneligibleReason == "not serving" {
 				eb.IneligibleReason = why
 			}
@@ -95,8 +114,49 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	case len(eligible) == 1:
 		resp.WouldPick = endpoint(netip.AddrPortFrom(eligible[0].IP, eligible[0].TargetPort(port)))
 	}
-	resp.Summary = explainSummary(svc, port, q, resp, len(eligible), a.explainer != nil, affinityEligible)
+	resp.Summary = explainSummary(svc, port, q, resp, len(eligible), a.explainer != nil, affinityEligible, ext)
 	return resp, nil
+}
+
+// externalView is how Explain sees a connection to an external or
+// load-balancer IP.
+type externalView struct {
+	// role names the address's field: "external IP" or "load-balancer IP".
+	role string
+	// dropped is true when the client is outside the load-balancer IP's
+	// load_balancer_source_ranges.
+	dropped bool
+	// cluster is how many backends the node and its pods may reach
+	// (cluster semantics).
+	cluster int
+}
+
+// externalClaimant finds the service that serves q's address as an
+// external or load-balancer IP on q's port, and how it treats q.
+func externalClaimant(snap *store.Snapshot, q dataplane.ExplainQuery) (*store.Entry, dataplane.Port, *externalView, bool) {
+	addr := q.VIP.Addr().Unmap()
+	name, ok := snap.Holder(store.Claim{VIP: addr, Protocol: q.Protocol, Port: q.VIP.Port(), Kind: store.ClaimExternal})
+	if !ok {
+		return nil, dataplane.Port{}, nil, false
+	}
+	e, ok := snap.Get(name)
+	if !ok {
+		return nil, dataplane.Port{}, nil, false
+	}
+	i := slices.IndexFunc(e.Dataplane.Ports, func(p dataplane.Port) bool { return p.Protocol == q.Protocol && p.Port == q.VIP.Port() })
+	if i < 0 {
+		return nil, dataplane.Port{}, nil, false
+	}
+	svc, port := e.Dataplane, e.Dataplane.Ports[i]
+	view := &externalView{role: "external IP"}
+	if slices.Contains(svc.LoadBalancerIPs, addr) {
+		view.role = "load-balancer IP"
+		client := q.Client.Addr().Unmap()
+		view.dropped = len(svc.LoadBalancerSourceRanges) > 0 &&
+			!slices.ContainsFunc(svc.LoadBalancerSourceRanges, func(p netip.Prefix) bool { return p.Contains(client) })
+	}
+	view.cluster = len(svc.ExternalBackends(port, addr.Is6(), dataplane.TrafficPolicyCluster))
+	return e, port, view, true
 }
 
 // withHealth returns svc as the dataplane has it: with the backends that
@@ -130,15 +190,20 @@ func (a *API) withHealth(svc *dataplane.Service) (*dataplane.Service, map[netip.
 }
 
 // ineligibleReason says why b may not take a new connection to port of vip.
-// hasReady tells whether a READY backend is eligible for that port.
-func ineligibleReason(svc *dataplane.Service, b *dataplane.Backend, port dataplane.Port, vip netip.Addr, hasReady bool) string {
+// hasReady tells whether a READY backend is eligible for that port. ext is
+// not nil when vip is an external or load-balancer IP.
+func ineligibleReason(svc *dataplane.Service, b *dataplane.Backend, port dataplane.Port, vip netip.Addr, hasReady bool, ext *externalView) string {
 	switch {
+	case ext != nil && ext.dropped:
+		return "the client is not in load_balancer_source_ranges"
 	case b.IP.Is6() != vip.Is6():
 		return fmt.Sprintf("an IPv%d backend cannot serve an IPv%d VIP", ipVersion(b.IP), ipVersion(vip))
 	case !b.Serves(port):
 		return fmt.Sprintf("does not serve port %s (only_named_ports, and ports does not name it)", portName(port))
-	case svc.TrafficPolicy == dataplane.TrafficPolicyLocal && !b.NodeLocal:
+	case ext == nil && svc.TrafficPolicy == dataplane.TrafficPolicyLocal && !b.NodeLocal:
 		return "not node-local, and the internal traffic policy is local"
+	case ext != nil && svc.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal && !b.NodeLocal:
+		return "not node-local, and the external traffic policy is local (for traffic from outside the node)"
 	case b.State == dataplane.BackendNotServing:
 		return "not serving"
 	case b.State == dataplane.BackendTerminating && hasReady:
@@ -162,14 +227,40 @@ func ipVersion(a netip.Addr) int {
 	return 6
 }
 
-// explainSummary says in words what resp holds.
-func explainSummary(svc *dataplane.Service, port dataplane.Port, q dataplane.ExplainQuery, resp *vipdv1.ExplainResponse, eligible int, asked, affinityEligible bool) string {
+// explainSummary says in words what resp holds. ext is not nil when
+// q.VIP is an external or load-balancer IP.
+func explainSummary(svc *dataplane.Service, port dataplane.Port, q dataplane.ExplainQuery, resp *vipdv1.ExplainResponse, eligible int, asked, affinityEligible bool, ext *externalView) string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "%s/%s is service %s", q.VIP, q.Protocol, svc.Name)
+	fmt.Fprintf(&s, "%s/%s is ", q.VIP, q.Protocol)
+	if ext != nil {
+		article := "a"
+		if ext.role == "external IP" {
+			article = "an"
+		}
+		fmt.Fprintf(&s, "%s %s of ", article, ext.role)
+	}
+	fmt.Fprintf(&s, "service %s", svc.Name)
 	if port.Name != "" {
 		fmt.Fprintf(&s, " port %s", port.Name)
 	}
-	fmt.Fprintf(&s, "; %d of %d backends are eligible for a new connection.", eligible, len(svc.Backends))
+	if ext != nil && ext.dropped {
+		fmt.Fprintf(&s, "; dropped: source %s not in load_balancer_source_ranges.", q.Client.Addr())
+		return s.String()
+	}
+	if ext != nil {
+		policy := "cluster: the source is masqueraded to the node's address"
+		if svc.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal {
+			policy = "local: node-local backends only, the source kept"
+		}
+		fmt.Fprintf(&s, "; from outside the node (external traffic policy %s), %d of %d backends are eligible for a new connection;"+
+			" from the node or its pods, %d (any usable backend, no masquerade).", policy, eligible, len(svc.Backends), ext.cluster)
+		if eligible == 0 && svc.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal {
+			s.WriteString(" Packets from outside the node are dropped: no node-local backend.")
+			return s.String()
+		}
+	} else {
+		fmt.Fprintf(&s, "; %d of %d backends are eligible for a new connection.", eligible, len(svc.Backends))
+	}
 	if eligible == 0 {
 		refusal := "an ICMP port unreachable"
 		if q.Protocol == dataplane.TCP {

@@ -48,9 +48,14 @@ func fuzzWeb() *vipdv1.Service {
 	}
 }
 
+// fuzzDB has the external fields (a node port, an external and a
+// load-balancer IP, policy LOCAL with a health-check node port), so that
+// the fuzzer meets their conflicts.
 func fuzzDB() *vipdv1.Service {
 	return &vipdv1.Service{Name: "other/db", Owner: "other", Vips: []string{"198.19.0.20"},
-		Ports: []*vipdv1.Port{{Port: 5432}}, Backends: []*vipdv1.Backend{{Ip: "198.18.3.1"}, {Ip: "198.18.3.2"}}}
+		Ports: []*vipdv1.Port{{Port: 5432, NodePort: 30432}}, Backends: []*vipdv1.Backend{{Ip: "198.18.3.1"}, {Ip: "198.18.3.2"}},
+		ExternalIps: []string{"198.19.5.20"}, LoadBalancerIps: []string{"198.19.6.20"}, LoadBalancerSourceRanges: []string{"198.18.0.0/16"},
+		ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL, HealthCheckNodePort: 32432}
 }
 
 // FuzzAPI fuzzes the wire bytes of an UpsertServiceRequest, an
@@ -317,7 +322,26 @@ func fuzzAPISeeds(t *testing.T) map[string][3][]byte {
 	unknown = protowire.AppendVarint(unknown, 1)
 	broken := &vipdv1.Service{Name: "Web!", Vips: []string{"127.0.0.1", "nope"}, Ports: []*vipdv1.Port{{Port: 0}, {Port: 70000}},
 		Backends: []*vipdv1.Backend{{Ip: "fd00::1", Weight: 1 << 20}, nil}, Labels: map[string]string{"": strings.Repeat("v", 300)}}
+	// external takes db's node port, health-check node port, external IP
+	// port and load-balancer IP as a backend, each a conflict; the sync
+	// gives db's owner a service that moves them.
+	external := svc("x", "198.19.1.1", 0)
+	external.Ports[0].NodePort = 30432
+	external.LoadBalancerIps = []string{"198.19.5.20"}
+	external.Ports[0].Port = 5432
+	moved := fuzzDB()
+	moved.Ports[0].NodePort, moved.HealthCheckNodePort = 30433, 30432
+	moved.ExternalIps, moved.LoadBalancerIps = moved.LoadBalancerIps, moved.ExternalIps
+	externalBroken := svc("y", "198.19.1.2", 0)
+	externalBroken.Ports[0].NodePort = 70000
+	externalBroken.ExternalIps = []string{"198.19.1.2", "x", "fd00::1", "::ffff:198.19.5.1"}
+	externalBroken.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "10.0.0.1/8"}
+	externalBroken.HealthCheckNodePort = 32000
 	return map[string][3][]byte{
+		"external": {up(external), upd("default/web", []*vipdv1.Backend{{Ip: "198.19.6.20"}}),
+			sync("other", moved, svc("other/new", "198.19.0.21", 0))},
+		"external-broken": {up(externalBroken), upd("other/db", []*vipdv1.Backend{{Ip: "198.19.5.20"}}),
+			sync("default", fuzzWeb(), externalBroken)},
 		"readme": {up(readme), upd("default/web", []*vipdv1.Backend{{Ip: "198.18.1.12"}}, "198.18.1.10"), sync("nomad")},
 		"examples": {up(fuzzWeb()), upd("default/web", []*vipdv1.Backend{{Ip: "198.18.1.12", Weight: 2}}),
 			sync("default", fuzzWeb(), svc("default/api", "198.19.0.30", 2))},

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -55,9 +56,9 @@ Field names may be written in lowerCamel (targetPort), as vipctl -o json and
 grpcurl print them, or as in the .proto (target_port). Enums take their full
 names (PROTOCOL_UDP) or short ones, in any case and with "-" or "_":
 protocol tcp, udp, sctp; state ready, terminating, not-serving; session
-affinity mode none, client-ip; internalTrafficPolicy cluster, local;
-loadBalancing random, maglev. Unknown fields are errors, named by document
-and path. The output of "vipctl service get -o yaml" and "vipctl service list
+affinity mode none, client-ip; internalTrafficPolicy and
+externalTrafficPolicy cluster, local; loadBalancing random, maglev.
+Unknown fields are errors, named by document and path. The output of "vipctl service get -o yaml" and "vipctl service list
 -o json" reads back.
 
 Files may also hold Kubernetes Services (v1) and EndpointSlices
@@ -77,11 +78,13 @@ standard error.
 Each service prints "service/NAME created", "configured" or "unchanged".
 Nothing is written unless every service passes: vipd first checks each one
 (validate_only) against its current state, conflicts with other services
-included, and two services of the files that claim the same VIP:port, or a
-backend of one that is a VIP of another, are an error too. Errors name the
-file, document and field. Services are written one by one in the order of
-the files, so a service may take a VIP:port or an address that an earlier
-one gives up: that conflict is not an error, and what vipd checks after it
+included, and two services of the files that claim the same VIP:port,
+external or load-balancer IP:port or node port, or an address that one
+uses in a role another's excludes (a backend that is a VIP, an external or
+load-balancer IP that is a VIP or a backend), are an error too. Errors
+name the file, document and field. Services are written one by one in the
+order of the files, so a service may take a VIP:port, a node port or an
+address that an earlier one gives up: that conflict is not an error, and what vipd checks after it
 (the service's other conflicts, limits) is checked when it is written.
 vipd checks each service alone and does not report its limits, so limits
 on totals (vipd --max-services, --max-total-backends) are not checked for
@@ -209,19 +212,44 @@ func (a *App) loadDocuments(opts manifest.Options, files []string, owner string)
 }
 
 // claimConflicts finds two documents that claim the same VIP:port and
-// protocol, or a backend of one that is a VIP of another. vipd checks each
+// protocol, external or load-balancer IP:port and protocol, or node port
+// and protocol (a health-check node port is a TCP one), or an address that
+// is a VIP or a backend of one and an external or load-balancer IP of
+// another, or a backend of one that is a VIP of another. vipd checks each
 // document against what it stores, so it would accept both in the check
 // before the write, and then refuse the second after writing the first.
 func claimConflicts(docs []document) error {
 	type claim struct {
-		vip      netip.Addr
+		kind     string // "" for a VIP, "external", "node port"
+		addr     netip.Addr
 		port     uint32
 		protocol vipdv1.Protocol
 	}
+	type use struct {
+		d    document
+		role string // "VIP", "backend", "external IP", "load-balancer IP"
+	}
 	claims := map[claim]document{}
-	vips := map[netip.Addr]document{}
 	conflict := func(d document, field, format string, args ...any) error {
 		return &inputError{err: d.error(field, fmt.Errorf(format+"; nothing was applied", args...))}
+	}
+	protocolOf := func(p *vipdv1.Port) vipdv1.Protocol {
+		if p.GetProtocol() == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
+			return vipdv1.Protocol_PROTOCOL_TCP
+		}
+		return p.GetProtocol()
+	}
+	take := func(d document, field string, c claim) error {
+		if first, ok := claims[c]; ok && first.svc.GetName() != d.svc.GetName() {
+			what := fmt.Sprintf("%s:%d/%s", c.addr, c.port, protocolString(c.protocol))
+			if c.kind == "node port" {
+				what = fmt.Sprintf("node port %d/%s", c.port, protocolString(c.protocol))
+			}
+			return conflict(d, field, "%s is also claimed by service %q (%s: document %d)",
+				what, first.svc.GetName(), first.origin.Source, first.origin.Document)
+		}
+		claims[c] = d
+		return nil
 	}
 	for _, d := range docs {
 		for i, vip := range d.svc.GetVips() {
@@ -229,30 +257,90 @@ func claimConflicts(docs []document) error {
 			if err != nil {
 				continue // vipd names the field
 			}
-			vips[addr.Unmap()] = d
+			addr = addr.Unmap()
 			for _, p := range d.svc.GetPorts() {
-				proto := p.GetProtocol()
-				if proto == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
-					proto = vipdv1.Protocol_PROTOCOL_TCP
+				if err := take(d, fmt.Sprintf("vips[%d]", i), claim{"", addr, p.GetPort(), protocolOf(p)}); err != nil {
+					return err
 				}
-				c := claim{addr.Unmap(), p.GetPort(), proto}
-				if first, ok := claims[c]; ok && first.svc.GetName() != d.svc.GetName() {
-					return conflict(d, fmt.Sprintf("vips[%d]", i), "%s:%d/%s is also claimed by service %q (%s: document %d)",
-						c.vip, c.port, protocolString(proto), first.svc.GetName(), first.origin.Source, first.origin.Document)
+			}
+		}
+		for _, l := range []struct {
+			name  string
+			addrs []string
+		}{{"external_ips", d.svc.GetExternalIps()}, {"load_balancer_ips", d.svc.GetLoadBalancerIps()}} {
+			for i, s := range l.addrs {
+				addr, err := netip.ParseAddr(s)
+				if err != nil {
+					continue
 				}
-				claims[c] = d
+				addr = addr.Unmap()
+				for _, p := range d.svc.GetPorts() {
+					if err := take(d, fmt.Sprintf("%s[%d]", l.name, i), claim{"external", addr, p.GetPort(), protocolOf(p)}); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for i, p := range d.svc.GetPorts() {
+			if p.GetNodePort() != 0 {
+				if err := take(d, fmt.Sprintf("ports[%d].node_port", i), claim{"node port", netip.Addr{}, p.GetNodePort(), protocolOf(p)}); err != nil {
+					return err
+				}
+			}
+		}
+		if hc := d.svc.GetHealthCheckNodePort(); hc != 0 {
+			if err := take(d, "health_check_node_port", claim{"node port", netip.Addr{}, hc, vipdv1.Protocol_PROTOCOL_TCP}); err != nil {
+				return err
 			}
 		}
 	}
+	// Each document's addresses are checked against the roles the
+	// documents before it give them, so that the later of two is named.
+	excludes := map[string][]string{
+		"VIP":              {"backend", "external IP", "load-balancer IP"},
+		"backend":          {"VIP", "external IP", "load-balancer IP"},
+		"external IP":      {"VIP", "backend"},
+		"load-balancer IP": {"VIP", "backend"},
+	}
+	article := func(role string) string {
+		if role == "external IP" {
+			return "an"
+		}
+		return "a"
+	}
+	earlier := map[netip.Addr][]use{}
 	for _, d := range docs {
+		type addrUse struct {
+			field, addr, role string
+		}
+		var uses []addrUse
+		for i, v := range d.svc.GetVips() {
+			uses = append(uses, addrUse{fmt.Sprintf("vips[%d]", i), v, "VIP"})
+		}
 		for i, b := range d.svc.GetBackends() {
-			addr, err := netip.ParseAddr(b.GetIp())
+			uses = append(uses, addrUse{fmt.Sprintf("backends[%d].ip", i), b.GetIp(), "backend"})
+		}
+		for i, a := range d.svc.GetExternalIps() {
+			uses = append(uses, addrUse{fmt.Sprintf("external_ips[%d]", i), a, "external IP"})
+		}
+		for i, a := range d.svc.GetLoadBalancerIps() {
+			uses = append(uses, addrUse{fmt.Sprintf("load_balancer_ips[%d]", i), a, "load-balancer IP"})
+		}
+		for _, u := range uses {
+			addr, err := netip.ParseAddr(u.addr)
 			if err != nil {
 				continue
 			}
-			if other, ok := vips[addr.Unmap()]; ok && other.svc.GetName() != d.svc.GetName() {
-				return conflict(d, fmt.Sprintf("backends[%d].ip", i), "%s is a VIP of service %q (%s: document %d), which cannot be a backend",
-					addr.Unmap(), other.svc.GetName(), other.origin.Source, other.origin.Document)
+			for _, e := range earlier[addr.Unmap()] {
+				if slices.Contains(excludes[u.role], e.role) {
+					return conflict(d, u.field, "%s is %s %s of service %q (%s: document %d), which cannot be %s %s",
+						addr.Unmap(), article(e.role), e.role, e.d.svc.GetName(), e.d.origin.Source, e.d.origin.Document, article(u.role), u.role)
+				}
+			}
+		}
+		for _, u := range uses {
+			if addr, err := netip.ParseAddr(u.addr); err == nil {
+				earlier[addr.Unmap()] = append(earlier[addr.Unmap()], use{d, u.role})
 			}
 		}
 	}
@@ -349,10 +437,10 @@ func (a *App) upsertAll(ctx context.Context, c *client.Client, docs []document, 
 
 // Conflicts as vipd words them (store.ConflictError and the address
 // conflict violations of the server package), which name the service that
-// holds the VIP:port or address.
+// holds the VIP:port, external address:port, node port or address.
 var (
-	claimHolderRE = regexp.MustCompile(`is already used by service (\S+)$`)
-	addrHolderRE  = regexp.MustCompile(`^\S+ is a (?:VIP|backend) of service (\S+); a VIP that vipd serves cannot be a backend$`)
+	claimHolderRE = regexp.MustCompile(`is already used by service (\S+)(?: \(its [^()]+\))?$`)
+	addrHolderRE  = regexp.MustCompile(`^\S+ is an? (?:VIP|backend|external IP|load-balancer IP) of service (\S+); (?:a VIP that vipd serves cannot be a backend|an external or load-balancer IP cannot be a (?:VIP that vipd serves|backend))$`)
 )
 
 // heldByEarlier reports whether err, vipd's objection to docs[i] in the

@@ -17,6 +17,7 @@
 // validate services (vipd does, with validate_only before apply writes
 // anything; apply checks only what its own flags promise, such as --owner,
 // and what vipd cannot see in one call: two services of the files that
-// claim one VIP:port, or a backend of one that is a VIP of another) or keep
-// state between runs.
+// claim one VIP:port, external or load-balancer IP:port or node port, or
+// that give one address roles that exclude each other, such as a backend
+// of one that is a VIP of another) or keep state between runs.
 package cli

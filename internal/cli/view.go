@@ -44,6 +44,7 @@ func serviceView(s *vipdv1.Service, health ...*vipdv1.BackendHealth) func(*table
 		t.field("Ports", strings.Join(ports, ", "))
 		t.field("Session affinity", affinityString(s.GetSessionAffinity()))
 		t.field("Internal traffic policy", enumString(s.GetInternalTrafficPolicy()))
+		externalFields(t, s)
 		t.field("Load balancing", enumString(s.GetLoadBalancing()))
 		t.field("Labels", mapString(s.GetLabels()))
 		t.field("Backends", fmt.Sprintf("%d ready of %d", readyBackends(s), len(s.GetBackends())))
@@ -64,6 +65,33 @@ func serviceView(s *vipdv1.Service, health ...*vipdv1.BackendHealth) func(*table
 				t.row("  "+h.GetIp(), enumString(h.GetState()), since, strconv.FormatUint(uint64(h.GetConsecutive()), 10), h.GetDetail())
 			}
 		}
+	}
+}
+
+// externalFields adds the external half of s to a "service get" view:
+// each of its external fields that is set, and the external traffic
+// policy when the service takes external traffic (a node port, an
+// external or a load-balancer IP) or has a policy other than cluster. A
+// ClusterIP-only service shows none of them. The node ports are shown with
+// the ports (portString).
+func externalFields(t *table, s *vipdv1.Service) {
+	hasNodePort := slices.ContainsFunc(s.GetPorts(), func(p *vipdv1.Port) bool { return p.GetNodePort() != 0 })
+	if len(s.GetExternalIps()) > 0 {
+		t.field("External IPs", strings.Join(s.GetExternalIps(), ", "))
+	}
+	if len(s.GetLoadBalancerIps()) > 0 {
+		t.field("Load-balancer IPs", strings.Join(s.GetLoadBalancerIps(), ", "))
+	}
+	if len(s.GetLoadBalancerSourceRanges()) > 0 {
+		t.field("Source ranges", strings.Join(s.GetLoadBalancerSourceRanges(), ", "))
+	}
+	etp := s.GetExternalTrafficPolicy()
+	if hasNodePort || len(s.GetExternalIps()) > 0 || len(s.GetLoadBalancerIps()) > 0 ||
+		etp != vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER && etp != vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED {
+		t.field("External traffic policy", enumString(etp))
+	}
+	if hc := s.GetHealthCheckNodePort(); hc != 0 {
+		t.field("Health-check node port", strconv.FormatUint(uint64(hc), 10)+"/TCP")
 	}
 }
 
@@ -187,9 +215,14 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 }
 
 // portString is a port as "80/TCP→8080", or "53/UDP" when the target port
-// is the same.
+// is the same; a node port follows the port as kubectl shows it:
+// "80:30080/TCP→8080".
 func portString(p *vipdv1.Port) string {
-	s := fmt.Sprintf("%d/%s", p.GetPort(), protocolString(p.GetProtocol()))
+	port := strconv.FormatUint(uint64(p.GetPort()), 10)
+	if np := p.GetNodePort(); np != 0 {
+		port += ":" + strconv.FormatUint(uint64(np), 10)
+	}
+	s := fmt.Sprintf("%s/%s", port, protocolString(p.GetProtocol()))
 	if tp := p.GetTargetPort(); tp != 0 && tp != p.GetPort() {
 		s += fmt.Sprintf("→%d", tp)
 	}

@@ -17,6 +17,8 @@ func TestPortString(t *testing.T) {
 		{&vipdv1.Port{Port: 53, Protocol: vipdv1.Protocol_PROTOCOL_UDP, TargetPort: 53}, "53/UDP"},
 		{&vipdv1.Port{Port: 3868, Protocol: vipdv1.Protocol_PROTOCOL_SCTP, TargetPort: 3869}, "3868/SCTP→3869"},
 		{&vipdv1.Port{Port: 1}, "1/UNSPECIFIED"},
+		{&vipdv1.Port{Port: 80, Protocol: vipdv1.Protocol_PROTOCOL_TCP, TargetPort: 8080, NodePort: 30080}, "80:30080/TCP→8080"},
+		{&vipdv1.Port{Port: 53, Protocol: vipdv1.Protocol_PROTOCOL_UDP, TargetPort: 53, NodePort: 30053}, "53:30053/UDP"},
 	} {
 		if got := portString(tc.port); got != tc.want {
 			t.Errorf("portString(%v) = %q, want %q", tc.port, got, tc.want)

@@ -33,7 +33,7 @@ func TestLoad(t *testing.T) {
 		Owner: "ctl",
 		Vips:  []string{"10.96.0.10", "fd00::10"},
 		Ports: []*vipdv1.Port{
-			{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080},
+			{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080},
 			{Name: "dns", Protocol: udp, Port: 53},
 			{Name: "sig", Protocol: vipdv1.Protocol_PROTOCOL_SCTP, Port: 3868},
 		},
@@ -46,6 +46,12 @@ func TestLoad(t *testing.T) {
 		InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
 		LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_MAGLEV,
 		Labels:                map[string]string{"app": "web", "tier": "front"},
+		// The external fields (issue 17).
+		ExternalIps:              []string{"198.19.5.1"},
+		LoadBalancerIps:          []string{"198.19.6.1", "fd00::6"},
+		LoadBalancerSourceRanges: []string{"198.18.0.0/16", "fd00:198::/32"},
+		ExternalTrafficPolicy:    vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		HealthCheckNodePort:      32000,
 	}
 	for _, tc := range []struct {
 		name string
@@ -59,9 +65,14 @@ name: default/web
 owner: ctl
 vips: [10.96.0.10, "fd00::10"]
 ports:
-- {name: http, protocol: tcp, port: 80, target_port: 8080}
+- {name: http, protocol: tcp, port: 80, target_port: 8080, node_port: 30080}
 - {name: dns, protocol: UDP, port: 53}
 - {name: sig, protocol: Sctp, port: 3868}
+external_ips: [198.19.5.1]
+load_balancer_ips: [198.19.6.1, "fd00::6"]
+load_balancer_source_ranges: [198.18.0.0/16, "fd00:198::/32"]
+external_traffic_policy: Local
+health_check_node_port: 32000
 backends:
 - ip: 10.0.0.1
   ports: {http: 8081}
@@ -83,7 +94,7 @@ labels: {app: web, tier: front}
 			in: `{
   "name": "default/web", "owner": "ctl", "vips": ["10.96.0.10", "fd00::10"],
   "ports": [
-    {"name": "http", "protocol": "PROTOCOL_TCP", "port": 80, "targetPort": 8080},
+    {"name": "http", "protocol": "PROTOCOL_TCP", "port": 80, "targetPort": 8080, "nodePort": 30080},
     {"name": "dns", "protocol": "PROTOCOL_UDP", "port": 53},
     {"name": "sig", "protocol": 3, "port": 3868}
   ],
@@ -95,7 +106,12 @@ labels: {app: web, tier: front}
   "sessionAffinity": {"mode": "client_ip", "timeoutSeconds": 60},
   "internalTrafficPolicy": "TRAFFIC_POLICY_LOCAL",
   "loadBalancing": "Maglev",
-  "labels": {"app": "web", "tier": "front"}
+  "labels": {"app": "web", "tier": "front"},
+  "externalIps": ["198.19.5.1"],
+  "loadBalancerIps": ["198.19.6.1", "fd00::6"],
+  "loadBalancerSourceRanges": ["198.18.0.0/16", "fd00:198::/32"],
+  "externalTrafficPolicy": "TRAFFIC_POLICY_LOCAL",
+  "healthCheckNodePort": 32000
 }`,
 			want: []*vipdv1.Service{full},
 		},

@@ -9,16 +9,19 @@ import (
 	"github.com/vipd/vipd/dataplane"
 )
 
-// addrUse counts the services that use one address as a VIP, as a
-// backend and as an external or load-balancer IP. The store keeps one per
-// address in use (Snapshot.addrs), so that a Put finds out in O(its own
-// addresses) whether it would give an address two of these roles: a
-// backend that is a VIP vipd serves would catch its own forwarded traffic,
-// and connections to it hang; an external or load-balancer IP that is a VIP
-// or a backend would be forwarded by two rules at once. Services may share
-// an external or load-balancer IP (on different ports: the claims see to
-// that).
-type addrUse struct{ vips, backends, externals int32 }
+// addrUse counts the services that use one address as a VIP and as a
+// backend. The store keeps one per address in use (Snapshot.addrs), so
+// that a Put finds out in O(its own addresses) whether it would make an
+// address both: a backend that is a VIP vipd serves would catch its own
+// forwarded traffic, and connections to it hang.
+//
+// The services that use an address as an external or load-balancer IP
+// are counted apart (Snapshot.externals), since few addresses are: such an
+// address is never a VIP or a backend either (it would be forwarded by two
+// rules at once), but services may share it (on different ports: the
+// claims see to that). Keeping that count out of addrUse keeps the index
+// of a ClusterIP-only store as small as it was.
+type addrUse struct{ vips, backends int32 }
 
 // addrKey is an address as Snapshot.addrs keys it: its 16-byte form, in
 // two words. Unlike a netip.Addr it holds no pointer, so the index costs
@@ -113,6 +116,25 @@ type addrCount struct {
 	u addrUse
 }
 
+// externalUses returns how many services, as t sees them, use a as an
+// external or load-balancer IP.
+func (t *Txn) externalUses(a netip.Addr) int32 {
+	k := keyOf(a)
+	for x := t; x != nil; x = x.parent {
+		if n, ok := x.externals[k]; ok {
+			return n
+		}
+	}
+	n, _ := t.base.externals.Get(k)
+	return n
+}
+
+// extCount is an address's count of external uses as a Put will stage it.
+type extCount struct {
+	a netip.Addr
+	n int32
+}
+
 // checkAddrs fails with an *AddressConflictError if svc, replacing old
 // (nil: none), adds a backend that is a VIP or an external or
 // load-balancer IP of any service, a VIP that is a backend or an external
@@ -120,18 +142,36 @@ type addrCount struct {
 // that is a VIP or a backend of any service, itself included. What old
 // had is not checked again: no other service can have taken it up since.
 // had and has test membership in old's and svc's backends (backendSet).
-// Otherwise it returns the counts of the addresses svc adds, for
-// stageAddrs, in t's scratch buffer: each address is looked up once.
-func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) ([]addrCount, error) {
+// Otherwise it returns the counts of the addresses svc adds, as VIPs and
+// backends and as external addresses, for stageAddrs, in t's scratch
+// buffers: each address is looked up once.
+func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) ([]addrCount, []extCount, error) {
 	var oldVIPs []netip.Addr
 	oldExternal := func(netip.Addr) bool { return false }
 	if old != nil {
 		oldVIPs = old.VIPs
 		oldExternal = func(a netip.Addr) bool { return isExternal(old, a) }
 	}
-	conflict := func(a netip.Addr, role, holderRole AddrRole) error {
+	conflict := func(a netip.Addr, role, holderRole AddrRole) ([]addrCount, []extCount, error) {
 		holder, holderRole := t.userOf(svc, a, holderRole)
-		return &AddressConflictError{Service: svc.Name, Addr: a, Role: role, Holder: holder, HolderRole: holderRole}
+		return nil, nil, &AddressConflictError{Service: svc.Name, Addr: a, Role: role, Holder: holder, HolderRole: holderRole}
+	}
+	// externals is how many services other than old use a as an external
+	// or load-balancer IP; most stores have none, and then no lookup is
+	// made.
+	anyExternal := t.base.externals.Len() > 0
+	for x := t; x != nil && !anyExternal; x = x.parent {
+		anyExternal = len(x.externals) > 0
+	}
+	externals := func(a netip.Addr) int32 {
+		if !anyExternal {
+			return 0
+		}
+		n := t.externalUses(a)
+		if oldExternal(a) {
+			n--
+		}
+		return n
 	}
 	adds := t.scratch[:0]
 	for _, b := range svc.Backends {
@@ -144,14 +184,10 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 			vips-- // old's own, which svc replaces
 		}
 		if (vips > 0 || slices.Contains(svc.VIPs, b.IP)) && !t.legacy(svc.Name, b.IP, true) {
-			return nil, conflict(b.IP, RoleBackend, RoleVIP)
+			return conflict(b.IP, RoleBackend, RoleVIP)
 		}
-		externals := u.externals
-		if oldExternal(b.IP) {
-			externals--
-		}
-		if externals > 0 || isExternal(svc, b.IP) {
-			return nil, conflict(b.IP, RoleBackend, RoleExternalIP)
+		if externals(b.IP) > 0 || isExternal(svc, b.IP) {
+			return conflict(b.IP, RoleBackend, RoleExternalIP)
 		}
 		u.backends++
 		adds = append(adds, addrCount{b.IP, u})
@@ -166,16 +202,12 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 			backends--
 		}
 		if (backends > 0 || has(a)) && !t.legacy(svc.Name, a, false) {
-			return nil, conflict(a, RoleVIP, RoleBackend)
-		}
-		externals := u.externals
-		if oldExternal(a) {
-			externals--
+			return conflict(a, RoleVIP, RoleBackend)
 		}
 		// svc's own external addresses are never its VIPs: the
 		// conversion refuses that.
-		if externals > 0 {
-			return nil, conflict(a, RoleVIP, RoleExternalIP)
+		if externals(a) > 0 {
+			return conflict(a, RoleVIP, RoleExternalIP)
 		}
 		if has(a) {
 			// Also a backend of svc, as an old state may have it: if
@@ -188,6 +220,7 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 		u.vips++
 		adds = append(adds, addrCount{a, u})
 	}
+	extAdds := t.extScratch[:0]
 	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
 		for _, a := range list {
 			if oldExternal(a) {
@@ -200,34 +233,35 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 				vips--
 			}
 			if vips > 0 {
-				return nil, conflict(a, role, RoleVIP)
+				return conflict(a, role, RoleVIP)
 			}
 			backends := u.backends
 			if had(a) {
 				backends--
 			}
 			if backends > 0 || has(a) {
-				return nil, conflict(a, role, RoleBackend)
+				return conflict(a, role, RoleBackend)
 			}
-			// The conversion lets no address be in both lists, nor a VIP
-			// of svc, and a backend of svc failed above: a is not in adds.
-			u.externals++
-			adds = append(adds, addrCount{a, u})
+			// The conversion lets no address be in both lists.
+			extAdds = append(extAdds, extCount{a, t.externalUses(a) + 1})
 		}
 	}
-	t.scratch = adds
-	return adds, nil
+	t.scratch, t.extScratch = adds, extAdds
+	return adds, extAdds, nil
 }
 
 // stageAddrs stages the address counts of replacing old (nil: none) by
-// svc (nil: none): adds, from checkAddrs, and then one less for each
-// address old had in a role that svc does not. has tests membership in
-// svc's backends (backendSet).
-func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func(netip.Addr) bool) {
+// svc (nil: none): adds and extAdds, from checkAddrs, and then one less
+// for each address old had in a role that svc does not. has tests
+// membership in svc's backends (backendSet).
+func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, extAdds []extCount, has func(netip.Addr) bool) {
 	// Order matters: adds were counted before this Put staged anything,
 	// and an address may move from one role to the other.
 	for _, c := range adds {
 		t.addrs[keyOf(c.a)] = c.u
+	}
+	for _, c := range extAdds {
+		t.stageExternal(c.a, c.n)
 	}
 	if old == nil {
 		return
@@ -255,12 +289,19 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 	for _, list := range [2][]netip.Addr{old.ExternalIPs, old.LoadBalancerIPs} {
 		for _, a := range list {
 			if !newExternal(a) {
-				u := t.use(a)
-				u.externals--
-				t.addrs[keyOf(a)] = u
+				t.stageExternal(a, t.externalUses(a)-1)
 			}
 		}
 	}
+}
+
+// stageExternal stages n services using a as an external or load-balancer
+// IP.
+func (t *Txn) stageExternal(a netip.Addr, n int32) {
+	if t.externals == nil {
+		t.externals = map[addrKey]int32{}
+	}
+	t.externals[keyOf(a)] = n
 }
 
 // isExternal reports whether a is one of s's external or load-balancer
@@ -362,11 +403,6 @@ func usesOf(uses []addrEntry, svc *dataplane.Service) []addrEntry {
 	}
 	for _, be := range svc.Backends {
 		uses = append(uses, addrEntry{keyOf(be.IP), addrUse{backends: 1}})
-	}
-	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
-		for _, a := range list {
-			uses = append(uses, addrEntry{keyOf(a), addrUse{externals: 1}})
-		}
 	}
 	return uses
 }

@@ -247,3 +247,35 @@ func TestExternalFieldsSurviveSaveAndLoad(t *testing.T) {
 	c := addrConflict(t, got.Begin(), with("x", "fd00:198::9"))
 	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("fd00:198::9"), Role: store.RoleVIP, Holder: "lb", HolderRole: store.RoleExternalIP})
 }
+
+// TestExternalCountsThroughSubAndMerge: the external addresses a nested
+// transaction stages reach its parent on Merge, and its snapshot on
+// Commit, as the reconciler batches mutations.
+func TestExternalCountsThroughSubAndMerge(t *testing.T) {
+	a := netip.MustParseAddr
+	base := snapshot(t, with("web", "198.19.0.1", "198.18.1.1"))
+	tx := base.Begin()
+	sub := tx.Sub()
+	put(t, sub, ext("lb", "198.19.0.2", 443, "198.19.9.1", "", "198.18.2.1"))
+	// A dropped Sub stages nothing.
+	dropped := tx.Sub()
+	put(t, dropped, ext("lb2", "198.19.0.3", 443, "198.19.9.2", ""))
+	sub.Merge()
+	c := addrConflict(t, tx.Sub(), with("x", "198.19.9.1"))
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.9.1"), Role: store.RoleVIP, Holder: "lb", HolderRole: store.RoleExternalIP})
+	put(t, tx.Sub(), with("x", "198.19.9.2"))
+	snap := tx.Commit()
+	c = addrConflict(t, snap.Begin(), with("x", "198.19.0.9", "198.19.9.1"))
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.9.1"), Role: store.RoleBackend, Holder: "lb", HolderRole: store.RoleExternalIP})
+
+	// A Sub that deletes it frees it in the parent once merged.
+	tx = snap.Begin()
+	put(t, tx, with("y", "198.19.0.7"))
+	sub = tx.Sub()
+	sub.Delete("lb")
+	sub.Merge()
+	put(t, tx, with("x", "198.19.9.1"))
+	snap = tx.Commit()
+	c = addrConflict(t, snap.Begin(), ext("z", "198.19.0.8", 80, "198.19.9.1", ""))
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "z", Addr: a("198.19.9.1"), Role: store.RoleExternalIP, Holder: "x", HolderRole: store.RoleVIP})
+}

@@ -212,8 +212,11 @@ type Snapshot struct {
 	services pmap.Map[string, *Entry] // by name
 	claims   pmap.Map[Claim, string]  // the holder's name
 	addrs    addrIndex                // persistent too, in buckets
-	backends int
-	limits   validation.Limits // only the totals
+	// externals counts the services using each address as an external or
+	// load-balancer IP (see addrUse).
+	externals pmap.Map[addrKey, int32]
+	backends  int
+	limits    validation.Limits // only the totals
 	// parent is the revision of the snapshot this one was committed on,
 	// and delta the names that differ from it (nil: unknown). The state
 	// directory journals just those.
@@ -375,8 +378,11 @@ type Txn struct {
 	services map[string]*Entry // nil value: deleted
 	claims   map[Claim]string  // "" value: released
 	addrs    map[addrKey]addrUse
-	scratch  []addrCount // checkAddrs's buffer
-	changed  []string    // Changed's cache; nil when stale
+	// externals is nil until a Put or Delete stages a count.
+	externals  map[addrKey]int32
+	extScratch []extCount  // checkAddrs's buffer
+	scratch    []addrCount // checkAddrs's buffer
+	changed    []string    // Changed's cache; nil when stale
 	// count and backends are the totals of services and backends as the
 	// transaction sees them, for the limits.
 	count, backends int
@@ -408,6 +414,13 @@ func (t *Txn) Merge() {
 		maps.Copy(p.services, t.services)
 		maps.Copy(p.claims, t.claims)
 		maps.Copy(p.addrs, t.addrs)
+	}
+	switch {
+	case len(t.externals) == 0:
+	case p.externals == nil:
+		p.externals, t.externals = t.externals, nil
+	default:
+		maps.Copy(p.externals, t.externals)
 	}
 	p.changed = nil
 	p.revision = t.revision
@@ -506,11 +519,11 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 	if old != nil {
 		had = backendSet(old.Backends)
 	}
-	adds, err := t.checkAddrs(old, dp, had, has)
+	adds, extAdds, err := t.checkAddrs(old, dp, had, has)
 	if err != nil {
 		return nil, err
 	}
-	t.stageAddrs(old, dp, adds, has)
+	t.stageAddrs(old, dp, adds, extAdds, has)
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
@@ -546,7 +559,7 @@ func (t *Txn) Delete(name string) bool {
 	}
 	t.count--
 	t.backends -= len(old.Dataplane.Backends)
-	t.stageAddrs(old.Dataplane, nil, nil, backendSet(nil))
+	t.stageAddrs(old.Dataplane, nil, nil, nil, backendSet(nil))
 	t.release(name)
 	t.services[name] = nil
 	t.changed = nil
@@ -612,6 +625,18 @@ func (t *Txn) Commit() *Snapshot {
 	}
 	s.claims = claims.Map()
 	s.addrs = t.base.addrs.with(t.addrs)
+	s.externals = t.base.externals
+	if len(t.externals) > 0 {
+		ext := s.externals.Builder()
+		for k, n := range t.externals {
+			if n == 0 {
+				ext.Delete(k)
+			} else {
+				ext.Set(k, n)
+			}
+		}
+		s.externals = ext.Map()
+	}
 	return s
 }
 
@@ -625,9 +650,10 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	claims := pmap.Map[Claim, string]{}.Builder()
 	n := 0
 	for _, e := range entries {
-		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends) + len(e.Dataplane.ExternalIPs) + len(e.Dataplane.LoadBalancerIPs)
+		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
 	}
 	uses := make([]addrEntry, 0, n)
+	ext := pmap.Map[addrKey, int32]{}.Builder()
 	for _, e := range entries {
 		name := e.Name()
 		if _, dup := svcs.Get(name); dup {
@@ -649,7 +675,13 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		svcs.Set(name, e)
 		s.backends += len(e.Dataplane.Backends)
 		uses = usesOf(uses, e.Dataplane)
+		for _, list := range [2][]netip.Addr{e.Dataplane.ExternalIPs, e.Dataplane.LoadBalancerIPs} {
+			for _, a := range list {
+				n, _ := ext.Get(keyOf(a))
+				ext.Set(keyOf(a), n+1)
+			}
+		}
 	}
-	s.services, s.claims, s.addrs = svcs.Map(), claims.Map(), buildAddrIndex(uses)
+	s.services, s.claims, s.addrs, s.externals = svcs.Map(), claims.Map(), buildAddrIndex(uses), ext.Map()
 	return s, nil
 }

@@ -73,8 +73,8 @@ func everything() *vipdv1.Service {
 		Owner: "nomad",
 		Vips:  []string{"10.96.0.53", "fd00:96::53"},
 		Ports: []*vipdv1.Port{
-			{Name: "dns", Protocol: vipdv1.Protocol_PROTOCOL_UDP, Port: 53, TargetPort: 5353},
-			{Name: "dns-tcp", Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 53, TargetPort: 5353},
+			{Name: "dns", Protocol: vipdv1.Protocol_PROTOCOL_UDP, Port: 53, TargetPort: 5353, NodePort: 30053},
+			{Name: "dns-tcp", Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: 53, TargetPort: 5353, NodePort: 30053},
 			{Name: "sig", Protocol: vipdv1.Protocol_PROTOCOL_SCTP, Port: 3868},
 		},
 		Backends: []*vipdv1.Backend{
@@ -82,11 +82,16 @@ func everything() *vipdv1.Service {
 			{Ip: "198.18.3.2", State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, Ports: map[string]uint32{"dns": 5300, "dns-tcp": 5301}, OnlyNamedPorts: true},
 			{Ip: "198.18.3.1", State: vipdv1.BackendState_BACKEND_STATE_TERMINATING, Weight: 7, Zone: strings.Repeat("z", 63)},
 		},
-		SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 86400},
-		InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
-		LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_MAGLEV,
-		Labels:                map[string]string{"app": "dns", "": "", "k": strings.Repeat("v", 254)},
-		Generation:            42,
+		SessionAffinity:          &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP, TimeoutSeconds: 86400},
+		InternalTrafficPolicy:    vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		LoadBalancing:            vipdv1.LoadBalancing_LOAD_BALANCING_MAGLEV,
+		Labels:                   map[string]string{"app": "dns", "": "", "k": strings.Repeat("v", 254)},
+		Generation:               42,
+		ExternalIps:              []string{"198.19.5.53", "fd00:198:5::53"},
+		LoadBalancerIps:          []string{"fd00:198:6::53", "198.19.6.53"},
+		LoadBalancerSourceRanges: []string{"198.18.0.0/15", "fd00:198::/32", "0.0.0.0/0"},
+		ExternalTrafficPolicy:    vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		HealthCheckNodePort:      32053,
 	}
 }
 
@@ -104,10 +109,15 @@ func broken() *vipdv1.Service {
 			{Ip: "fd00::1", Ports: map[string]uint32{"x": 1, "a": 0, "b": 70000}, State: 9, Weight: 1 << 20, Zone: strings.Repeat("z", 64)},
 			nil, {Ip: "198.18.0.1"}, {Ip: "198.18.0.1"}, {Ip: "::"}, {Ip: ""},
 		},
-		SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: 7, TimeoutSeconds: 86401},
-		InternalTrafficPolicy: 5,
-		LoadBalancing:         6,
-		Labels:                map[string]string{"": "x"},
+		SessionAffinity:          &vipdv1.SessionAffinityConfig{Mode: 7, TimeoutSeconds: 86401},
+		InternalTrafficPolicy:    5,
+		LoadBalancing:            6,
+		Labels:                   map[string]string{"": "x"},
+		ExternalIps:              []string{"198.19.0.1", "nope", "::ffff:198.19.5.1", "127.0.0.1", "fd00::5", "198.19.5.1"},
+		LoadBalancerIps:          []string{"198.19.5.1", "198.18.0.1", "224.0.0.1"},
+		LoadBalancerSourceRanges: []string{"10.0.0.0/8", "10.1.0.0/8", "10.0.0.1", "::ffff:10.0.0.0/104", "x/33"},
+		ExternalTrafficPolicy:    4,
+		HealthCheckNodePort:      70000,
 	}
 }
 
@@ -164,7 +174,17 @@ func upsertSeeds(t *testing.T) map[string][][]byte {
 	for i := range 65 {
 		labels.Labels[fmt.Sprintf("k%d", i)] = "v"
 	}
+	// A LoadBalancer Service with every external field, valid.
+	loadBalancer := readmeService()
+	loadBalancer.Vips = append(loadBalancer.Vips, "fd00:198::10")
+	loadBalancer.Ports[0].NodePort = 30080
+	loadBalancer.ExternalIps = []string{"198.19.5.1", "fd00:198:5::1"}
+	loadBalancer.LoadBalancerIps = []string{"198.19.6.1"}
+	loadBalancer.LoadBalancerSourceRanges = []string{"198.18.0.1/16", "fd00::/8"}
+	loadBalancer.ExternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	loadBalancer.HealthCheckNodePort = 32000
 	return map[string][][]byte{
+		"load-balancer":        one(loadBalancer),
 		"readme-grpcurl":       one(readmeService()),
 		"readme-invalid":       one(&vipdv1.Service{Name: "x", Vips: []string{"127.0.0.1"}}),
 		"examples-web":         one(exampleWeb()),

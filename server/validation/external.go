@@ -87,12 +87,9 @@ func convertExternal(v *Violations, svc *vipdv1.Service, dp *dataplane.Service, 
 		has4, has6 = has4 || a.Is4(), has6 || a.Is6()
 	}
 	checkFamily := !badVIPs && (has4 || has6)
-	type where struct {
-		list string
-		i    int
-	}
-	seen := map[netip.Addr]where{}
-	convert := func(list string, addrs []string) []netip.Addr {
+	// Both lists hold at most MaxExternalIPs each under the policy (the
+	// conversion takes more): a scan finds duplicates, with no map.
+	convert := func(list string, addrs, other []string) []netip.Addr {
 		var res []netip.Addr
 		for i, s := range addrs {
 			f := fmt.Sprintf("%s.%s[%d]", field, list, i)
@@ -101,11 +98,16 @@ func convertExternal(v *Violations, svc *vipdv1.Service, dp *dataplane.Service, 
 				continue
 			}
 			addrs[i] = canonical(a, s)
-			if w, dup := seen[a]; dup {
-				v.add(f, "%s is also %s[%d]; an address may be listed once in external_ips and load_balancer_ips together", a, w.list, w.i)
+			// Each address before this one is in canonical text if it
+			// parsed, and canonical text is one per address.
+			if j := slices.Index(addrs[:i], addrs[i]); j >= 0 {
+				v.add(f, "%s is also %s[%d]; an address may be listed once in external_ips and load_balancer_ips together", a, list, j)
 				continue
 			}
-			seen[a] = where{list, i}
+			if j := slices.Index(other, addrs[i]); j >= 0 {
+				v.add(f, "%s is also external_ips[%d]; an address may be listed once in external_ips and load_balancer_ips together", a, j)
+				continue
+			}
 			if j := slices.Index(dp.VIPs, a); j >= 0 {
 				v.add(f, "%s is also vips[%d]; an external or load-balancer IP is never a VIP of the service", a, j)
 				continue
@@ -118,10 +120,10 @@ func convertExternal(v *Violations, svc *vipdv1.Service, dp *dataplane.Service, 
 		}
 		return res
 	}
-	dp.ExternalIPs = convert("external_ips", svc.ExternalIps)
-	dp.LoadBalancerIPs = convert("load_balancer_ips", svc.LoadBalancerIps)
+	dp.ExternalIPs = convert("external_ips", svc.ExternalIps, nil)
+	dp.LoadBalancerIPs = convert("load_balancer_ips", svc.LoadBalancerIps, svc.ExternalIps)
 
-	ranges := map[netip.Prefix]int{}
+	var ranges map[netip.Prefix]int
 	for i, s := range svc.LoadBalancerSourceRanges {
 		f := fmt.Sprintf("%s.load_balancer_source_ranges[%d]", field, i)
 		p, err := netip.ParsePrefix(s)
@@ -138,6 +140,9 @@ func convertExternal(v *Violations, svc *vipdv1.Service, dp *dataplane.Service, 
 			v.add(f, "%s is also load_balancer_source_ranges[%d]", p, j)
 			continue
 		}
+		if ranges == nil {
+			ranges = map[netip.Prefix]int{}
+		}
 		ranges[p] = i
 		dp.LoadBalancerSourceRanges = append(dp.LoadBalancerSourceRanges, p)
 	}
@@ -152,14 +157,13 @@ func convertExternal(v *Violations, svc *vipdv1.Service, dp *dataplane.Service, 
 		v.add(field+".external_traffic_policy", "%d is not a known traffic policy", svc.ExternalTrafficPolicy)
 	}
 
-	f := field + ".health_check_node_port"
 	switch hc := svc.HealthCheckNodePort; {
 	case hc > 65535:
-		v.add(f, "%d is out of range; 1 to 65535 are allowed, or 0 for none", hc)
+		v.add(field+".health_check_node_port", "%d is out of range; 1 to 65535 are allowed, or 0 for none", hc)
 	case hc != 0:
 		for i, p := range svc.Ports {
 			if p != nil && p.NodePort == hc && p.Protocol == vipdv1.Protocol_PROTOCOL_TCP {
-				v.add(f, "%d is also the TCP node_port of ports[%d]; the health check needs a TCP node port of its own", hc, i)
+				v.add(field+".health_check_node_port", "%d is also the TCP node_port of ports[%d]; the health check needs a TCP node port of its own", hc, i)
 				return
 			}
 		}

@@ -154,9 +154,11 @@ func checkAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service, lim
 		}
 	}
 	if out.SessionAffinity == nil || out.LoadBalancing == vipdv1.LoadBalancing_LOAD_BALANCING_UNSPECIFIED ||
-		out.InternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED {
+		out.InternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED ||
+		out.ExternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED {
 		t.Errorf("defaults not filled in: %v", out)
 	}
+	checkExternalAccepted(t, out, dp)
 
 	again, dpAgain, v := validateTwice(t, out, lim, "service")
 	if len(v) > 0 {
@@ -188,6 +190,61 @@ func checkAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service, lim
 	}
 	if !sameDataplane(dp, dpReloaded) {
 		t.Fatalf("an accepted service's dataplane form changes when reloaded (-accepted +reloaded):\n%s", cmp.Diff(dp, dpReloaded, dpCmp...))
+	}
+}
+
+// checkExternalAccepted checks that the external fields of an accepted
+// service agree in its two forms and keep their rules.
+func checkExternalAccepted(t *testing.T, out *vipdv1.Service, dp *dataplane.Service) {
+	t.Helper()
+	type key struct {
+		p    dataplane.Protocol
+		port uint16
+	}
+	nodePorts := map[key]bool{}
+	for i, p := range dp.Ports {
+		if uint32(p.NodePort) != out.Ports[i].NodePort {
+			t.Errorf("port %d: node port %d in the API form, %d in the dataplane form", i, out.Ports[i].NodePort, p.NodePort)
+		}
+		if p.NodePort != 0 {
+			if nodePorts[key{p.Protocol, p.NodePort}] {
+				t.Errorf("node port %d/%s twice", p.NodePort, p.Protocol)
+			}
+			nodePorts[key{p.Protocol, p.NodePort}] = true
+		}
+	}
+	seen := map[netip.Addr]bool{}
+	for _, l := range []struct {
+		api []string
+		dp  []netip.Addr
+	}{{out.ExternalIps, dp.ExternalIPs}, {out.LoadBalancerIps, dp.LoadBalancerIPs}} {
+		if len(l.api) != len(l.dp) || len(l.dp) > validation.MaxExternalIPs {
+			t.Fatalf("external addresses: API %v, dataplane %v", l.api, l.dp)
+		}
+		for i, a := range l.dp {
+			if a.String() != l.api[i] || !a.IsGlobalUnicast() || a.Is4In6() || a.Zone() != "" || seen[a] || slices.Contains(dp.VIPs, a) ||
+				!slices.ContainsFunc(dp.VIPs, func(v netip.Addr) bool { return v.Is4() == a.Is4() }) {
+				t.Errorf("external address %d: API %q, dataplane %v (VIPs %v)", i, l.api[i], a, dp.VIPs)
+			}
+			seen[a] = true
+		}
+	}
+	if len(out.LoadBalancerSourceRanges) != len(dp.LoadBalancerSourceRanges) || len(dp.LoadBalancerSourceRanges) > validation.MaxSourceRanges {
+		t.Fatalf("source ranges: API %v, dataplane %v", out.LoadBalancerSourceRanges, dp.LoadBalancerSourceRanges)
+	}
+	for i, p := range dp.LoadBalancerSourceRanges {
+		if p.String() != out.LoadBalancerSourceRanges[i] || p != p.Masked() || p.Addr().Is4In6() ||
+			slices.Index(dp.LoadBalancerSourceRanges, p) != i {
+			t.Errorf("source range %d: API %q, dataplane %v", i, out.LoadBalancerSourceRanges[i], p)
+		}
+	}
+	local := out.ExternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	if local != (dp.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal) ||
+		!local && dp.ExternalTrafficPolicy != dataplane.TrafficPolicyCluster {
+		t.Errorf("external traffic policy: API %v, dataplane %v", out.ExternalTrafficPolicy, dp.ExternalTrafficPolicy)
+	}
+	if uint32(dp.HealthCheckNodePort) != out.HealthCheckNodePort || dp.HealthCheckNodePort != 0 && (!local || nodePorts[key{dataplane.TCP, dp.HealthCheckNodePort}]) {
+		t.Errorf("health-check node port: API %d, dataplane %d (policy %v, node ports %v)", out.HealthCheckNodePort, dp.HealthCheckNodePort, out.ExternalTrafficPolicy, nodePorts)
 	}
 }
 
