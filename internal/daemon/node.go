@@ -36,6 +36,7 @@ type options struct {
 	serverOpts []server.Option
 	version    string
 	noHealth   bool
+	noNodeNet  bool
 }
 
 // WithoutHealthChecks runs no active health checks: backends are never
@@ -46,6 +47,15 @@ type options struct {
 // or listen on the machine's own addresses.
 func WithoutHealthChecks() Option {
 	return func(o *options) { o.noHealth = true }
+}
+
+// WithoutNodeNetwork follows no node network: every State carries the
+// zero dataplane.Node (no node-port address, no external interface), and
+// no health-check node port is served. It is for a test whose vipd runs in
+// the machine's own network namespace, which must not depend on what that
+// network does meanwhile.
+func WithoutNodeNetwork() Option {
+	return func(o *options) { o.noNodeNet = true }
 }
 
 // WithDataplane makes the node apply to dp, which is already open, instead
@@ -87,8 +97,9 @@ func WithVersion(v string) Option {
 // dataplane, the reconciler over them, the flow hub when the dataplane
 // reports flows, the node checks when it programs the kernel, the watcher
 // of the node's network that hands the reconciler each new
-// dataplane.Node, the health-check node port server (not with the none
-// dataplane nor WithoutHealthChecks), the API and
+// dataplane.Node (not WithoutNodeNetwork), the health-check node port
+// server (not with the none dataplane, WithoutHealthChecks nor
+// WithoutNodeNetwork), the API and
 // its gRPC server with their listeners open, metrics, and, when configured,
 // the metrics listener. Nothing runs until Start. Stop stops what Start
 // started and releases what Assemble opened; it leaves the dataplane
@@ -221,7 +232,7 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 		recOpts = append(recOpts, reconcile.WithHold(n.holdReason))
 	}
 	var err error
-	if n.nodeNet, err = buildNodeNet(log, cfg, n.dp.Name(), o.noHealth); err != nil {
+	if n.nodeNet, err = buildNodeNet(log, cfg, n.dp.Name(), o); err != nil {
 		return err
 	}
 	recOpts = append(recOpts, n.nodeNet.reconcileOptions()...)

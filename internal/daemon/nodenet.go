@@ -56,29 +56,32 @@ func (c Config) nodePortPrefixes() ([]netip.Prefix, error) {
 // health-check node port server that follows what the dataplane applied.
 type nodeNet struct {
 	log     hclog.Logger
-	watcher *nodenet.Watcher
+	watcher *nodenet.Watcher   // nil: WithoutNodeNetwork
 	initial dataplane.Node     // read at Assemble, before the first apply
 	hc      *hcnodeport.Server // nil: not served (see buildNodeNet)
 }
 
 // buildNodeNet reads the node's network once, for the reconciler's first
 // apply, and builds what follows it. The health-check node port server is
-// built unless health checks are off (a test vipd in the machine's own
-// namespace must never listen on its addresses) or the dataplane programs
-// nothing (a 200 would claim traffic that is not forwarded).
-func buildNodeNet(log hclog.Logger, cfg Config, dp string, noHealth bool) (*nodeNet, error) {
+// built unless health checks are off or the node's network is not
+// followed (a test vipd in the machine's own namespace must never listen
+// on its addresses), or the dataplane programs nothing (a 200 would claim
+// traffic that is not forwarded).
+func buildNodeNet(log hclog.Logger, cfg Config, dp string, o options) (*nodeNet, error) {
+	nn := &nodeNet{log: log}
+	if o.noNodeNet {
+		return nn, nil
+	}
 	prefixes, err := cfg.nodePortPrefixes()
 	if err != nil {
 		return nil, err
 	}
-	w := nodenet.New(log.Named("nodenet"), nodenet.Config{NetNS: cfg.NetNS, NodePortAddresses: prefixes, ExternalInterfaces: cfg.ExternalInterfaces})
-	node, err := w.Read()
-	if err != nil {
+	nn.watcher = nodenet.New(log.Named("nodenet"), nodenet.Config{NetNS: cfg.NetNS, NodePortAddresses: prefixes, ExternalInterfaces: cfg.ExternalInterfaces})
+	if nn.initial, err = nn.watcher.Read(); err != nil {
 		return nil, err
 	}
-	log.Info("node network", "nodeport_addresses", node.NodePortAddresses, "external_interfaces", node.ExternalInterfaces())
-	nn := &nodeNet{log: log, watcher: w, initial: node}
-	if !noHealth && dp != none.Name {
+	log.Info("node network", "nodeport_addresses", nn.initial.NodePortAddresses, "external_interfaces", nn.initial.ExternalInterfaces())
+	if !o.noHealth && dp != none.Name {
 		nn.hc = hcnodeport.New(log.Named("hcnodeport"), cfg.NetNS)
 	}
 	return nn, nil
@@ -114,11 +117,13 @@ func (nn *nodeNet) statusWarnings() func() []*vipdv1.StatusWarning {
 func (nn *nodeNet) start(ctx context.Context, rec *reconcile.Reconciler) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		nn.watcher.Run(ctx, nn.initial, func(ctx context.Context, node dataplane.Node) { nn.submit(ctx, rec, node) })
-	}()
+	if nn.watcher != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nn.watcher.Run(ctx, nn.initial, func(ctx context.Context, node dataplane.Node) { nn.submit(ctx, rec, node) })
+		}()
+	}
 	if nn.hc != nil {
 		wg.Add(1)
 		go func() {

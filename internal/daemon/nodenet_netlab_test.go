@@ -72,3 +72,27 @@ func TestNodeNetworkReachesTheDataplane(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestWithoutNodeNetwork: a node built WithoutNodeNetwork, as the test
+// harness's in the machine's own namespace is, hands the dataplane the zero
+// Node, even in a namespace that has addresses and a default route.
+func TestWithoutNodeNetwork(t *testing.T) {
+	node := netlab.New(t, netlab.Spec{}).Node(1)
+	cfg := config(t)
+	cfg.NetNS = node.Path()
+	dp := fake.New()
+	n, err := daemon.Assemble(ctxT(t), hclog.NewNullLogger(), cfg, daemon.WithDataplane(dp), daemon.WithoutHealthChecks(), daemon.WithoutNodeNetwork())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	n.Start(context.Background())
+	select {
+	case <-n.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node is not ready")
+	}
+	if got := dp.Records()[0].State.Node; len(got.NodePortAddresses) != 0 || len(got.Interfaces) != 0 {
+		t.Fatalf("the first apply's Node %+v, want the zero Node", got)
+	}
+}
