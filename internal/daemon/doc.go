@@ -1,6 +1,8 @@
 // Package daemon wires vipd together, in one place: Assemble restores the
-// desired state, opens the dataplane and builds the reconciler, flow hub,
-// node checks, API, gRPC server and metrics; (*Node).Start runs them and
+// desired state, opens the dataplane, reads the node's network
+// (internal/nodenet) for the first apply, and builds the reconciler, flow
+// hub, node checks, the node's network watcher, the health-check node port
+// server (internal/hcnodeport), API, gRPC server and metrics; (*Node).Start runs them and
 // (*Node).Stop shuts them down in order. Run, what vipd run does, is
 // Assemble, Start and Stop; tests build the same Node, with a dataplane
 // they script (WithDataplane), so that they exercise the daemon's wiring.

@@ -36,15 +36,26 @@ type options struct {
 	serverOpts []server.Option
 	version    string
 	noHealth   bool
+	noNodeNet  bool
 }
 
 // WithoutHealthChecks runs no active health checks: backends are never
-// probed, whatever their services' health_check says. A test whose vipd
-// runs in the machine's own network namespace (no Config.NetNS) needs it,
-// so that no service it writes, fuzzed ones included, makes vipd connect
-// to an address off the machine.
+// probed, whatever their services' health_check says, and no health-check
+// node port is served. A test whose vipd runs in the machine's own network
+// namespace (no Config.NetNS) needs it, so that no service it writes,
+// fuzzed ones included, makes vipd connect to an address off the machine
+// or listen on the machine's own addresses.
 func WithoutHealthChecks() Option {
 	return func(o *options) { o.noHealth = true }
+}
+
+// WithoutNodeNetwork follows no node network: every State carries the
+// zero dataplane.Node (no node-port address, no external interface), and
+// no health-check node port is served. It is for a test whose vipd runs in
+// the machine's own network namespace, which must not depend on what that
+// network does meanwhile.
+func WithoutNodeNetwork() Option {
+	return func(o *options) { o.noNodeNet = true }
 }
 
 // WithDataplane makes the node apply to dp, which is already open, instead
@@ -84,7 +95,11 @@ func WithVersion(v string) Option {
 
 // Node is one vipd, assembled by Assemble: the locked state directory, the
 // dataplane, the reconciler over them, the flow hub when the dataplane
-// reports flows, the node checks when it programs the kernel, the API and
+// reports flows, the node checks when it programs the kernel, the watcher
+// of the node's network that hands the reconciler each new
+// dataplane.Node (not WithoutNodeNetwork), the health-check node port
+// server (not with the none dataplane, WithoutHealthChecks nor
+// WithoutNodeNetwork), the API and
 // its gRPC server with their listeners open, metrics, and, when configured,
 // the metrics listener. Nothing runs until Start. Stop stops what Start
 // started and releases what Assemble opened; it leaves the dataplane
@@ -105,6 +120,7 @@ type Node struct {
 	metricsSrv *metrics.Server      // nil: no Config.MetricsAddr
 	reloader   *reloader            // nil: no Config.Remote listener
 	dirWatcher *servicesdir.Watcher // nil: no Config.ServicesDir
+	nodeNet    *nodeNet
 
 	startOnce sync.Once
 	started   bool
@@ -115,7 +131,7 @@ type Node struct {
 	serveErr  error
 	recDone   chan error
 	// What Start started, each stopped by Stop in its turn.
-	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopDir, stopProber func()
+	stopReload, stopHub, stopNodeCheck, stopMetrics, stopRec, stopDir, stopProber, stopNodeNet func()
 
 	stopOnce sync.Once
 	stopErr  error
@@ -215,6 +231,11 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 		log.Warn("not touching the dataplane until the first SyncServices; other changes get FailedPrecondition", "reason", n.holdReason)
 		recOpts = append(recOpts, reconcile.WithHold(n.holdReason))
 	}
+	var err error
+	if n.nodeNet, err = buildNodeNet(log, cfg, n.dp.Name(), o); err != nil {
+		return err
+	}
+	recOpts = append(recOpts, n.nodeNet.reconcileOptions()...)
 	var persister reconcile.Persister = n.dir
 	if o.persister != nil {
 		persister = o.persister(n.dir)
@@ -239,6 +260,9 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
 		apiOpts = append(apiOpts, server.WithStatusWarnings(statusWarnings(n.checker)))
 	}
+	if w := n.nodeNet.statusWarnings(); w != nil {
+		apiOpts = append(apiOpts, server.WithStatusWarnings(w))
+	}
 	if cfg.ServicesDir != "" {
 		// n.dirWatcher is set below, before anything can call GetStatus.
 		apiOpts = append(apiOpts, server.WithStatusWarnings(func() []*vipdv1.StatusWarning { return n.dirWatcher.Warnings() }))
@@ -247,7 +271,6 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	if cfg.ServicesDir == "" {
 		return nil
 	}
-	var err error
 	n.dirWatcher, err = servicesdir.New(log.Named("servicesdir"), servicesdir.Config{Dir: cfg.ServicesDir, NodeName: nodeName(cfg.NodeName)}, n.api, m)
 	return err
 }
@@ -353,6 +376,7 @@ func (n *Node) start(ctx context.Context) {
 	recCtx, stopRec := context.WithCancel(ctx)
 	n.stopRec = stopRec
 	go func() { n.recDone <- n.rec.Run(recCtx) }()
+	n.stopNodeNet = n.nodeNet.start(ctx, n.rec)
 	n.stopProber = func() {}
 	if n.prober != nil {
 		proberCtx, cancelProber := context.WithCancel(ctx)
@@ -459,8 +483,10 @@ func (n *Node) stop() error {
 	n.stopDir()
 	n.srv.Shutdown(n.cfg.ShutdownTimeout)
 	<-n.served
-	// Order matters: the prober submits to the reconciler.
+	// Order matters: the prober and the node's network watcher submit
+	// to the reconciler.
 	n.stopProber()
+	n.stopNodeNet()
 	n.stopRec()
 	recErr := <-n.recDone
 	if errors.Is(recErr, context.Canceled) {

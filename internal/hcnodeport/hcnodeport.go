@@ -71,16 +71,40 @@ type serviceRef struct {
 // HealthCheckNodePort. Services that share a port: the first by name
 // wins, and the others are returned in conflicts.
 func Answers(s *dataplane.State) (answers map[uint16]Answer, conflicts []string) {
-	answers = map[uint16]Answer{}
+	wanted := map[string]entry{}
 	for name, svc := range s.All() {
-		if svc.ExternalTrafficPolicy != dataplane.TrafficPolicyLocal || svc.HealthCheckNodePort == 0 {
+		if e, ok := entryOf(name, svc); ok {
+			wanted[name] = e
+		}
+	}
+	return answersOf(wanted)
+}
+
+// entry is what one service asks of the server.
+type entry struct {
+	port   uint16
+	answer Answer
+}
+
+// entryOf is the health-check node port that svc asks for, if any.
+func entryOf(name string, svc *dataplane.Service) (entry, bool) {
+	if svc.ExternalTrafficPolicy != dataplane.TrafficPolicyLocal || svc.HealthCheckNodePort == 0 {
+		return entry{}, false
+	}
+	return entry{port: svc.HealthCheckNodePort, answer: Answer{Service: name, LocalEndpoints: localEndpoints(svc)}}, true
+}
+
+// answersOf turns the entries of the services that ask for a port into
+// the answer of each port; see Answers.
+func answersOf(wanted map[string]entry) (answers map[uint16]Answer, conflicts []string) {
+	answers = map[uint16]Answer{}
+	for _, name := range slices.Sorted(maps.Keys(wanted)) {
+		e := wanted[name]
+		if a, ok := answers[e.port]; ok {
+			conflicts = append(conflicts, fmt.Sprintf("services %s and %s both ask for health-check node port %d; %s is served", a.Service, name, e.port, a.Service))
 			continue
 		}
-		if a, ok := answers[svc.HealthCheckNodePort]; ok {
-			conflicts = append(conflicts, fmt.Sprintf("services %s and %s both ask for health-check node port %d; %s is served", a.Service, name, svc.HealthCheckNodePort, a.Service))
-			continue
-		}
-		answers[svc.HealthCheckNodePort] = Answer{Service: name, LocalEndpoints: localEndpoints(svc)}
+		answers[e.port] = e.answer
 	}
 	return answers, conflicts
 }
@@ -105,15 +129,29 @@ type Server struct {
 	log   hclog.Logger
 	netns string
 
-	update  chan *dataplane.State // holds at most the latest state
+	kick    chan struct{} // a pending state is waiting
 	answers atomic.Pointer[map[uint16]Answer]
 
+	pmu     sync.Mutex
+	pending pending
+
 	// Run's goroutine only.
+	wanted    map[string]entry // by service: those that ask for a port
+	node      dataplane.Node
 	listeners map[netip.AddrPort]*listener
 	failed    map[netip.AddrPort]error
 
 	mu       sync.Mutex
-	warnings map[string]Warning // by message's key: the address:port or "conflict:<service>"
+	warnings map[string]Warning // by key: the address:port, or "conflict:" and the message
+}
+
+// pending is what Update handed over that Run has not taken yet: the
+// latest state, and the services changed since the last one Run took (all
+// of them when full).
+type pending struct {
+	st    *dataplane.State
+	names map[string]struct{}
+	full  bool
 }
 
 type listener struct {
@@ -127,7 +165,9 @@ func New(log hclog.Logger, netns string) *Server {
 	s := &Server{
 		log:       log,
 		netns:     netns,
-		update:    make(chan *dataplane.State, 1),
+		kick:      make(chan struct{}, 1),
+		pending:   pending{full: true},
+		wanted:    map[string]entry{},
 		listeners: map[netip.AddrPort]*listener{},
 		failed:    map[netip.AddrPort]error{},
 		warnings:  map[string]Warning{},
@@ -137,20 +177,38 @@ func New(log hclog.Logger, netns string) *Server {
 }
 
 // Update hands s the state the dataplane now has; Run follows it. It never
-// blocks: a state not yet taken is replaced by the newer one. s keeps st
+// blocks: states not yet taken are merged, the newest state with every
+// service their Changed named (all of them after one with a nil Changed),
+// so that Run costs what changed, not the size of the state. s keeps st
 // and reads it later, as ServiceSet allows.
 func (s *Server) Update(st *dataplane.State) {
-	for {
-		select {
-		case s.update <- st:
-			return
-		default:
+	s.pmu.Lock()
+	p := &s.pending
+	p.st = st
+	if st.Changed == nil {
+		p.full, p.names = true, nil
+	} else if !p.full {
+		if p.names == nil {
+			p.names = map[string]struct{}{}
 		}
-		select {
-		case <-s.update:
-		default:
+		for _, n := range st.Changed {
+			p.names[n] = struct{}{}
 		}
 	}
+	s.pmu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what Update handed over since the last take.
+func (s *Server) take() pending {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	p := s.pending
+	s.pending = pending{}
+	return p
 }
 
 // Warnings returns the listeners that failed and the conflicting services,
@@ -168,32 +226,59 @@ func (s *Server) Warnings() []Warning {
 func (s *Server) Run(ctx context.Context) {
 	retry := time.NewTicker(retryPeriod)
 	defer retry.Stop()
-	var last *dataplane.State
 	defer s.closeAll()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case st := <-s.update:
-			last = st
-			s.sync(st)
+		case <-s.kick:
+			if p := s.take(); p.st != nil {
+				s.follow(p)
+				s.sync()
+			}
 		case <-retry.C:
-			if last != nil && len(s.failed) > 0 {
-				s.sync(last)
+			if len(s.failed) > 0 {
+				s.sync()
 			}
 		}
 	}
 }
 
-// sync makes the listeners match st: one per node-port address and
-// health-check node port.
-func (s *Server) sync(st *dataplane.State) {
-	answers, conflicts := Answers(st)
+// follow brings the services that ask for a port, and the Node, up to p.
+func (s *Server) follow(p pending) {
+	s.node = p.st.Node
+	if p.full {
+		s.wanted = map[string]entry{}
+		for name, svc := range p.st.All() {
+			if e, ok := entryOf(name, svc); ok {
+				s.wanted[name] = e
+			}
+		}
+		return
+	}
+	for name := range p.names {
+		svc, ok := p.st.Get(name)
+		var e entry
+		if ok {
+			e, ok = entryOf(name, svc)
+		}
+		if ok {
+			s.wanted[name] = e
+		} else {
+			delete(s.wanted, name)
+		}
+	}
+}
+
+// sync makes the listeners match what s follows: one per node-port
+// address and health-check node port.
+func (s *Server) sync() {
+	answers, conflicts := answersOf(s.wanted)
 	// Before any new listener opens: it never answers from an older state.
 	s.answers.Store(&answers)
 	want := map[netip.AddrPort]bool{}
 	for port := range answers {
-		for _, a := range st.Node.NodePortAddresses {
+		for _, a := range s.node.NodePortAddresses {
 			want[netip.AddrPortFrom(a, port)] = true
 		}
 	}

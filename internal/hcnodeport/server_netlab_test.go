@@ -71,6 +71,12 @@ func waitReply(t *testing.T, what string, c *http.Client, addr netip.Addr, port 
 
 func refused(r reply) bool { return errors.Is(r.err, syscall.ECONNREFUSED) }
 
+// changed sets st's change hint.
+func changed(st *dataplane.State, names ...string) *dataplane.State {
+	st.Changed = append([]string{}, names...)
+	return st
+}
+
 func webState(node dataplane.Node, backends ...dataplane.Backend) *dataplane.State {
 	return &dataplane.State{Node: node, Services: map[string]*dataplane.Service{
 		"default/web": {
@@ -115,8 +121,9 @@ func TestServeInLabNode(t *testing.T) {
 	}
 
 	// Health checks lowered the local backend: 503, no local endpoint.
+	// (A partial apply naming the service, as the reconciler's.)
 	local.State = dataplane.BackendNotServing
-	s.Update(webState(both, local, remote))
+	s.Update(changed(webState(both, local, remote), "default/web"))
 	r := waitReply(t, "503", c, v4, 30100, func(r reply) bool { return r.code == 503 })
 	if want := `{"service":{"namespace":"default","name":"web"},"localEndpoints":0,"serviceProxyHealthy":true}`; r.body != want {
 		t.Errorf("503 body %s, want %s", r.body, want)
@@ -128,7 +135,8 @@ func TestServeInLabNode(t *testing.T) {
 	})
 
 	// The IPv6 address is no node-port address any more: not served there.
-	s.Update(webState(dataplane.Node{NodePortAddresses: []netip.Addr{v4}}, local))
+	// (An apply of only a Node change names no service.)
+	s.Update(changed(webState(dataplane.Node{NodePortAddresses: []netip.Addr{v4}}, local, backend("198.18.1.11", true, dataplane.BackendReady))))
 	waitReply(t, "refused", c, v6, 30100, refused)
 	if r := get(c, v4, 30100, "/"); r.code != 200 {
 		t.Errorf("v4 after v6 went: %d %v", r.code, r.err)
@@ -137,7 +145,7 @@ func TestServeInLabNode(t *testing.T) {
 	waitReply(t, "200 on v6 again", c, v6, 30100, func(r reply) bool { return r.code == 200 })
 
 	// The service goes: both listeners close.
-	s.Update(&dataplane.State{Node: both})
+	s.Update(changed(&dataplane.State{Node: both}, "default/web"))
 	for _, a := range []netip.Addr{v4, v6} {
 		waitReply(t, "refused once the service is gone", c, a, 30100, refused)
 	}

@@ -196,12 +196,7 @@ func (w *Watcher) Run(ctx context.Context, prev dataplane.Node, emit func(contex
 			}
 			check()
 		case <-kick:
-			if sub != nil && sub.ended() {
-				// It broke (an overrun, say): subscribe again and read
-				// everything, as changes may have been lost.
-				w.log.Warn("netlink subscription ended; subscribing again")
-				sub.close()
-				sub = nil
+			if w.dropIfEnded(&sub) {
 				retry.Reset(w.debounce)
 				continue
 			}
@@ -213,11 +208,29 @@ func (w *Watcher) Run(ctx context.Context, prev dataplane.Node, emit func(contex
 			pending = false
 			check()
 		case <-resync.C:
+			if w.dropIfEnded(&sub) {
+				retry.Reset(w.debounce)
+				continue
+			}
 			if h != nil {
 				check()
 			}
 		}
 	}
+}
+
+// dropIfEnded reports whether *sub ended on its own (it broke: an
+// overrun, say), in which case it closes it and sets *sub to nil, so that
+// the caller subscribes again and reads everything, as changes may have
+// been lost.
+func (w *Watcher) dropIfEnded(sub **subscription) bool {
+	if *sub == nil || !(*sub).ended() {
+		return false
+	}
+	w.log.Warn("netlink subscription ended; subscribing again")
+	(*sub).close()
+	*sub = nil
+	return true
 }
 
 // subscription is one set of link, address and route subscriptions.
@@ -293,8 +306,12 @@ func (w *Watcher) subscribe(notify func()) (*subscription, error) {
 		return nil, fmt.Errorf("subscribe to changes: %w", err)
 	}
 	go func() {
-		defer close(s.done)
-		defer notify()
+		defer func() {
+			// Order matters: done is closed before the caller is woken
+			// up, so that it sees the subscriptions ended.
+			close(s.done)
+			notify()
+		}()
 		var once sync.Once
 		stopSockets := func() { once.Do(func() { close(sockDone) }) }
 		defer stopSockets()

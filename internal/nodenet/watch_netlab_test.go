@@ -121,10 +121,12 @@ func addVeth(t *testing.T, node *netlab.Node, name string) netlink.Link {
 // and --nodeport-addresses keeps only the addresses within it.
 func TestReadLabNode(t *testing.T) {
 	node := netlab.New(t, netlab.Spec{}).Node(1)
+	start := time.Now()
 	n, err := nodenet.Read(nodenet.Config{NetNS: node.Path()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("Read took %v (entering the namespace, three netlink dumps)", time.Since(start))
 	want := []netip.Addr{node.IPv4(), node.IPv6()}
 	if !slices.Equal(n.NodePortAddresses, want) {
 		t.Errorf("node-port addresses %v, want %v", n.NodePortAddresses, want)

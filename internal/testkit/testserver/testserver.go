@@ -187,9 +187,10 @@ func (s *Server) start(cfg config) error {
 		dp = withoutFlows{s.dp, s.dp}
 	}
 	// The test vipd runs in the machine's own network namespace: it must
-	// never probe a backend, which could be any address.
+	// never probe a backend, which could be any address, nor listen on or
+	// follow the machine's own network.
 	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister),
-		daemon.WithServerOptions(cfg.serverOpts...), daemon.WithoutHealthChecks()}
+		daemon.WithServerOptions(cfg.serverOpts...), daemon.WithoutHealthChecks(), daemon.WithoutNodeNetwork()}
 	for _, l := range s.extra {
 		opts = append(opts, daemon.WithListener(l))
 	}
