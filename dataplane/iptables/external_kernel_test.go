@@ -138,6 +138,7 @@ func testExternalTraffic(t *testing.T, mode iptables.Mode) {
 	lbOpen := extService("lb-open", "198.19.0.15", "fd00:198:ff::15", 0, dataplane.TrafficPolicyLocal, local)
 	lbOpen.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.2.11"), netip.MustParseAddr("fd00:198:ff:2::11")}
 	lbOpen.LoadBalancerSourceRanges = []netip.Prefix{netip.PrefixFrom(x.upstream4, 32), netip.PrefixFrom(x.upstream6, 128)}
+	lbOpen.Affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: time.Hour}
 	lbClosed := extService("lb-closed", "198.19.0.16", "fd00:198:ff::16", 0, dataplane.TrafficPolicyCluster, local)
 	lbClosed.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.2.12"), netip.MustParseAddr("fd00:198:ff:2::12")}
 	lbClosed.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("198.18.200.0/24"), netip.MustParsePrefix("fd00:198:200::/48")}
@@ -243,6 +244,26 @@ func testExternalTraffic(t *testing.T, mode iptables.Mode) {
 			}
 		}
 	})
+
+	// Explain: the affinity entry that the external connection to the LB
+	// IP left, and the drops.
+	for _, tc := range []struct {
+		name   string
+		client netip.Addr
+		to     netip.AddrPort
+		pick   netip.AddrPort
+		drop   bool
+	}{
+		{"affinity through an LB IP", x.upstream4, netip.MustParseAddrPort("198.19.2.11:80"), netip.AddrPortFrom(x.web1.IPv4(), 7000), false},
+		{"affinity through an IPv6 LB IP", x.upstream6, netip.MustParseAddrPort("[fd00:198:ff:2::11]:80"), netip.AddrPortFrom(x.web1.IPv6(), 7000), false},
+		{"outside the source ranges", x.upstream4, netip.MustParseAddrPort("198.19.2.12:80"), netip.AddrPort{}, true},
+		{"LOCAL without a local backend", x.upstream4, netip.AddrPortFrom(x.uplinkV4, 30083), netip.AddrPort{}, true},
+	} {
+		ex, err := dp.ExplainFlow(ctx, dataplane.ExplainQuery{Protocol: dataplane.TCP, Client: netip.AddrPortFrom(tc.client, 0), VIP: tc.to})
+		if err != nil || ex.Pick != tc.pick || (ex.Drop != "") != tc.drop {
+			t.Errorf("Explain %s: %+v %v; want pick %v, drop %v", tc.name, ex, err, tc.pick, tc.drop)
+		}
+	}
 
 	// A flow through a node port is vipd's: the flow source reports it with
 	// the address and node port the client used, and the real client.
