@@ -8,6 +8,7 @@ package iptables_test
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -185,4 +186,55 @@ func TestTraceExternalNodeChange(t *testing.T) {
 	if diff := cmp.Diff(map[string]float64{"10.244.1.1:8080 masq": 0.5, "10.244.1.2:8080 masq": 0.5}, dests(mustTrace(t, tr, p)), approx); diff != "" {
 		t.Errorf("from eth1 (-want +got):\n%s", diff)
 	}
+}
+
+// TestExternalPartialSync: a change of one external service rewrites only
+// its own chains and the trie and node-port chains its addresses and node
+// ports are in.
+func TestExternalPartialSync(t *testing.T) {
+	var s *dataplane.State
+	for _, tc := range goldenCases() {
+		if tc.name == "external-local" {
+			s = tc.state
+		}
+	}
+	old := mustRender(t, s, Options{})
+	web := *s.Services["web"]
+	web.Backends = append(slices.Clone(web.Backends), local(ready("10.244.1.3")))
+	web.Generation++
+	next := *s
+	next.Services = map[string]*dataplane.Service{"web": &web, "remote": s.Services["remote"], "closed": s.Services["closed"]}
+	next.Changed = []string{"web"}
+	rs, err := Render(&next, Options{}, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Payload(old, rs, false, nil)[IPv4]
+	var got []string
+	for i, tab := range tables {
+		for _, name := range u.Rewritten[i] {
+			got = append(got, string(tab)+" "+name)
+		}
+	}
+	// web's SVC and SVL chains (a new local backend), its SEP chain,
+	// and the hairpin trie (one address more); not its EXT or FW chains,
+	// not the other services', not the dispatch or node-port chains.
+	want := []string{"nat " + chainHairpin}
+	for _, name := range rs.Chains(IPv4, NAT) {
+		if strings.HasPrefix(name, "VIPD-SVC-") || strings.HasPrefix(name, "VIPD-SVL-") || strings.HasPrefix(name, "VIPD-SEP-") {
+			if !slices.Equal(old.Rules(IPv4, NAT, name), rs.Rules(IPv4, NAT, name)) {
+				want = append(want, "nat "+name)
+			}
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rewritten chains (-want +got):\n%s", diff)
+	}
+	if len(want) != 4 { // SVC, SVL, the new SEP and the hairpin trie
+		t.Errorf("rewritten %v; want web's SVC, SVL and new SEP chains and the hairpin trie", want)
+	}
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u.Restore)
+	assertKernel(t, tr, rs, IPv4)
 }
