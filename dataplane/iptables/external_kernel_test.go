@@ -265,6 +265,50 @@ func testExternalTraffic(t *testing.T, mode iptables.Mode) {
 		}
 	}
 
+	// Flow events of external flows carry the address and node port the
+	// client used and the real client, though the backend saw the node.
+	t.Run("flow events", func(t *testing.T) {
+		wctx, wcancel := context.WithCancel(ctx)
+		events := make(chan dataplane.FlowEvent, 64)
+		done := make(chan error, 1)
+		go func() {
+			done <- dp.WatchFlows(wctx, func(ev dataplane.FlowEvent) {
+				select {
+				case events <- ev:
+				default:
+				}
+			}, func(uint64) {})
+		}()
+		defer func() {
+			wcancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("WatchFlows: %v", err)
+			}
+		}()
+		want := netip.AddrPortFrom(x.uplinkV4, 30080)
+		// The watch subscribes asynchronously: connect until it reports.
+		deadline := time.After(5 * time.Second)
+		for {
+			if _, err := x.upstream.Request(ctx, "tcp", want.String()); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case ev := <-events:
+				// Earlier flows may close meanwhile.
+				if ev.Type != dataplane.FlowNew || ev.Flow.VIP != want {
+					continue
+				}
+				if ev.Flow.Client.Addr() != x.upstream4 || ev.Flow.Backend != netip.AddrPortFrom(x.web1.IPv4(), 7000) {
+					t.Fatalf("event %+v; want NEW %s -> %s -> web1", ev, x.upstream4, want)
+				}
+				return
+			case <-deadline:
+				t.Fatal("no flow event for a connection through a node port")
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+
 	// A flow through a node port is vipd's: the flow source reports it with
 	// the address and node port the client used, and the real client.
 	conn, err := x.upstream.Dial(ctx, "tcp", hostPort(x.uplinkV4, 30082))
