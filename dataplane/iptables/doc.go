@@ -26,8 +26,9 @@
 //	                                              -> VIPD-FW-* (LB IPs with source ranges:
 //	                                                 -s <range>) -> VIPD-EXT-*
 //	                                              then, per node-port address:
-//	                                              -> VIPD-NODEPORTS, per protocol and node
-//	                                                 port -> VIPD-EXT-*
+//	                                              -> VIPD-NODEPORTS, a trie over protocol
+//	                                                 and port range (VIPD-N4-*/VIPD-N6-*)
+//	                                                 -> VIPD-EXT-*
 //	                          VIPD-EXT-*          one per service port with external
 //	                                              addresses: -i <external interface>:
 //	                                              MARK MasqueradeMark (CLUSTER), or
@@ -46,7 +47,8 @@
 //	                                              source ranges; external under LOCAL
 //	                                              without a local backend), REJECT (no
 //	                                              backend); then, per node-port address,
-//	                                              -> VIPD-NODEPORTS (the same per node port)
+//	                                              -> VIPD-NODEPORTS (the same in a trie over
+//	                                              protocol and node port)
 //	nat, filter       VIPD-CANARY                 empty, nothing jumps to it: its loss
 //	                                              shows DetectDrift a flushed table
 //
