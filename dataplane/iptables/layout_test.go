@@ -236,6 +236,9 @@ func TestREADMEChainLayout(t *testing.T) {
 		{"a chain family left out", "VIPD-SEP-*", "VIPD-SVC-*"},
 		{"a jump that does not exist", ": REJECT\n", ": REJECT\n                           -> VIPD-SVC-*\n"},
 		{"the canaries left out", "VIPD-CANARY", ""},
+		{"the firewall chains left out", "-> VIPD-FW-*", "-> VIPD-EXT-*"},
+		{"the node-port trie left out", " (VIPD-N4-*, VIPD-N6-*)", ""},
+		{"the node-ports jump left out", "nat     VIPD-SERVICES      -> VIPD-NODEPORTS", "nat     VIPD-SERVICES      -> VIPD-EXT-*"},
 	} {
 		if !strings.Contains(block, m.old) {
 			t.Fatalf("%s: the README's block no longer contains %q; update this test", m.name, m.old)
