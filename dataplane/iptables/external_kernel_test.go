@@ -181,7 +181,13 @@ func testExternalTraffic(t *testing.T, mode iptables.Mode) {
 			for _, to := range []netip.Addr{tc.to4, tc.to6} {
 				name := fmt.Sprintf("%s/%s/%s", tc.name, proto, map[bool]string{true: "ipv4", false: "ipv6"}[to.Is4()])
 				t.Run(name, func(t *testing.T) {
-					rctx, rcancel := context.WithTimeout(ctx, time.Second)
+					// A drop shows as a timeout; an answer comes within
+					// milliseconds, so only the expected drops wait short.
+					wait := 10 * time.Second
+					if tc.want == dropped {
+						wait = time.Second
+					}
+					rctx, rcancel := context.WithTimeout(ctx, wait)
 					defer rcancel()
 					reply, err := tc.from.Request(rctx, proto, hostPort(to, tc.port))
 					switch tc.want {
