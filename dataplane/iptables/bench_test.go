@@ -2,7 +2,9 @@ package iptables
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vipd/vipd/dataplane"
@@ -63,6 +65,65 @@ func BenchmarkSyncPartial(b *testing.B) {
 	changed := *s.Services["svc-05000"]
 	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
 	next.Services[changed.Name] = &changed
+	var us []Update
+	for b.Loop() {
+		rs, err := Render(next, Options{}, old)
+		if err != nil {
+			b.Fatal(err)
+		}
+		us = Payload(old, rs, false, nil)
+	}
+	reportPayload(b, us)
+}
+
+// externalBenchState is benchState with the external half on every
+// service: a node port, an LB IP, and a node with a node-port address and
+// an external interface.
+func externalBenchState(n, k int) *dataplane.State {
+	s := benchState(n, k)
+	for i, name := range slices.Sorted(maps.Keys(s.Services)) {
+		svc := *s.Services[name]
+		svc.Ports = []dataplane.Port{nodePort(svc.Ports[0], uint16(30000+i))}
+		svc.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{192, 168 + byte(i>>16), byte(i >> 8), byte(i)})}
+		s.Services[name] = &svc
+	}
+	s.Node = testNode()
+	return s
+}
+
+// BenchmarkSyncPartialExternal is BenchmarkSyncPartial with every service
+// external (a node port and an LB IP).
+func BenchmarkSyncPartialExternal(b *testing.B) {
+	s := externalBenchState(10000, 5)
+	old, err := Render(s, Options{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	next := &dataplane.State{Generation: 2, Services: maps.Clone(s.Services), Node: s.Node}
+	changed := *s.Services["svc-05000"]
+	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
+	next.Services[changed.Name] = &changed
+	var us []Update
+	for b.Loop() {
+		rs, err := Render(next, Options{}, old)
+		if err != nil {
+			b.Fatal(err)
+		}
+		us = Payload(old, rs, false, nil)
+	}
+	reportPayload(b, us)
+}
+
+// BenchmarkSyncNodeAddress is Render and a partial Payload after the node
+// got another node-port address, with 10,000 external services.
+func BenchmarkSyncNodeAddress(b *testing.B) {
+	s := externalBenchState(10000, 5)
+	old, err := Render(s, Options{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	next := &dataplane.State{Generation: 2, Services: s.Services, Node: s.Node}
+	next.Node.NodePortAddresses = append(slices.Clone(s.Node.NodePortAddresses), netip.MustParseAddr("192.168.1.7"))
 	var us []Update
 	for b.Loop() {
 		rs, err := Render(next, Options{}, old)

@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -109,32 +110,37 @@ type udpTarget struct {
 	backend netip.AddrPort
 }
 
-// staleUDP lists what to delete when moving from old to next: flows of a
-// removed UDP VIP:port; flows to a backend that is no longer in a UDP port's
-// backend set (removed, no longer serving the port, or with another target
-// port); and un-DNATed flows of a UDP VIP:port that had no eligible backend
-// and now has one.
-func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool, whole map[netip.AddrPort]bool) {
+// staleUDP lists what to delete when moving from old to next (each a
+// map of services with the node-port addresses of its Node): flows of a
+// removed UDP frontend (VIP, external or LB IP, or node-port address and
+// node port, with the port); flows to a backend that is no longer in a
+// UDP port's backend set (removed, no longer serving the port, or with
+// another target port); and un-DNATed flows of a UDP frontend that had no
+// eligible backend and now has one.
+func staleUDP(old, next udpView) (flows map[udpTarget]bool, whole map[netip.AddrPort]bool) {
 	flows, whole = map[udpTarget]bool{}, map[netip.AddrPort]bool{}
-	targets := func(svcs map[string]*dataplane.Service) (map[netip.AddrPort]map[netip.AddrPort]bool, map[netip.AddrPort]bool) {
+	targets := func(v udpView) (map[netip.AddrPort]map[netip.AddrPort]bool, map[netip.AddrPort]bool) {
 		backends := map[netip.AddrPort]map[netip.AddrPort]bool{}
 		eligible := map[netip.AddrPort]bool{}
-		for _, svc := range svcs {
+		for _, svc := range v.services {
 			for _, p := range svc.Ports {
 				if p.Protocol != dataplane.UDP {
 					continue
 				}
-				for _, vip := range svc.VIPs {
-					key := netip.AddrPortFrom(vip, p.Port)
+				for _, fe := range frontends(svc, p, v.nodePorts) {
 					set := map[netip.AddrPort]bool{}
 					for i := range svc.Backends {
 						b := &svc.Backends[i]
-						if b.IP.Is4() == vip.Is4() && b.Serves(p) {
+						if b.IP.Is4() == fe.addr.Addr().Is4() && b.Serves(p) {
 							set[netip.AddrPortFrom(b.IP, b.TargetPort(p))] = true
 						}
 					}
-					backends[key] = set
-					eligible[key] = len(svc.EligibleBackends(p, vip.Is6())) > 0
+					backends[fe.addr] = set
+					if fe.external {
+						eligible[fe.addr] = len(svc.ExternalBackends(p, fe.addr.Addr().Is6(), dataplane.TrafficPolicyCluster)) > 0
+					} else {
+						eligible[fe.addr] = len(svc.EligibleBackends(p, fe.addr.Addr().Is6())) > 0
+					}
 				}
 			}
 		}
@@ -162,10 +168,49 @@ func staleUDP(old, next map[string]*dataplane.Service) (flows map[udpTarget]bool
 	return flows, whole
 }
 
+// udpView is what staleUDP compares: the services and the node-port
+// addresses of an applied state.
+type udpView struct {
+	services  map[string]*dataplane.Service
+	nodePorts []netip.Addr
+}
+
+// frontend is an address and port that clients reach a service port on;
+// external is set for node ports, external and LB IPs.
+type frontend struct {
+	addr     netip.AddrPort
+	external bool
+}
+
+// frontends lists where port p of svc is served: on its VIPs, external and
+// LB IPs at p.Port, and on the node-port addresses at p.NodePort, in the
+// families of its VIPs (as Render serves them).
+func frontends(svc *dataplane.Service, p dataplane.Port, nodePorts []netip.Addr) []frontend {
+	var out []frontend
+	families := map[bool]bool{}
+	for _, v := range svc.VIPs {
+		out = append(out, frontend{netip.AddrPortFrom(v, p.Port), false})
+		families[v.Is6()] = true
+	}
+	for _, a := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
+		if families[a.Is6()] {
+			out = append(out, frontend{netip.AddrPortFrom(a, p.Port), true})
+		}
+	}
+	if p.NodePort != 0 {
+		for _, a := range nodePorts {
+			if families[a.Is6()] {
+				out = append(out, frontend{netip.AddrPortFrom(a, p.NodePort), true})
+			}
+		}
+	}
+	return out
+}
+
 // cleanup deletes the stale UDP entries between two applied states. It logs
 // failures instead of failing the apply: the rules are already in force, and
 // a stale UDP entry expires by itself.
-func (c *conntrackCleaner) cleanup(old, next map[string]*dataplane.Service) {
+func (c *conntrackCleaner) cleanup(old, next udpView) {
 	c.prune()
 	flows, whole := staleUDP(old, next)
 	if len(flows) == 0 && len(whole) == 0 {

@@ -18,11 +18,19 @@ func TestStaleUDP(t *testing.T) {
 		b.Ports, b.OnlyNamedPorts = ports, true
 		return b
 	}
+	// ext serves dns also on node port 30053 and an external IP.
+	ext := func(backends ...dataplane.Backend) map[string]*dataplane.Service {
+		s := service("dns", []string{"10.96.0.53"}, []dataplane.Port{nodePort(dns, 30053)}, backends...)
+		s.ExternalIPs = addrs("203.0.113.53")
+		return map[string]*dataplane.Service{"dns": s}
+	}
+	nodeA, nodeB := addrs("192.168.1.5", "fd00:1::5"), addrs("192.168.1.6")
 	for _, tc := range []struct {
-		name      string
-		old, next map[string]*dataplane.Service
-		flows     map[udpTarget]bool
-		whole     map[netip.AddrPort]bool
+		name         string
+		old, next    map[string]*dataplane.Service
+		oldNP, newNP []netip.Addr
+		flows        map[udpTarget]bool
+		whole        map[netip.AddrPort]bool
 	}{
 		{
 			name: "no change",
@@ -64,9 +72,39 @@ func TestStaleUDP(t *testing.T) {
 			next:  map[string]*dataplane.Service{},
 			whole: map[netip.AddrPort]bool{ap("10.96.0.53:53"): true, ap("10.96.0.53:9000"): true},
 		},
+		{
+			name: "a backend leaves: its flows through node ports and external IPs go too",
+			old:  ext(ready("10.244.1.1"), ready("10.244.1.2")), oldNP: nodeA,
+			next: ext(ready("10.244.1.1")), newNP: nodeA,
+			flows: map[udpTarget]bool{
+				{vip: ap("10.96.0.53:53"), backend: ap("10.244.1.2:5353")}:     true,
+				{vip: ap("203.0.113.53:53"), backend: ap("10.244.1.2:5353")}:   true,
+				{vip: ap("192.168.1.5:30053"), backend: ap("10.244.1.2:5353")}: true,
+			},
+		},
+		{
+			name: "a node-port address goes",
+			old:  ext(ready("10.244.1.1")), oldNP: nodeA,
+			next: ext(ready("10.244.1.1")), newNP: nodeB,
+			// The IPv6 one served nothing: the service has no IPv6 VIP.
+			// Flows the new address saw before it served are flushed, as
+			// for any new frontend.
+			whole: map[netip.AddrPort]bool{ap("192.168.1.5:30053"): true},
+			flows: map[udpTarget]bool{{vip: ap("192.168.1.6:30053")}: true},
+		},
+		{
+			name: "the first backend: refused node-port flows are flushed",
+			old:  ext(), oldNP: nodeA,
+			next: ext(ready("10.244.1.1")), newNP: nodeA,
+			flows: map[udpTarget]bool{
+				{vip: ap("10.96.0.53:53")}:     true,
+				{vip: ap("203.0.113.53:53")}:   true,
+				{vip: ap("192.168.1.5:30053")}: true,
+			},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			flows, whole := staleUDP(tc.old, tc.next)
+			flows, whole := staleUDP(udpView{tc.old, tc.oldNP}, udpView{tc.next, tc.newNP})
 			if tc.flows == nil {
 				tc.flows = map[udpTarget]bool{}
 			}

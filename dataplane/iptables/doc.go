@@ -15,22 +15,44 @@
 //
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //
-//	nat    PREROUTING, OUTPUT -> VIPD-SERVICES    prefix trie over VIPs (VIPD-D4-*/VIPD-D6-*)
+//	nat    PREROUTING, OUTPUT -> VIPD-SERVICES    prefix trie over VIPs, external and LB IPs
+//	                                              (VIPD-D4-*/VIPD-D6-*)
 //	                                              -> VIPD-SVC-*, one per service port:
 //	                                                 CONNMARK FlowMark first, then
 //	                                                 weighted choice and DNAT in one rule
 //	                                              (ClientIP affinity only: recent --rcheck,
 //	                                              weighted choice -> VIPD-SEP-* per backend:
 //	                                              recent --set, DNAT)
-//	nat    POSTROUTING        -> VIPD-POSTROUTING ctstate DNAT -> VIPD-HAIRPIN
+//	                                              -> VIPD-FW-* (LB IPs with source ranges:
+//	                                                 -s <range>) -> VIPD-EXT-*
+//	                                              then, per node-port address:
+//	                                              -> VIPD-NODEPORTS, a trie over protocol
+//	                                                 and port range (VIPD-N4-*/VIPD-N6-*)
+//	                                                 -> VIPD-EXT-*
+//	                          VIPD-EXT-*          one per service port with external
+//	                                              addresses: -i <external interface>:
+//	                                              MARK MasqueradeMark (CLUSTER), or
+//	                                              -> VIPD-SVL-* (LOCAL: node-local
+//	                                              backends), or RETURN (LOCAL without
+//	                                              one); then -> the cluster choice
+//	                                              (VIPD-SVC-*)
+//	nat    POSTROUTING        -> VIPD-POSTROUTING MASQUERADE with MasqueradeMark; then
+//	                                              ctstate DNAT -> VIPD-HAIRPIN
 //	                                              prefix trie (VIPD-H4-*/VIPD-H6-*) over the
 //	                                              destination, one rule per backend address:
 //	                                              MASQUERADE when source = destination = it
 //	filter INPUT, FORWARD, OUTPUT (ctstate NEW) -> VIPD-REJECT
 //	                                              prefix trie (VIPD-R4-*/VIPD-R6-*) over
-//	                                              ports of services without backends
+//	                                              what nat left untranslated: DROP (outside
+//	                                              source ranges; external under LOCAL
+//	                                              without a local backend), REJECT (no
+//	                                              backend); then, per node-port address,
+//	                                              -> VIPD-NODEPORTS (the same in a trie over
+//	                                              protocol and node port)
 //	nat, filter       VIPD-CANARY                 empty, nothing jumps to it: its loss
 //	                                              shows DetectDrift a flushed table
+//
+// external.go says how the external half of a service maps onto these.
 //
 // Chains are what iptables-nft-restore pays for, more than rules, so a
 // service costs one chain per port and family unless it needs affinity.

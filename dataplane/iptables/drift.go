@@ -27,16 +27,17 @@ func (d *Dataplane) DriftKinds() []string { return []string{driftCanary, driftHo
 //     or `iptables -t nat -X` deletes it with every other chain;
 //   - each hook rule is still in its builtin chain (What "hook"): `iptables
 //     -t nat -F PREROUTING` removes the jumps and leaves the chains;
-//   - each chain a hook jumps to exists and holds the rules last applied
-//     (What "chain"): `iptables -t nat -F VIPD-SERVICES` empties one.
+//   - each chain a hook jumps to, and each table's VIPD-NODEPORTS, exists
+//     and holds the rules last applied (What "chain"): `iptables -t nat -F
+//     VIPD-SERVICES` empties one.
 //
 // In nft mode it lists only those chains, one `iptables -S <chain>` each
-// (eleven per family), never the whole table, so its cost does not grow
+// (thirteen per family), never the whole table, so its cost does not grow
 // with the number of services. In legacy mode listing one chain copies the
 // whole table out of the kernel anyway, so it reads each table once
 // (`iptables-legacy-save -t TABLE`, four per check) and picks the chains
 // from it: there the cost grows with the rules, as a full sync's does. The
-// chains below the hook targets (tries, services, backends) are not
+// other chains below the hook targets (tries, services, backends) are not
 // checked; a full Apply rewrites any of them that differ.
 // Before the first successful Apply there is nothing to check and it
 // returns nil.
@@ -116,6 +117,9 @@ func (d *Dataplane) tableDrift(ctx context.Context, f Family, t Table) ([]datapl
 			}
 		}
 	}
+	// VIPD-NODEPORTS is reached from a hook target, not a hook, but a
+	// flush of it would silently stop every node port: checked too.
+	targets = append(targets, chainNodePorts)
 	for _, chain := range targets {
 		rules, ok, err := listChain(chain)
 		switch {

@@ -160,6 +160,7 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 				{What: "hook", Detail: "ipv6 filter FORWARD: no jump to VIPD-REJECT"},
 				{What: "hook", Detail: "ipv6 filter OUTPUT: no jump to VIPD-REJECT"},
 				{What: "chain", Detail: "ipv6 filter VIPD-REJECT: missing"},
+				{What: "chain", Detail: "ipv6 filter VIPD-NODEPORTS: missing"},
 			}
 			if diff := cmp.Diff(want, detect()); diff != "" {
 				t.Fatalf("IPv6 filter flushed: drift (-want +got):\n%s", diff)
@@ -168,6 +169,14 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 			if !refused() {
 				t.Fatal("the backendless IPv6 service does not refuse after the repair")
 			}
+
+			// The node-ports chain, which no hook jumps to, deleted.
+			run("iptables", "-t", "nat", "-X", "VIPD-NODEPORTS")
+			want = []dataplane.Drift{{What: "chain", Detail: "ipv4 nat VIPD-NODEPORTS: missing"}}
+			if diff := cmp.Diff(want, detect()); diff != "" {
+				t.Fatalf("VIPD-NODEPORTS deleted: drift (-want +got):\n%s", diff)
+			}
+			repair("VIPD-NODEPORTS deleted")
 
 			// A hook target flushed: the hooks are there, the rules are not.
 			run("iptables", "-t", "nat", "-F", "VIPD-SERVICES")
@@ -189,8 +198,9 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 			for _, d := range detect() {
 				kinds[d.What]++
 			}
-			// Per family: two canaries, six hooks, three hook targets.
-			if diff := cmp.Diff(map[string]int{"canary": 4, "hook": 12, "chain": 6}, kinds); diff != "" {
+			// Per family: two canaries, six hooks, three hook targets and
+			// two node-ports chains.
+			if diff := cmp.Diff(map[string]int{"canary": 4, "hook": 12, "chain": 10}, kinds); diff != "" {
 				t.Fatalf("ruleset flushed: drift kinds (-want +got):\n%s", diff)
 			}
 			repair("ruleset flushed")

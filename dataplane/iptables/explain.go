@@ -27,7 +27,15 @@ import (
 // (/proc/net/xt_recent/VIPD-SEP-*) in the order the SVC chain checks them:
 // the first list that holds a live entry for the client's address is the
 // backend the next connection gets. The zero Explanation means no such
-// entry, or no affinity, or a VIP and port that vipd does not serve.
+// entry, or no affinity, or an address and port that vipd does not serve.
+//
+// The address may be a VIP, an external or LB IP, or a node-port address
+// with a node port; for the last three the order is that of the cluster
+// choice, which pods and the node get (the lists are the port's, whichever
+// chain checks them). Explanation.Drop tells the drops the rules make
+// whatever the kernel's state: a client outside an LB IP's source ranges,
+// and, for external traffic, a port whose external traffic policy is
+// Local and has no node-local backend.
 func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (dataplane.Explanation, error) {
 	if err := ctx.Err(); err != nil {
 		return dataplane.Explanation{}, err
@@ -39,29 +47,46 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 	var (
 		candidates []candidate
 		timeout    time.Duration
+		drop       string
 	)
 	client, vip := q.Client.Addr().Unmap(), q.VIP.Addr().Unmap()
+	target := netip.AddrPortFrom(vip, q.VIP.Port())
 	d.mu.Lock()
+	hasExternal := d.applied != nil && len(d.applied.external) > 0
 	for _, svc := range d.state {
-		if !svc.Affinity.ClientIP || !slices.Contains(svc.VIPs, vip) {
-			continue
-		}
 		for _, p := range svc.Ports {
-			if p.Protocol != q.Protocol || p.Port != q.VIP.Port() {
+			if p.Protocol != q.Protocol {
+				continue
+			}
+			fe, ok := servedAt(svc, p, d.nodePorts, target)
+			if !ok {
 				continue
 			}
 			f := FamilyOf(vip)
+			if fe.external {
+				drop = externalDrop(svc, p, f, client, vip, hasExternal)
+			}
+			if !svc.Affinity.ClientIP {
+				continue
+			}
 			key := portKey(svc, p, f)
-			// The order of renderService's --rcheck rules.
-			for _, b := range sortedEligible(svc, p, f) {
+			backends := sortedEligible(svc, p, f)
+			if fe.external {
+				backends = sortedExternal(svc, p, f, dataplane.TrafficPolicyCluster)
+			}
+			// The order of the choice chain's --rcheck rules.
+			for _, b := range backends {
 				candidates = append(candidates, candidate{sepChain(key, b.IP), netip.AddrPortFrom(b.IP, b.TargetPort(p))})
 			}
 			timeout = time.Duration(max(1, int(svc.Affinity.Timeout.Seconds()))) * time.Second
 		}
 	}
 	d.mu.Unlock()
-	if len(candidates) == 0 || client.Is4() != vip.Is4() {
+	if client.Is4() != vip.Is4() {
 		return dataplane.Explanation{}, nil
+	}
+	if len(candidates) == 0 || drop == dropSourceRanges {
+		return dataplane.Explanation{Drop: drop}, nil
 	}
 
 	hz, err := kernelHZ()
@@ -95,9 +120,42 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 			continue
 		}
 		left := time.Duration(window-age) * time.Second / time.Duration(hz)
-		return dataplane.Explanation{AffinityBackend: c.backend, AffinityRemaining: left, Pick: c.backend}, nil
+		return dataplane.Explanation{AffinityBackend: c.backend, AffinityRemaining: left, Pick: c.backend, Drop: drop}, nil
 	}
-	return dataplane.Explanation{}, nil
+	return dataplane.Explanation{Drop: drop}, nil
+}
+
+// Drops that ExplainFlow reports.
+const (
+	dropSourceRanges = "source not in load_balancer_source_ranges"
+	dropNoLocal      = "from outside the node (in through an external interface): external_traffic_policy is LOCAL and no node-local backend is usable; from the node and its pods, any backend"
+)
+
+// servedAt returns the frontend of port p of svc at target, if p is served
+// there with the node-port addresses nodePorts.
+func servedAt(svc *dataplane.Service, p dataplane.Port, nodePorts []netip.Addr, target netip.AddrPort) (frontend, bool) {
+	for _, fe := range frontends(svc, p, nodePorts) {
+		if fe.addr == target {
+			return fe, true
+		}
+	}
+	return frontend{}, false
+}
+
+// externalDrop is why the rules drop a connection from client to port p of
+// svc at the external address vip of family f, or "": outside an LB IP's
+// source ranges, every connection; under the Local external policy without
+// a node-local backend, those from outside (when the node has an external
+// interface at all).
+func externalDrop(svc *dataplane.Service, p dataplane.Port, f Family, client, vip netip.Addr, external bool) string {
+	if len(svc.LoadBalancerSourceRanges) > 0 && slices.Contains(svc.LoadBalancerIPs, vip) &&
+		!slices.ContainsFunc(familyRanges(svc, f), func(r netip.Prefix) bool { return r.Contains(client) }) {
+		return dropSourceRanges
+	}
+	if external && svc.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal && len(sortedExternal(svc, p, f, dataplane.TrafficPolicyLocal)) == 0 {
+		return dropNoLocal
+	}
+	return ""
 }
 
 // lastSeen finds addr in the text of an xt_recent list, whose lines read

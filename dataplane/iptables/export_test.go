@@ -20,6 +20,7 @@ var (
 	FixtureAffinity     = affinity
 	FixtureTables       = tables
 	FixtureFamilies     = families
+	FixtureNodePort     = nodePort
 )
 
 const (

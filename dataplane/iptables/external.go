@@ -1,10 +1,10 @@
 package iptables
 
 import (
-	"cmp"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/vipd/vipd/dataplane"
 )
@@ -14,7 +14,7 @@ import (
 //
 //	nat    VIPD-SERVICES trie    -d <external or LB IP> --dport <port>  -> VIPD-EXT-* (or VIPD-FW-*)
 //	       VIPD-SERVICES root    -d <node-port address>                 -> VIPD-NODEPORTS
-//	       VIPD-NODEPORTS        -p <proto> --dport <node port>         -> VIPD-EXT-*
+//	       VIPD-NODEPORTS        trie: -p <proto> --dport <node port>   -> VIPD-EXT-*
 //	       VIPD-FW-*             -s <range>, for each source range      -> VIPD-EXT-*
 //	       VIPD-EXT-*            the traffic classes, then the cluster choice
 //	filter VIPD-REJECT trie      drops and rejects of what nat left untranslated,
@@ -164,12 +164,13 @@ func (out *serviceRules) renderExternal(svc *dataplane.Service, p dataplane.Port
 		}
 	}
 	if p.NodePort != 0 {
+		key := nodePortKey(p.Protocol, p.NodePort)
 		if extChain != "" {
-			out.nodePorts[0] = append(out.nodePorts[0], nodePortEntry{p.Protocol, p.NodePort,
+			out.tries[natNodePortTrie] = append(out.tries[natNodePortTrie], trieEntry{key,
 				l4Match(netip.Prefix{}, netip.Prefix{}, "", p.Protocol, p.NodePort) + comment + " -j " + extChain})
 		}
 		for _, rule := range untranslated(netip.Addr{}, p.NodePort, false) {
-			out.nodePorts[1] = append(out.nodePorts[1], nodePortEntry{p.Protocol, p.NodePort, rule})
+			out.tries[filterNodePortTrie] = append(out.tries[filterNodePortTrie], trieEntry{key, rule})
 		}
 	}
 	return hairpin
@@ -222,23 +223,41 @@ func l4Match(src, dst netip.Prefix, in string, proto dataplane.Protocol, dport u
 	return s + protoMatch(proto) + " --dport " + strconv.Itoa(int(dport))
 }
 
-// addNodePorts adds the VIPD-NODEPORTS chains of family f, whatever they
-// hold, with the services' node-port rules (indexed like tables) in the
-// order of protocol and node port, and the jumps to them from the roots of
-// the nat dispatch and filter reject tries for each node-port address of
-// f. Those jumps come after the trie's rules: a packet reaches them only if
-// no VIP, external or LB IP took it. The roots may be shared with an
-// earlier Ruleset's tries, so they are copied, not appended to.
-func (r *Ruleset) addNodePorts(f Family, addrs []netip.Addr, entries [2][]nodePortEntry) {
-	for i, t := range tables {
-		es := entries[i]
-		slices.SortStableFunc(es, func(a, b nodePortEntry) int {
-			return cmp.Or(cmp.Compare(a.proto, b.proto), cmp.Compare(a.port, b.port))
-		})
-		r.add(f, t, chainNodePorts)
-		for _, e := range es {
-			r.add(f, t, chainNodePorts, e.rule)
-		}
+// nodePortKey is the key of protocol proto's node port in a node-port
+// trie: the address 0.<proto>.<port>, so that the trie splits on the
+// protocol first, then on the port's nibbles.
+func nodePortKey(proto dataplane.Protocol, port uint16) netip.Addr {
+	return netip.AddrFrom4([4]byte{0, byte(proto), byte(port >> 8), byte(port)})
+}
+
+// nodePortMatch is the match of an inner chain of a node-port trie whose
+// keys share the prefix p: nothing while the protocol is not fixed, then
+// the protocol and the range of ports that p covers.
+func nodePortMatch(p netip.Prefix) string {
+	if p.Bits() < 16 {
+		return ""
+	}
+	b := p.Addr().As4()
+	proto := dataplane.Protocol(b[1])
+	if p.Bits() == 16 {
+		return "-p " + strings.ToLower(proto.String()) + " "
+	}
+	lo := uint16(b[2])<<8 | uint16(b[3])
+	hi := lo | uint16(1<<(32-p.Bits())-1)
+	ports := strconv.Itoa(int(lo))
+	if hi != lo {
+		ports += ":" + strconv.Itoa(int(hi))
+	}
+	return protoMatch(proto) + " --dport " + ports + " "
+}
+
+// addNodePortJumps adds, after the trie rules of the nat dispatch and the
+// filter reject roots, a jump to the table's VIPD-NODEPORTS for each
+// node-port address of family f: a packet reaches them only if no VIP,
+// external or LB IP took it. The roots may be shared with an earlier
+// Ruleset's tries, so they are copied, not appended to.
+func (r *Ruleset) addNodePortJumps(f Family, addrs []netip.Addr) {
+	for _, t := range tables {
 		root := map[Table]string{NAT: chainServices, Filter: chainReject}[t]
 		rules := slices.Clone(r.chains[f][t][root])
 		for _, a := range addrs {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -46,11 +47,13 @@ type Dataplane struct {
 	run runner
 	ct  *conntrackCleaner
 
-	mu       sync.Mutex
-	applied  *Ruleset
-	state    map[string]*dataplane.Service
-	needFull bool
-	last     SyncStats
+	mu      sync.Mutex
+	applied *Ruleset
+	state   map[string]*dataplane.Service
+	// nodePorts is the applied State's Node.NodePortAddresses.
+	nodePorts []netip.Addr
+	needFull  bool
+	last      SyncStats
 	// flowAccounting is set once flowSysctls are in force.
 	flowAccounting bool
 }
@@ -242,8 +245,9 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	// A map of every service: Render walked them all already, and the
 	// conntrack cleaner and Explain look them up.
 	svcs := s.Map()
-	d.ct.cleanup(d.state, svcs)
-	d.applied, d.state, d.needFull = next, svcs, false
+	nodePorts := slices.Clone(s.Node.NodePortAddresses)
+	d.ct.cleanup(udpView{d.state, d.nodePorts}, udpView{svcs, nodePorts})
+	d.applied, d.state, d.nodePorts, d.needFull = next, svcs, nodePorts, false
 	d.last = SyncStats{Stats: stats, Full: full}
 	d.enableFlowAccounting()
 	if full {

@@ -27,6 +27,7 @@ var (
 	affinity     = FixtureAffinity
 	tables       = FixtureTables
 	families     = FixtureFamilies
+	nodePort     = FixtureNodePort
 )
 
 const (

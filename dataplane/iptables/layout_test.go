@@ -32,9 +32,10 @@ var kernelGolden = filepath.Join("testdata", "kernel", "iptables-save.golden")
 // addresses (eth0 external), external IPs, an LB IP with source ranges,
 // both external traffic policies, one of them with no local backend.
 func layoutState(node *netlab.Node, web1, web2 *netlab.Pod) *dataplane.State {
-	ports := []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 7000), 30080), port("dns", dataplane.UDP, 53, 7000)}
+	ports := []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 7000), 30080), nodePort(port("dns", dataplane.UDP, 53, 7000), 30053)}
 	webVIPs := []string{"198.19.0.10", "fd00:198:ff::10"}
-	sticky := service("sticky", []string{"198.19.0.12", "fd00:198:ff::12"}, tcp(443, 7000),
+	// Node ports 30080 and 30082 share a port range in the node-port trie.
+	sticky := service("sticky", []string{"198.19.0.12", "fd00:198:ff::12"}, []dataplane.Port{nodePort(port("", dataplane.TCP, 443, 7000), 30082)},
 		local(ready(web1.IPv4().String())), local(ready(web1.IPv6().String())), ready(web2.IPv4().String()))
 	sticky.Affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: 10 * time.Minute}
 	sticky.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
@@ -235,6 +236,9 @@ func TestREADMEChainLayout(t *testing.T) {
 		{"a chain family left out", "VIPD-SEP-*", "VIPD-SVC-*"},
 		{"a jump that does not exist", ": REJECT\n", ": REJECT\n                           -> VIPD-SVC-*\n"},
 		{"the canaries left out", "VIPD-CANARY", ""},
+		{"the firewall chains left out", "-> VIPD-FW-*", "-> VIPD-EXT-*"},
+		{"the node-port trie left out", " (VIPD-N4-*, VIPD-N6-*)", ""},
+		{"the node-ports jump left out", "nat     VIPD-SERVICES      -> VIPD-NODEPORTS", "nat     VIPD-SERVICES      -> VIPD-EXT-*"},
 	} {
 		if !strings.Contains(block, m.old) {
 			t.Fatalf("%s: the README's block no longer contains %q; update this test", m.name, m.old)

@@ -382,12 +382,49 @@ func TestPayloadRandomWalk(t *testing.T) {
 			bs = append(bs, backend(fmt.Sprintf("10.244.%d.%d", j/16, j%16+1), st, uint16(rng.IntN(3))),
 				backend(fmt.Sprintf("fd00:244::%x", j+1), st, 1))
 		}
+		for i := range bs {
+			bs[i].NodeLocal = rng.IntN(2) == 0
+		}
 		s := service(name, vips, ports, bs...)
 		if rng.IntN(4) == 0 {
 			s.Affinity = affinity
 		}
+		// The external half, on a third of the services: node ports
+		// (unique per service name), external and LB IPs, both policies,
+		// source ranges.
+		if rng.IntN(3) == 0 {
+			var n int
+			fmt.Sscanf(name, "svc-%d", &n)
+			for i := range s.Ports {
+				s.Ports[i].NodePort = uint16(30000 + 2*n + i)
+			}
+			for _, v := range s.VIPs {
+				ext := v.Next().Next() // beside the VIP: another trie path
+				if rng.IntN(2) == 0 {
+					s.ExternalIPs = append(s.ExternalIPs, ext)
+				} else {
+					s.LoadBalancerIPs = append(s.LoadBalancerIPs, ext)
+				}
+			}
+			if rng.IntN(2) == 0 {
+				s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+			}
+			if rng.IntN(2) == 0 {
+				s.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+			}
+		}
 		return s
 	}
+	nodes := []dataplane.Node{
+		{},
+		{NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.5"), netip.MustParseAddr("fd00:1::5")},
+			Interfaces: []dataplane.Interface{{Name: "eth0", External: true}}},
+		{NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.6")},
+			Interfaces: []dataplane.Interface{{Name: "eth0", External: true}, {Name: "eth1", External: true}}},
+	}
+	node := nodes[1]
+	seen, seenNodes := map[string]bool{}, map[bool]bool{}
+	wantChains := []string{"VIPD-EXT-", "VIPD-SVL-", "VIPD-FW-", "VIPD-SEP-"}
 	var old *Ruleset
 	trs := []*Tracer{NewTracer(IPv4), NewTracer(IPv6)}
 	for step := range 300 {
@@ -399,14 +436,25 @@ func TestPayloadRandomWalk(t *testing.T) {
 				svcs[name] = randomService(name)
 			}
 		}
-		next, err := Render(withServices(svcs), opts, old)
+		if rng.IntN(10) == 0 {
+			node = nodes[rng.IntN(len(nodes))]
+		}
+		st := withServices(svcs)
+		st.Node = node
+		next, err := Render(st, opts, old)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Reusing the previous rendering changes nothing.
-		if fresh := mustRender(t, withServices(svcs), opts); !cmp.Equal(RulesetChains(fresh), RulesetChains(next)) {
+		if fresh := mustRender(t, st, opts); !cmp.Equal(RulesetChains(fresh), RulesetChains(next)) {
 			t.Fatalf("step %d: Render with prev differs from a fresh Render: %s", step, cmp.Diff(RulesetChains(fresh), RulesetChains(next)))
 		}
+		for _, name := range next.Chains(IPv4, NAT) {
+			for _, c := range wantChains {
+				seen[c] = seen[c] || strings.HasPrefix(name, c)
+			}
+		}
+		seenNodes[node.Interfaces == nil] = true
 		full := step%100 == 0
 		for _, u := range Payload(old, next, full, nil) {
 			if err := trs[u.Family].Restore(u.Restore); err != nil {
@@ -415,5 +463,13 @@ func TestPayloadRandomWalk(t *testing.T) {
 			assertKernel(t, trs[u.Family], next, u.Family)
 		}
 		old = next
+	}
+	for _, c := range wantChains {
+		if !seen[c] {
+			t.Errorf("the walk never rendered a %s chain", c)
+		}
+	}
+	if !seenNodes[true] || !seenNodes[false] {
+		t.Errorf("the walk did not move between nodes with and without external interfaces")
 	}
 }

@@ -87,11 +87,11 @@ const (
 
 	chainServices = "VIPD-SERVICES"
 	chainReject   = "VIPD-REJECT"
-	// chainNodePorts is in both tables: in nat it sends the packets to a
-	// node-port address on to their service's EXT chain, by protocol and
-	// node port; in filter it drops or rejects those that nat left
-	// untranslated. Both are reached from their table's dispatch root,
-	// for each of Node.NodePortAddresses.
+	// chainNodePorts is in both tables the root of a trie over protocol
+	// and node port: in nat it sends the packets to a node-port address on
+	// to their service's EXT chain; in filter it drops or rejects those
+	// that nat left untranslated. Both are reached from their table's
+	// dispatch root, for each of Node.NodePortAddresses.
 	chainNodePorts   = "VIPD-NODEPORTS"
 	chainPostrouting = "VIPD-POSTROUTING"
 	chainHairpin     = "VIPD-HAIRPIN"
@@ -138,10 +138,11 @@ const DefaultMaxLeafRules = 32
 
 // Options tune Render. The zero value uses the defaults.
 type Options struct {
-	// MaxLeafRules is the most leaf rules (per VIP, protocol and port, or per
-	// backend address for hairpin) a dispatch, reject or hairpin chain holds;
-	// a chain with more splits on the next nibble of the address. Zero means
-	// DefaultMaxLeafRules.
+	// MaxLeafRules is the most leaf rules (per VIP, protocol and port, per
+	// backend address for hairpin, or per protocol and node port) a
+	// dispatch, reject, hairpin or node-port chain holds; a chain with more
+	// splits on the next nibble of the address (or protocol and port).
+	// Zero means DefaultMaxLeafRules.
 	MaxLeafRules int
 }
 
@@ -231,6 +232,9 @@ type trieKind struct {
 	// dedup keeps one entry per address; entries for one address must then
 	// be equal.
 	dedup bool
+	// match spells the match of an inner chain's prefix; nil means
+	// "-d <prefix>".
+	match func(netip.Prefix) string
 }
 
 // Indexes of trieKinds.
@@ -238,31 +242,27 @@ const (
 	dispatchTrie = iota
 	rejectTrie
 	hairpinTrie
+	natNodePortTrie
+	filterNodePortTrie
 )
 
 // The tries of a family, in the order of the entry slices of serviceRules.
 var trieKinds = [...]trieKind{
-	{NAT, chainServices, "VIPD-D", false},
-	{Filter, chainReject, "VIPD-R", false},
+	{NAT, chainServices, "VIPD-D", false, nil},
+	{Filter, chainReject, "VIPD-R", false, nil},
 	// Services share backends; each address needs its rule once.
-	{NAT, chainHairpin, "VIPD-H", true},
+	{NAT, chainHairpin, "VIPD-H", true, nil},
+	// Node ports, keyed by nodePortKey: a trie over protocol and port.
+	{NAT, chainNodePorts, "VIPD-N", false, nodePortMatch},
+	{Filter, chainNodePorts, "VIPD-N", false, nodePortMatch},
 }
 
-// serviceRules is what a service renders to in one family: its nat chains,
-// its entries in the dispatch, reject and hairpin tries (see trieKinds) and
-// its rules in the VIPD-NODEPORTS chains, indexed like tables (nat, filter).
+// serviceRules is what a service renders to in one family: its nat chains
+// and its entries in the dispatch, reject, hairpin and node-port tries (see
+// trieKinds).
 type serviceRules struct {
-	chains    map[string][]string
-	tries     [len(trieKinds)][]trieEntry
-	nodePorts [2][]nodePortEntry
-}
-
-// nodePortEntry is one rule of a VIPD-NODEPORTS chain, for one protocol and
-// node port.
-type nodePortEntry struct {
-	proto dataplane.Protocol
-	port  uint16
-	rule  string
+	chains map[string][]string
+	tries  [len(trieKinds)][]trieEntry
 }
 
 // Chains returns the names of the chains of family f in table t, sorted.
@@ -335,14 +335,10 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		for k := range trieKinds {
 			collected[k] = make([]trieEntry, 0, entries[f][k])
 		}
-		var nodePorts [2][]nodePortEntry
 		for _, sr := range rendered {
 			maps.Copy(r.chains[f][NAT], sr[f].chains)
 			for k, es := range sr[f].tries {
 				collected[k] = append(collected[k], es...)
-			}
-			for i, es := range sr[f].nodePorts {
-				nodePorts[i] = append(nodePorts[i], es...)
 			}
 		}
 		for k, kind := range trieKinds {
@@ -358,12 +354,12 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 					es = slices.CompactFunc(es, func(a, b trieEntry) bool { return a.addr == b.addr })
 				}
 				digit := strings.TrimPrefix(f.String(), "ipv")
-				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules)}
+				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules, kind.match)}
 			}
 			r.tries[f][k] = t
 			maps.Copy(r.chains[f][kind.table], t.chains)
 		}
-		r.addNodePorts(f, s.Node.NodePortAddresses, nodePorts)
+		r.addNodePortJumps(f, s.Node.NodePortAddresses)
 		// Rules are spelled the way iptables-save prints them, so that a sync
 		// after a restart finds them equal and leaves them alone.
 		r.add(f, NAT, chainPostrouting, masqRule, "-m conntrack --ctstate DNAT -j "+chainHairpin)

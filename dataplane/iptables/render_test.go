@@ -260,11 +260,19 @@ func TestRenderReuse(t *testing.T) {
 	base := baseServices(300)
 	changed := service("svc-0100", []string{"10.96.0.101"}, tcp(80, 8080), ready("10.244.0.101"), ready("10.246.0.1"))
 	var sparse *dataplane.State
+	var external *dataplane.State
 	for _, tc := range goldenCases() {
-		if tc.name == "trie" {
+		switch tc.name {
+		case "trie":
 			sparse = tc.state
+		case "external-local":
+			external = tc.state
 		}
 	}
+	otherNode := &dataplane.State{Services: external.Services, Node: dataplane.Node{
+		NodePortAddresses: addrs("192.168.1.6"),
+		Interfaces:        []dataplane.Interface{{Name: "eth1", External: true}},
+	}}
 	for _, tc := range []struct {
 		name string
 		prev *dataplane.State
@@ -275,6 +283,10 @@ func TestRenderReuse(t *testing.T) {
 		{"one backend more", withServices(base), withServices(base, changed), Options{}},
 		// Sparse addresses, where the leaf size changes every trie.
 		{"other leaf size", sparse, sparse, Options{MaxLeafRules: 1}},
+		// The same external services on a node with other external
+		// interfaces and node-port addresses.
+		{"another node", external, otherNode, Options{}},
+		{"external interfaces back", otherNode, external, Options{}},
 	} {
 		prev := mustRender(t, tc.prev, Options{})
 		got, err := Render(tc.s, tc.opts, prev)

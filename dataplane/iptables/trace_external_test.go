@@ -7,7 +7,9 @@ package iptables_test
 // eth0 and the pod interface vethweb.
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -184,5 +186,134 @@ func TestTraceExternalNodeChange(t *testing.T) {
 	p.In = "eth1"
 	if diff := cmp.Diff(map[string]float64{"10.244.1.1:8080 masq": 0.5, "10.244.1.2:8080 masq": 0.5}, dests(mustTrace(t, tr, p)), approx); diff != "" {
 		t.Errorf("from eth1 (-want +got):\n%s", diff)
+	}
+}
+
+// TestExternalPartialSync: a change of one external service rewrites only
+// its own chains and the trie and node-port chains its addresses and node
+// ports are in.
+func TestExternalPartialSync(t *testing.T) {
+	var s *dataplane.State
+	for _, tc := range goldenCases() {
+		if tc.name == "external-local" {
+			s = tc.state
+		}
+	}
+	old := mustRender(t, s, Options{})
+	web := *s.Services["web"]
+	web.Backends = append(slices.Clone(web.Backends), local(ready("10.244.1.3")))
+	web.Generation++
+	next := *s
+	next.Services = map[string]*dataplane.Service{"web": &web, "remote": s.Services["remote"], "closed": s.Services["closed"]}
+	next.Changed = []string{"web"}
+	rs, err := Render(&next, Options{}, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Payload(old, rs, false, nil)[IPv4]
+	var got []string
+	for i, tab := range tables {
+		for _, name := range u.Rewritten[i] {
+			got = append(got, string(tab)+" "+name)
+		}
+	}
+	// web's SVC and SVL chains (a new local backend), its SEP chain,
+	// and the hairpin trie (one address more); not its EXT or FW chains,
+	// not the other services', not the dispatch or node-port chains.
+	want := []string{"nat " + chainHairpin}
+	for _, name := range rs.Chains(IPv4, NAT) {
+		if strings.HasPrefix(name, "VIPD-SVC-") || strings.HasPrefix(name, "VIPD-SVL-") || strings.HasPrefix(name, "VIPD-SEP-") {
+			if !slices.Equal(old.Rules(IPv4, NAT, name), rs.Rules(IPv4, NAT, name)) {
+				want = append(want, "nat "+name)
+			}
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rewritten chains (-want +got):\n%s", diff)
+	}
+	if len(want) != 4 { // SVC, SVL, the new SEP and the hairpin trie
+		t.Errorf("rewritten %v; want web's SVC, SVL and new SEP chains and the hairpin trie", want)
+	}
+	tr := kernel(t, IPv4, Payload(nil, old, true, nil)[IPv4].Restore, u.Restore)
+	assertKernel(t, tr, rs, IPv4)
+}
+
+// TestNodePortTrie: with thousands of node ports, a packet to one walks a
+// few short chains (a trie over protocol and port), not one rule per node
+// port, and gets its service's backend; a change of one node port
+// rewrites only the chains on its path.
+func TestNodePortTrie(t *testing.T) {
+	const n = 2000
+	svcs := map[string]*dataplane.Service{}
+	for i := range n {
+		name := fmt.Sprintf("svc-%04d", i)
+		proto := []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP}[i%3]
+		np := uint16(30000 + i)
+		var backends []dataplane.Backend
+		if i%5 != 0 { // every fifth without backends: rejected in filter
+			backends = append(backends, ready(fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)))
+		}
+		svcs[name] = service(name, []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)},
+			[]dataplane.Port{nodePort(port("p", proto, 80, 8080), np)}, backends...)
+	}
+	s := withServices(svcs)
+	s.Node = dataplane.Node{NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.5")},
+		Interfaces: []dataplane.Interface{{Name: "eth0", External: true}}}
+	rs := mustRender(t, s, Options{})
+	tr := kernel(t, IPv4, Payload(nil, rs, true, nil)[IPv4].Restore)
+	maxRules := 0
+	for _, i := range []int{0, 1, 2, 3, 7, 250, 999, 1000, 1234, 1998, 1999} {
+		proto := []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP}[i%3]
+		p := packet("192.0.2.7", "192.168.1.5", proto, uint16(30000+i))
+		p.In = "eth0"
+		o := mustTrace(t, tr, p)
+		if i%5 == 0 {
+			if o.Verdict != Reject {
+				t.Errorf("node port %d without backends: %v; want REJECT", 30000+i, o.Verdict)
+			}
+		} else {
+			want := map[string]float64{fmt.Sprintf("10.244.%d.%d:8080 masq", i/250, i%250+1): 1}
+			if diff := cmp.Diff(want, dests(o), approx); diff != "" {
+				t.Errorf("node port %d (-want +got):\n%s", 30000+i, diff)
+			}
+		}
+		maxRules = max(maxRules, o.Rules)
+	}
+	// The service port on the node address, and another protocol, are not served.
+	for _, p := range []Packet{packet("192.0.2.7", "192.168.1.5", dataplane.TCP, 80), packet("192.0.2.7", "192.168.1.5", dataplane.UDP, 30000)} {
+		if o := mustTrace(t, tr, p); o.Verdict != NoMatch {
+			t.Errorf("%+v: %v; want no match", p, o.Verdict)
+		}
+	}
+	// A linear chain would cost up to 2,000 rules in nat alone.
+	if maxRules > 120 {
+		t.Errorf("a packet to a node port evaluated up to %d rules", maxRules)
+	}
+	t.Logf("%d node ports: at most %d rules per packet, %d nat chains", n, maxRules, len(rs.Chains(IPv4, NAT)))
+
+	// One node port moves.
+	moved := *svcs["svc-1234"]
+	moved.Ports = []dataplane.Port{nodePort(moved.Ports[0], 32000)}
+	moved.Generation++
+	next := withServices(svcs, &moved)
+	next.Node = s.Node
+	rs2, err := Render(next, Options{}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Payload(rs, rs2, false, nil)[IPv4]
+	if u.ChainsRewritten > 8 {
+		t.Errorf("moving one node port rewrote %d chains: %v", u.ChainsRewritten, u.Rewritten)
+	}
+	if err := tr.Restore(u.Restore); err != nil {
+		t.Fatal(err)
+	}
+	assertKernel(t, tr, rs2, IPv4)
+	p := packet("192.0.2.7", "192.168.1.5", moved.Ports[0].Protocol, 32000)
+	p.In = "eth0"
+	if o := mustTrace(t, tr, p); o.Verdict != DNAT {
+		t.Errorf("the moved node port: %v; want DNAT", o.Verdict)
 	}
 }

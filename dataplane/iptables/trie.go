@@ -8,7 +8,8 @@ import (
 )
 
 // trieEntry is one leaf rule of a dispatch, reject or hairpin trie: a rule
-// that matches packets whose destination is addr.
+// that matches packets whose destination is addr; or of a node-port trie,
+// where addr is a nodePortKey.
 type trieEntry struct {
 	addr netip.Addr
 	rule string
@@ -22,15 +23,19 @@ type trieEntry struct {
 // or the entry itself where only one has that value. A child is named after
 // the longest nibble-aligned prefix its entries share (path compression), so
 // single-child levels cost no chain. Entries may share nothing but the
-// family; no entries give an empty root chain.
+// family; no entries give an empty root chain. match spells the match of
+// an inner chain's prefix; nil means `-d <prefix>`.
 //
 // The result is a pure function of the set of entries, and each chain name is
 // a function of its prefix alone. Adding or removing an entry therefore
 // changes only the chains on its address's path, plus any chains created or
 // removed where a leaf splits, merges, or a shared prefix grows or shrinks.
 // buildTrie sorts entries in place.
-func buildTrie(root, namePrefix string, entries []trieEntry, k int) map[string][]string {
+func buildTrie(root, namePrefix string, entries []trieEntry, k int, match func(netip.Prefix) string) map[string][]string {
 	chains := map[string][]string{}
+	if match == nil {
+		match = func(p netip.Prefix) string { return "-d " + p.String() + " " }
+	}
 	// Stable: rules for one address keep the order they were rendered in.
 	slices.SortStableFunc(entries, func(a, b trieEntry) int { return a.addr.Compare(b.addr) })
 	var node func(name string, bits int, es []trieEntry)
@@ -52,7 +57,7 @@ func buildTrie(root, namePrefix string, entries []trieEntry, k int) map[string][
 			l := 4 * commonNibbles(es[0].addr, es[j-1].addr)
 			p := netip.PrefixFrom(es[0].addr, l).Masked()
 			child := trieChainName(namePrefix, p)
-			rules = append(rules, "-d "+p.String()+" -j "+child)
+			rules = append(rules, match(p)+"-j "+child)
 			node(child, l, es[:j])
 			es = es[j:]
 		}

@@ -34,7 +34,7 @@ func TestTrie(t *testing.T) {
 				entries = append(entries, trieEntry{netip.MustParseAddr(a), fmt.Sprintf("leaf %d %s", i, a)})
 			}
 			const root = "VIPD-ROOT"
-			chains := buildTrie(root, "VIPD-T", slices.Clone(entries), tc.k)
+			chains := buildTrie(root, "VIPD-T", slices.Clone(entries), tc.k, nil)
 			if len(entries) == 0 {
 				if rules, ok := chains[root]; len(chains) != 1 || !ok || len(rules) != 0 {
 					t.Fatalf("empty trie: %v; want one empty root chain", chains)

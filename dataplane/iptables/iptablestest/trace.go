@@ -421,7 +421,7 @@ func (t *Tracer) match(r *rule, b *branch, p *Packet) (float64, error) {
 	case r.src.IsValid() && !r.src.Contains(p.Src),
 		r.dst.IsValid() && !r.dst.Contains(b.dst),
 		r.proto != 0 && r.proto != p.Protocol,
-		r.dport >= 0 && r.dport != int(b.dport),
+		r.dport >= 0 && (int(b.dport) < r.dport || int(b.dport) > r.dportHi),
 		r.in != "" && r.in != p.In,
 		r.markMatch && !b.masqMark,
 		r.ctDNAT && !b.dnat:
@@ -526,6 +526,7 @@ type rule struct {
 	src, dst netip.Prefix
 	proto    dataplane.Protocol
 	dport    int     // -1: any
+	dportHi  int     // the last port of a --dport lo:hi range; dport for one port
 	prob     float64 // statistic; 1 without one
 	rcheck   string  // recent list that must hold the source
 	rset     string  // recent list the source is added to
@@ -653,11 +654,19 @@ func (r *rule) setMatch(f iptables.Family, module string, o map[string]string) e
 			return fmt.Errorf("needs -p %s before it", module)
 		}
 		if v, ok := o["--dport"]; ok {
-			n, err := strconv.ParseUint(v, 10, 16)
+			lo, hi, isRange := strings.Cut(v, ":")
+			n, err := strconv.ParseUint(lo, 10, 16)
 			if err != nil {
 				return err
 			}
-			r.dport = int(n)
+			r.dport, r.dportHi = int(n), int(n)
+			if isRange {
+				m, err := strconv.ParseUint(hi, 10, 16)
+				if err != nil || int(m) < r.dport {
+					return fmt.Errorf("bad port range %s", v)
+				}
+				r.dportHi = int(m)
+			}
 		}
 	case "comment":
 	case "statistic":

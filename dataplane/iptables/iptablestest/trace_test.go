@@ -36,10 +36,19 @@ func TestTraceFailsLoudly(t *testing.T) {
 		"-j MASQUERADE --to-ports 1024",
 		"-j CONNMARK --set-xmark 0x1/0x1",
 		"-j CONNMARK --set-mark 0x400000",
+		"! -i eth0 -j RETURN",
+		"-j MARK --set-mark 0x800000",
 	} {
 		payload := "*nat\n:VIPD-X - [0:0]\n-A VIPD-X " + rule + "\nCOMMIT\n"
 		if err := NewTracer(IPv4).Restore([]byte(payload)); err == nil {
 			t.Errorf("Restore accepted %q", rule)
+		}
+	}
+	// vipd's masquerade mark belongs to nat, DROP to filter.
+	for _, rule := range []string{"-j MARK --set-xmark 0x800000/0x800000", "-p tcp -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable -j DROP"} {
+		payload := "*filter\n:VIPD-X - [0:0]\n-A VIPD-X " + rule + "\nCOMMIT\n"
+		if err := NewTracer(IPv4).Restore([]byte(payload)); err == nil {
+			t.Errorf("Restore accepted %q in filter", rule)
 		}
 	}
 	for _, payload := range []string{
@@ -57,6 +66,12 @@ func TestTraceFailsLoudly(t *testing.T) {
 	tr := tracer(t, state(), Options{}, IPv4)
 	if err := tr.Restore([]byte("*nat\n:VIPD-SERVICES - [0:0]\n-X VIPD-SERVICES\nCOMMIT\n")); err == nil {
 		t.Error("Restore deleted a hooked chain")
+	}
+	// A local process's packet has no in-interface.
+	out := packet("10.0.0.2", "10.96.0.1", dataplane.TCP, 80)
+	out.Hook, out.In = HookOutput, "eth0"
+	if o, err := tr.Trace(out); err == nil {
+		t.Errorf("Trace of an OUTPUT packet with an in-interface = %+v; want an error", o)
 	}
 	// Paths with different verdicts are an error, not a silent partial answer.
 	tr = NewTracer(IPv4)
@@ -174,5 +189,39 @@ func TestTraceProbabilitiesAddUp(t *testing.T) {
 	}
 	if math.Abs(sum-1) > 1e-9 || o.Verdict != DNAT {
 		t.Errorf("sum %v, verdict %v", sum, o.Verdict)
+	}
+}
+
+// TestTraceInterfaceMarkDrop checks the tracer's model of -i, vipd's
+// masquerade mark and DROP on hand-written rules.
+func TestTraceInterfaceMarkDrop(t *testing.T) {
+	tr := NewTracer(IPv4)
+	payload := "*nat\n:VIPD-SERVICES - [0:0]\n:VIPD-POSTROUTING - [0:0]\n" +
+		"-A VIPD-SERVICES -d 10.96.0.1/32 -i eth0 -j MARK --set-xmark 0x800000/0x800000\n" +
+		"-A VIPD-SERVICES -d 10.96.0.1/32 -j CONNMARK --set-xmark 0x400000/0x400000\n" +
+		"-A VIPD-SERVICES -d 10.96.0.1/32 -p tcp -m tcp -j DNAT --to-destination 10.0.0.1:80\n" +
+		"-A VIPD-POSTROUTING -m mark --mark 0x800000/0x800000 -j MASQUERADE --random-fully\n" +
+		"COMMIT\n*filter\n:VIPD-REJECT - [0:0]\n-A VIPD-REJECT -d 10.96.0.2/32 -i eth0 -j DROP\nCOMMIT\n"
+	if err := tr.Restore([]byte(payload)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		in, dst string
+		hook    Hook
+		want    Verdict
+		masq    bool
+	}{
+		{"eth0", "10.96.0.1", HookPrerouting, DNAT, true},
+		{"veth1", "10.96.0.1", HookPrerouting, DNAT, false},
+		{"", "10.96.0.1", HookOutput, DNAT, false},
+		{"eth0", "10.96.0.2", HookPrerouting, Drop, false},
+		{"veth1", "10.96.0.2", HookPrerouting, NoMatch, false},
+	} {
+		p := packet("10.0.0.2", tc.dst, dataplane.TCP, 80)
+		p.In, p.Hook = tc.in, tc.hook
+		o := MustTrace(t, tr, p)
+		if o.Verdict != tc.want || (tc.want == DNAT && o.Destinations[0].Masquerade != tc.masq) {
+			t.Errorf("%s via %q: %+v; want %v, masquerade %v", tc.dst, tc.in, o, tc.want, tc.masq)
+		}
 	}
 }
