@@ -391,3 +391,69 @@ func TestExternalNodePortRemoteBackend(t *testing.T) {
 		})
 	}
 }
+
+// TestExternalFromNodeProcesses: the node's own processes reach node
+// ports, external IPs and load-balancer IPs through the socket hooks with
+// cluster semantics; a load-balancer IP whose source ranges hold no node
+// address refuses them.
+func TestExternalFromNodeProcesses(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.open(nil)
+	svc := func(ranges ...string) *dataplane.Service {
+		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyLocal, false, "be1")
+		s.ExternalIPs = []netip.Addr{extIP}
+		s.LoadBalancerIPs = []netip.Addr{extLB}
+		for _, r := range ranges {
+			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	e.apply(e.state(1, svc()))
+	local, err := e.node.StartClient(context.Background(), e.cgroup)
+	if err != nil {
+		t.Fatalf("start a node process in the test cgroup: %v", err)
+	}
+	t.Cleanup(func() { local.Close() })
+	request := func(to netip.AddrPort) (netlab.Reply, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		defer cancel()
+		return local.Request(ctx, "tcp", to.String())
+	}
+	// Policy Local with no node-local backend: the node's processes still
+	// get the cluster's backends.
+	for _, to := range []netip.AddrPort{
+		netip.AddrPortFrom(e.node.IPv4(), extNodePort), netip.AddrPortFrom(e.node.IPv6(), extNodePort),
+		netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80),
+	} {
+		r, err := request(to)
+		if err != nil {
+			t.Fatalf("request from a node process to %s: %v", to, err)
+		}
+		if r.Backend != "be1" || r.Remote != to {
+			t.Fatalf("request from a node process to %s: backend %s, peer %s; want be1, peer %s", to, r.Backend, r.Remote, to)
+		}
+	}
+	e.apply(e.state(2, svc("203.0.113.0/24")))
+	if r, err := request(netip.AddrPortFrom(extLB, 80)); err == nil {
+		t.Fatalf("node process outside load_balancer_source_ranges reached %s", r.Backend)
+	}
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.node.IPv4(), 32).String())))
+	if _, err := request(netip.AddrPortFrom(extLB, 80)); err != nil {
+		t.Fatalf("node process inside load_balancer_source_ranges: %v", err)
+	}
+}
+
+// TestExternalNodePortAddresses: a node port is served on the
+// NodePortAddresses only.
+func TestExternalNodePortAddresses(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.nodeNet.NodePortAddresses = []netip.Addr{e.node.IPv4()}
+	e.open(nil)
+	e.apply(e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")))
+	if _, err := e.outside("tcp", netip.AddrPortFrom(e.node.IPv4(), extNodePort), dpReplyTimeout); err != nil {
+		t.Fatalf("node port on a node-port address: %v", err)
+	}
+	if r, err := e.outside("tcp", netip.AddrPortFrom(e.node.IPv6(), extNodePort), dpDeadTimeout); err == nil {
+		t.Fatalf("node port on %s, not a node-port address, answered by %s", e.node.IPv6(), r.Backend)
+	}
+}

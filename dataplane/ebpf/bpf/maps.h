@@ -26,6 +26,7 @@ union addr {
 #define SVC_F_SNAT 16       /* external scope, policy Cluster: masquerade to the node's address */
 #define SVC_F_DROP_EMPTY 32 /* external scope, policy Local: no backend drops instead of rejecting */
 #define SVC_F_SRC_RANGES 64 /* load-balancer IP with source ranges (vipd_src_ranges) */
+#define SVC_F_NODE_ALLOWED 128 /* with SVC_F_SRC_RANGES: a range holds a node address (for unbound node sockets) */
 
 /*
  * svc_key.scope: which traffic a frontend serves. Cluster frontends serve

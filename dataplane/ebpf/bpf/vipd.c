@@ -1148,6 +1148,45 @@ static __always_inline int sock_addr_set(struct bpf_sock_addr *ctx, int v6, cons
 }
 
 /*
+ * sock_src_allowed applies a frontend's source ranges to a node-local
+ * socket: to its source address when the socket is bound (or sendmsg names
+ * one), else to the node's addresses, one of which the kernel picks
+ * (SVC_F_NODE_ALLOWED).
+ */
+static __always_inline int sock_src_allowed(struct bpf_sock_addr *ctx, int v6, int sendmsg, const struct svc_val *svc)
+{
+	union addr src = {};
+	struct bpf_sock *sk = ctx->sk;
+
+	if (!v6) {
+		__u32 a = sendmsg ? ctx->msg_src_ip4 : 0;
+
+		if (!a && sk)
+			a = sk->src_ip4;
+		if (a) {
+			addr_from4(&src, a);
+			return src_allowed(svc->rev_nat_id, &src);
+		}
+	} else {
+		if (sendmsg) {
+			src.w[0] = ctx->msg_src_ip6[0];
+			src.w[1] = ctx->msg_src_ip6[1];
+			src.w[2] = ctx->msg_src_ip6[2];
+			src.w[3] = ctx->msg_src_ip6[3];
+		}
+		if (!src.w[0] && !src.w[1] && !src.w[2] && !src.w[3] && sk) {
+			src.w[0] = sk->src_ip6[0];
+			src.w[1] = sk->src_ip6[1];
+			src.w[2] = sk->src_ip6[2];
+			src.w[3] = sk->src_ip6[3];
+		}
+		if (src.w[0] || src.w[1] || src.w[2] || src.w[3])
+			return src_allowed(svc->rev_nat_id, &src);
+	}
+	return !!(svc->flags & SVC_F_NODE_ALLOWED);
+}
+
+/*
  * sock_translate rewrites the destination of a connect() or sendmsg() to a
  * VIP into a backend, and remembers the backend so that replies and
  * getpeername() show the VIP. With no usable backend it refuses the call
@@ -1176,6 +1215,10 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int
 	svc = bpf_map_lookup_elem(&vipd_services, &sk);
 	if (!svc || (svc->flags & SVC_F_DRAINING))
 		return 1;
+	/* A source outside a load-balancer IP's source ranges is refused with
+	 * EPERM: the socket's equivalent of the packets' drop. */
+	if ((svc->flags & SVC_F_SRC_RANGES) && !sock_src_allowed(ctx, v6, sendmsg, svc))
+		return 0;
 	if (svc->count == 0) {
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
