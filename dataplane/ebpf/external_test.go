@@ -457,3 +457,54 @@ func TestExternalNodePortAddresses(t *testing.T) {
 		t.Fatalf("node port on %s, not a node-port address, answered by %s", e.node.IPv6(), r.Backend)
 	}
 }
+
+// TestExternalFlows: an external flow through a node port (SNAT) is
+// reported with the real client, the node port it used and its backend;
+// ListFlows counts its replies (found under the SNAT reply key), and its
+// close is reported once.
+func TestExternalFlows(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	dp := e.open(nil)
+	e.apply(e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")))
+	w := flWatchFlows(t, dp, nil)
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.lab.Upstream().Dial(ctx, "tcp", np.String())
+	if err != nil {
+		t.Fatalf("dial %s from outside: %v", np, err)
+	}
+	defer c.Close()
+	var r netlab.Reply
+	for i := range 3 {
+		if r, err = c.Request(ctx); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	check := func(what string, f dataplane.Flow) {
+		t.Helper()
+		be := netip.AddrPortFrom(e.pod("be1").IPv4(), dpTargetPort)
+		if f.Protocol != dataplane.TCP || f.Client != r.Local || f.VIP != np || f.Backend != be {
+			t.Errorf("%s: flow %s %s -> %s -> %s, want TCP %s -> %s -> %s", what, f.Protocol, f.Client, f.VIP, f.Backend, r.Local, np, be)
+		}
+	}
+	evs, _ := w.waitFor("the NEW event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool { return len(evs) > 0 })
+	check("NEW event", evs[0].Flow)
+	flows, err := dp.ListFlows(context.Background())
+	if err != nil || len(flows) != 1 {
+		t.Fatalf("ListFlows: %+v (err %v), want one flow", flows, err)
+	}
+	check("listed flow", flows[0])
+	if flows[0].ReplyPackets < 4 || flows[0].TCPState != dataplane.TCPEstablished {
+		t.Errorf("listed flow: %d reply packets, state %v; want at least 4 (SYN-ACK, 3 replies), ESTABLISHED", flows[0].ReplyPackets, flows[0].TCPState)
+	}
+	c.Close()
+	evs, _ = w.waitFor("the CLOSED event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool {
+		return flCount(evs, dataplane.FlowClosed) == 1
+	})
+	for _, ev := range evs {
+		if ev.Type == dataplane.FlowClosed {
+			check("CLOSED event", ev.Flow)
+		}
+	}
+}
