@@ -7,6 +7,7 @@ package ebpf
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/vipd/vipd/dataplane"
@@ -507,4 +510,85 @@ func TestExternalFlows(t *testing.T) {
 			check("CLOSED event", ev.Flow)
 		}
 	}
+}
+
+// extPrograms counts the tcx programs on the node's uplink, by direction.
+func (e *extEnv) extPrograms() map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	idx := e.nodeNet.Interfaces[0].Index
+	err := e.node.Do(func() error {
+		for dir, a := range map[string]ebpf.AttachType{"ingress": ebpf.AttachTCXIngress, "egress": ebpf.AttachTCXEgress} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: a})
+			if err != nil {
+				return err
+			}
+			if n := len(res.Programs); n > 0 {
+				out[dir] = n
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("query the uplink's tcx programs: %v", err)
+	}
+	return out
+}
+
+// TestExternalDriftAndNodeChanges: the external programs follow the
+// Node's external interfaces; one detached by hand is reported by
+// DetectDrift and put back by a full apply.
+func TestExternalDriftAndNodeChanges(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	works := func(what string) {
+		t.Helper()
+		if _, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
+			t.Fatalf("%s: request from outside to %s: %v", what, np, err)
+		}
+	}
+	works("after the first apply")
+	if got, want := e.extPrograms(), map[string]int{"ingress": 1, "egress": 1}; !maps.Equal(got, want) {
+		t.Fatalf("uplink programs %v, want %v", got, want)
+	}
+	if d, err := e.dp.DetectDrift(context.Background()); err != nil || len(d) > 0 {
+		t.Fatalf("DetectDrift after the first apply: %v (err %v), want nothing", d, err)
+	}
+
+	uplink := e.node.Uplink()
+	if err := unpinLink(e.dp.ext.pinPath(e.nodeNet.Interfaces[0].Index, "ingress")); err != nil {
+		t.Fatalf("unpin the uplink's ingress link: %v", err)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s with vipd_from_ext detached", r.Backend)
+	}
+	e.dp.entriesChecked = time.Time{}
+	d, err := e.dp.DetectDrift(context.Background())
+	if err != nil || !slices.ContainsFunc(d, func(d dataplane.Drift) bool {
+		return d.What == driftTCLink && strings.Contains(d.Detail, uplink+" ingress: vipd_from_ext not attached")
+	}) {
+		t.Fatalf("DetectDrift with vipd_from_ext detached: %v (err %v)", d, err)
+	}
+	e.apply(e.state(2, svc)) // full: Changed is nil
+	works("after the repair")
+
+	// The uplink stops being external: its programs go, and the node port
+	// is no longer served from outside.
+	node := e.nodeNet
+	e.nodeNet.Interfaces = slices.Clone(node.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.apply(e.state(3, svc))
+	if got := e.extPrograms(); len(got) != 0 {
+		t.Fatalf("uplink programs %v after it stopped being external, want none", got)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s from outside with no external interface", r.Backend)
+	}
+	e.nodeNet = node
+	e.apply(e.state(4, svc))
+	works("with the uplink external again")
 }
