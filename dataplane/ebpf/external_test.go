@@ -308,6 +308,16 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 	e.apply(e.state(1, svc()))
 	works(ext, "external IP")
 	works(lb, "load-balancer IP without source ranges")
+	// A pod reaching the load-balancer IP gets cluster semantics: its own
+	// address kept.
+	for _, to := range []netip.AddrPort{lb, ext} {
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		r, err := e.pod("client").Request(ctx, "tcp", to.String())
+		cancel()
+		if err != nil || r.Backend != "be1" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != to {
+			t.Fatalf("request from a pod to %s: %+v (err %v), want be1 seeing the pod's address, reply from %s", to, r, err, to)
+		}
+	}
 
 	e.apply(e.state(2, svc("203.0.113.0/24", "fd00:198:ffff::/48")))
 	e.expectDropped("tcp", lb, "client outside load_balancer_source_ranges")
