@@ -602,3 +602,25 @@ func TestExternalDriftAndNodeChanges(t *testing.T) {
 	e.apply(e.state(4, svc))
 	works("with the uplink external again")
 }
+
+// TestExternalRestartAfterNodeChange: a vipd restarted with a Node whose
+// uplink is no longer external removes the external programs the
+// previous one left on it.
+func TestExternalRestartAfterNodeChange(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	if got := e.extPrograms(); len(got) != 2 {
+		t.Fatalf("uplink programs %v, want ingress and egress", got)
+	}
+	e.close()
+	e.nodeNet.Interfaces = slices.Clone(e.nodeNet.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.open(nil)
+	e.apply(e.state(2, svc))
+	if got := e.extPrograms(); len(got) != 0 {
+		t.Fatalf("uplink programs %v after a restart with it not external, want none", got)
+	}
+}
