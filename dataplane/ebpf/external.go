@@ -47,11 +47,32 @@ func srcRangeKeys(pr *programmed) []bpfSrcRangeKey {
 	return keys
 }
 
+// preSrcRanges writes, before apply, the source ranges of the changed
+// frontends that have a reverse-NAT ID already, so that a frontend's new
+// ranges are in place before its master entry changes (make before
+// break); the ranges they lose go after apply, in syncSrcRanges. A new
+// frontend gets its ID in apply: its ranges follow its master entry a
+// moment later, and until then its packets are dropped (fail closed).
+func (d *Dataplane) preSrcRanges(changes []change) error {
+	var errs []error
+	for _, c := range changes {
+		id, ok := d.prog.revNatIDs[c.key]
+		if !ok || c.fe == nil || c.fe.flags&svcFlagSrcRanges == 0 {
+			continue
+		}
+		for _, r := range c.fe.srcRanges {
+			k := srcRangeKeyOf(id, r)
+			if err := d.objs.VipdSrcRanges.Put(&k, uint8(1)); err != nil {
+				errs = append(errs, fmt.Errorf("write source range of %s: %w", c.key, mapErr(err)))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // syncSrcRanges makes vipd_src_ranges hold the source ranges of the
 // frontends that changes touched, after apply wrote them; a full apply
-// (full) also deletes every entry no frontend accounts for. A frontend
-// whose master asks for source ranges drops every packet until its ranges
-// are written, a moment later: the check fails closed.
+// (full) also deletes every entry no frontend accounts for.
 func (d *Dataplane) syncSrcRanges(changes []change, full bool) error {
 	m := d.objs.VipdSrcRanges
 	want := map[bpfSrcRangeKey]bool{}
