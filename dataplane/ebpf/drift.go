@@ -126,7 +126,9 @@ type attachGaps struct {
 	maps   []string // names of the maps to pin again
 }
 
-func (g *attachGaps) any() bool { return len(g.tc) > 0 || len(g.ext) > 0 || g.cgroup || len(g.maps) > 0 }
+func (g *attachGaps) any() bool {
+	return len(g.tc) > 0 || len(g.ext) > 0 || g.cgroup || len(g.maps) > 0
+}
 
 // checkAttachments checks the map pins, the socket hooks and the tc
 // programs, and returns what it found missing, as drifts and as gaps.

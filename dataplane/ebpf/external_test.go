@@ -54,7 +54,7 @@ func newExtEnvRemote(t *testing.T, pods, remote []string) *extEnv {
 	for k, names := range [][]string{pods, remote} {
 		for _, p := range names {
 			if strings.HasPrefix(p, "be") {
-				if _, err := lab.Node(k + 1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
+				if _, err := lab.Node(k+1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
 					t.Fatalf("start echo: %v", err)
 				}
 			}

@@ -165,7 +165,7 @@ func prBE16(p uint16) uint16 {
 type prFrontend struct {
 	vip             netip.AddrPort
 	proto           uint8
-	scope           uint8 // scopeCluster or scopeExternal
+	scope           uint8  // scopeCluster or scopeExternal
 	id              uint32 // rev_nat_id
 	flags           uint32
 	affinityTimeout uint32
