@@ -31,6 +31,9 @@ const extNodePort = 30080
 var (
 	extIP = netip.MustParseAddr("198.19.0.20") // an external IP
 	extLB = netip.MustParseAddr("198.19.0.21") // a load-balancer IP
+	// IPv6 ones, in a pod range of a node number netlab never uses.
+	extIP6 = netip.MustParseAddr("fd00:198:ff00::20")
+	extLB6 = netip.MustParseAddr("fd00:198:ff00::21")
 )
 
 // extEnv is a dpEnv whose node's uplink is its external interface, and
@@ -95,10 +98,14 @@ func newExtEnvWith(t *testing.T, dp *dpEnv) *extEnv {
 		Interfaces:        []dataplane.Interface{{Name: e.node.Uplink(), Index: idx, Addrs: addrs, External: true}},
 	}
 	err = nsdo.Do(e.lab.Upstream().Path(), func() error {
-		for _, a := range []netip.Addr{extIP, extLB} {
+		for _, a := range []netip.Addr{extIP, extLB, extIP6, extLB6} {
+			gw := e.node.IPv4()
+			if a.Is6() {
+				gw = e.node.IPv6()
+			}
 			r := &netlink.Route{
-				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)},
-				Gw:  e.node.IPv4().AsSlice(),
+				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+				Gw:  gw.AsSlice(),
 			}
 			if err := netlink.RouteAdd(r); err != nil {
 				return fmt.Errorf("route %s: %w", a, err)
@@ -282,25 +289,36 @@ func TestExternalNodePortLocal(t *testing.T) {
 // load-balancer IP are dropped (the external IP still works), and with a
 // range that holds it they pass again.
 func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) { testExternalIPs(t, v6) })
+	}
+}
+
+func testExternalIPs(t *testing.T, v6 bool) {
 	e := newExtEnv(t, []string{"client", "be1"})
 	e.open(nil)
+	eip, lbip, node, upstream, pod := extIP, extLB, e.node.IPv4(), e.upstreamAddr(), e.pod("client").IPv4()
+	if v6 {
+		eip, lbip, node, pod = extIP6, extLB6, e.node.IPv6(), e.pod("client").IPv6()
+		upstream = e.upstreamAddrOf(node)
+	}
 	svc := func(ranges ...string) *dataplane.Service {
 		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
-		s.ExternalIPs = []netip.Addr{extIP}
-		s.LoadBalancerIPs = []netip.Addr{extLB}
+		s.ExternalIPs = []netip.Addr{eip}
+		s.LoadBalancerIPs = []netip.Addr{lbip}
 		for _, r := range ranges {
 			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
 		}
 		return s
 	}
-	ext, lb := netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80)
+	ext, lb := netip.AddrPortFrom(eip, 80), netip.AddrPortFrom(lbip, 80)
 	works := func(to netip.AddrPort, what string) {
 		t.Helper()
 		r, err := e.outside("tcp", to, dpReplyTimeout)
 		if err != nil {
 			t.Fatalf("%s: request from outside to %s: %v", what, to, err)
 		}
-		if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != to {
+		if r.Backend != "be1" || r.Peer.Addr() != node || r.Remote != to {
 			t.Fatalf("%s: request to %s: backend %s saw %s, reply from %s; want be1, the node's address, from %s",
 				what, to, r.Backend, r.Peer, r.Remote, to)
 		}
@@ -314,7 +332,7 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
 		r, err := e.pod("client").Request(ctx, "tcp", to.String())
 		cancel()
-		if err != nil || r.Backend != "be1" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != to {
+		if err != nil || r.Backend != "be1" || r.Peer.Addr() != pod || r.Remote != to {
 			t.Fatalf("request from a pod to %s: %+v (err %v), want be1 seeing the pod's address, reply from %s", to, r, err, to)
 		}
 	}
@@ -329,7 +347,7 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 		t.Fatalf("pod outside load_balancer_source_ranges reached %s through %s", r.Backend, lb)
 	}
 
-	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.upstreamAddr(), 31).Masked().String())))
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(upstream, upstream.BitLen()-1).Masked().String())))
 	works(lb, "client inside load_balancer_source_ranges")
 }
 
