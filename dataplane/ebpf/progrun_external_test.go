@@ -164,3 +164,56 @@ func TestProgRunExternalSNAT(t *testing.T) {
 		t.Errorf("two flows to one backend share the SNAT tuple %s", snat)
 	}
 }
+
+// TestProgRunExternalSNATPorts: with one SNAT port, a second flow to the
+// same backend finds no port while the first lives (dropped, nothing
+// tracked); once the first flow expired, its port is reclaimed before the
+// collector runs.
+func TestProgRunExternalSNATPorts(t *testing.T) {
+	r := newPREnv(t)
+	if err := writeConfig(&r.objs.bpfMaps, configFor(0, ConntrackTimeouts{}, PortRange{Min: 61000, Max: 61000})); err != nil {
+		t.Fatal(err)
+	}
+	be := prBackends4[0]
+	fe := prFrontend{vip: prNodePort, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}
+	r.addService(fe, be)
+	x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr}, External: true})
+	if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
+		t.Fatalf("put external interface: %v", err)
+	}
+	first, second := prOutside4, prWithPort(prOutside4, 45001)
+	snat := netip.AddrPortFrom(prNodeAddr, 61000)
+	_, out := r.run(r.objs.VipdFromExt, prTCPFrame(first, prNodePort, 1000, 0, prSYN, nil))
+	if p := prDecode(t, out); p.srcPort() != snat {
+		t.Fatalf("first flow SNATed to %s, want %s", p.srcPort(), snat)
+	}
+	ret, _ := r.run(r.objs.VipdFromExt, prTCPFrame(second, prNodePort, 1000, 0, prSYN, nil))
+	prWantVerdict(t, ret, prTCShot)
+	if _, ok := r.ct(second, prNodePort, prTCP, prDirForward); ok || r.ctCount() != 2 {
+		t.Fatalf("a flow without an SNAT port was tracked (%d entries)", r.ctCount())
+	}
+	// The first flow expires (both entries), uncollected.
+	for _, k := range []bpfCtKey{prCTKey(first, prNodePort, prTCP, prDirForward), prCTKey(be.addr, snat, prTCP, prDirReply)} {
+		var e bpfCtEntry
+		if err := r.objs.VipdCt.Lookup(&k, &e); err != nil {
+			t.Fatalf("lookup: %v", err)
+		}
+		e.Expires = 1
+		if err := r.objs.VipdCt.Put(&k, &e); err != nil {
+			t.Fatalf("put: %v", err)
+		}
+	}
+	_, out = r.run(r.objs.VipdFromExt, prTCPFrame(second, prNodePort, 1000, 0, prSYN, nil))
+	if p := prDecode(t, out); p.srcPort() != snat {
+		t.Fatalf("second flow SNATed to %s after the first expired, want %s", p.srcPort(), snat)
+	}
+	rev, ok := r.ct(be.addr, snat, prTCP, prDirReply)
+	if !ok || fromWords(rev.SnatAddr.W) != second.Addr() || fromBE16(rev.SnatPort) != second.Port() {
+		t.Fatalf("reply entry %+v (found %v): want the second client %s", rev, ok, second)
+	}
+	// The first client coming back replaces its own flow, not the second's.
+	r.run(r.objs.VipdFromExt, prTCPFrame(first, prNodePort, 2000, 0, prSYN, nil))
+	if rev, ok := r.ct(be.addr, snat, prTCP, prDirReply); !ok || fromBE16(rev.SnatPort) != second.Port() {
+		t.Fatalf("the second flow's reply entry %+v (found %v) was taken by the first client's new SYN", rev, ok)
+	}
+}

@@ -244,7 +244,7 @@ struct config {
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_MAX 65535
 /* How many ports a new SNAT flow tries before it is dropped. */
-#define SNAT_TRIES 16
+#define SNAT_TRIES 32
 
 /* load_balancer_source_ranges: the sources allowed to a frontend. */
 struct src_range_key {
