@@ -85,6 +85,12 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 	if cfgDrift != nil {
 		drifts = append(drifts, *cfgDrift)
 	}
+	extDrifts, err := d.checkExternalMaps()
+	if err != nil {
+		d.applyMu.Unlock()
+		return nil, err
+	}
+	drifts = append(drifts, extDrifts...)
 	var snap *entryCheck
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
 		snap = d.prog.snapshotEntries()

@@ -213,3 +213,73 @@ func warnSNATOverlap(log hclog.Logger, netnsPath string, snat PortRange) {
 			"snat_ports", fmt.Sprintf("%d-%d", snat.Min, snat.Max), "ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi))
 	}
 }
+
+// checkExternalMaps compares vipd_ext_ifaces and vipd_src_ranges with
+// what the last Apply wrote, and returns a driftMapEntries drift for each
+// that differs (a full Apply rewrites both). They are small: read whole
+// on every check. The caller holds the apply lock.
+func (d *Dataplane) checkExternalMaps() ([]dataplane.Drift, error) {
+	var drifts []dataplane.Drift
+	report := func(name string, missing, wrong, extra int) {
+		if missing+wrong+extra > 0 {
+			drifts = append(drifts, dataplane.Drift{What: driftMapEntries, Detail: fmt.Sprintf(
+				"%s: %d entries missing, %d wrong, %d no interface or service accounts for", name, missing, wrong, extra)})
+		}
+	}
+
+	wantIf := map[uint32]bpfExtIface{}
+	for i := range d.node.Interfaces {
+		if ifc := &d.node.Interfaces[i]; ifc.External && ifc.Index > 0 {
+			wantIf[uint32(ifc.Index)] = extIfaceOf(ifc)
+		}
+	}
+	missing, wrong, extra := 0, 0, 0
+	seen := map[uint32]bool{}
+	err := forEach(d.objs.VipdExtIfaces, func(idx uint32, x bpfExtIface) {
+		seen[idx] = true
+		w, ok := wantIf[idx]
+		switch {
+		case !ok:
+			extra++
+		case w != x:
+			wrong++
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read external interfaces: %w", err)
+	}
+	for idx := range wantIf {
+		if !seen[idx] {
+			missing++
+		}
+	}
+	report(bpfMapVipdExtIfaces, missing, wrong, extra)
+
+	wantR := map[bpfSrcRangeKey]bool{}
+	for _, keys := range d.srcRanges {
+		for _, k := range keys {
+			wantR[k] = true
+		}
+	}
+	missing, extra = 0, 0
+	seenR := map[bpfSrcRangeKey]bool{}
+	var k bpfSrcRangeKey
+	var v uint8
+	it := d.objs.VipdSrcRanges.Iterate()
+	for it.Next(&k, &v) {
+		seenR[k] = true
+		if !wantR[k] {
+			extra++
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read source ranges: %w", err)
+	}
+	for k := range wantR {
+		if !seenR[k] {
+			missing++
+		}
+	}
+	report(bpfMapVipdSrcRanges, missing, 0, extra)
+	return drifts, nil
+}

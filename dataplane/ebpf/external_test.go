@@ -604,12 +604,39 @@ func TestExternalDriftAndNodeChanges(t *testing.T) {
 	e.apply(e.state(2, svc)) // full: Changed is nil
 	works("after the repair")
 
+	// Entries of the external maps deleted or added by another tool.
+	if err := e.dp.objs.VipdExtIfaces.Delete(uint32(e.nodeNet.Interfaces[0].Index)); err != nil {
+		t.Fatalf("delete the uplink's vipd_ext_ifaces entry: %v", err)
+	}
+	bogus := srcRangeKeyOf(12345, netip.MustParsePrefix("192.0.2.0/24"))
+	if err := e.dp.objs.VipdSrcRanges.Put(&bogus, uint8(1)); err != nil {
+		t.Fatalf("put a source range: %v", err)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s with no SNAT address for the uplink", r.Backend)
+	}
+	e.dp.entriesChecked = time.Time{}
+	d, err = e.dp.DetectDrift(context.Background())
+	for _, want := range []string{"vipd_ext_ifaces: 1 entries missing", "vipd_src_ranges: 0 entries missing, 0 wrong, 1 no"} {
+		if err != nil || !slices.ContainsFunc(d, func(d dataplane.Drift) bool {
+			return d.What == driftMapEntries && strings.Contains(d.Detail, want)
+		}) {
+			t.Fatalf("DetectDrift: %v (err %v), want a drift saying %q", d, err, want)
+		}
+	}
+	e.apply(e.state(3, svc))
+	works("after the repair of the external maps")
+	e.dp.entriesChecked = time.Time{}
+	if d, err := e.dp.DetectDrift(context.Background()); err != nil || len(d) > 0 {
+		t.Fatalf("DetectDrift after the repair: %v (err %v), want nothing", d, err)
+	}
+
 	// The uplink stops being external: its programs go, and the node port
 	// is no longer served from outside.
 	node := e.nodeNet
 	e.nodeNet.Interfaces = slices.Clone(node.Interfaces)
 	e.nodeNet.Interfaces[0].External = false
-	e.apply(e.state(3, svc))
+	e.apply(e.state(4, svc))
 	if got := e.extPrograms(); len(got) != 0 {
 		t.Fatalf("uplink programs %v after it stopped being external, want none", got)
 	}
@@ -617,7 +644,7 @@ func TestExternalDriftAndNodeChanges(t *testing.T) {
 		t.Fatalf("node port answered by %s from outside with no external interface", r.Backend)
 	}
 	e.nodeNet = node
-	e.apply(e.state(4, svc))
+	e.apply(e.state(5, svc))
 	works("with the uplink external again")
 }
 
