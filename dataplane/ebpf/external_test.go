@@ -669,3 +669,23 @@ func TestExternalRestartAfterNodeChange(t *testing.T) {
 		t.Fatalf("uplink programs %v after a restart with it not external, want none", got)
 	}
 }
+
+// TestExternalClsact: the external programs work attached as clsact
+// filters too, and leave with the interface's external mark.
+func TestExternalClsact(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachClsact
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	if r, err := e.outside("tcp", np, dpReplyTimeout); err != nil || r.Peer.Addr() != e.node.IPv4() {
+		t.Fatalf("node port from outside with clsact filters: %+v (err %v)", r, err)
+	}
+	e.nodeNet.Interfaces = slices.Clone(e.nodeNet.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.apply(e.state(2, svc))
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s from outside after the uplink stopped being external", r.Backend)
+	}
+}
