@@ -147,7 +147,31 @@ func (a *tcAttacher) start() error {
 		}
 	}
 	a.dropStalePins(present)
+	if a.pinPrefix == "ext" {
+		a.detachUnnamed()
+	}
 	return nil
+}
+
+// detachUnnamed detaches the external programs, pinned by an earlier vipd,
+// from interfaces that are not external any more (the Node changed while
+// vipd was down).
+func (a *tcAttacher) detachUnnamed() {
+	entries, _ := os.ReadDir(a.linkDir)
+	for _, e := range entries {
+		var idx int
+		var dir string
+		if _, err := fmt.Sscanf(strings.Replace(e.Name(), "_", " ", -1), a.pinPrefix+" %d %s", &idx, &dir); err != nil {
+			continue
+		}
+		a.mu.Lock()
+		_, attached := a.attached[idx]
+		_, failed := a.failed[idx]
+		a.mu.Unlock()
+		if !attached && !failed {
+			unpinLink(filepath.Join(a.linkDir, e.Name()))
+		}
+	}
 }
 
 // dropStalePins unpins tcx links of interfaces that no longer exist.

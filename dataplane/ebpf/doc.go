@@ -1,12 +1,16 @@
-// Package ebpf is vipd's eBPF dataplane: ClusterIP load balancing in BPF
-// maps and programs, with per-packet and per-update cost independent of the
-// number of services.
+// Package ebpf is vipd's eBPF dataplane: ClusterIP load balancing, and
+// node ports, external and load-balancer IPs, in BPF maps and programs,
+// with per-packet and per-update cost independent of the number of
+// services.
 //
 // It owns:
 //   - the BPF programs (bpf/*.c, compiled by bpf2go into bpf_bpfel.{go,o},
-//     committed): tc programs on the host side of pod interfaces (attached
-//     with tcx, or clsact on older kernels) and cgroup sock_addr hooks for
-//     the node's own processes;
+//     committed): tc programs on the host side of pod interfaces and on the
+//     node's external interfaces (attached with tcx, or clsact on older
+//     kernels) and cgroup sock_addr hooks for the node's own processes;
+//   - external traffic (external.go, externalFrontendsOf): the external
+//     interfaces, SNAT under policy Cluster (the conntrack's reply entries
+//     are its NAT table), and load-balancer source ranges;
 //   - the maps, pinned under a bpffs directory so that traffic keeps flowing
 //     while vipd is down and a restarted vipd picks up where it left off;
 //   - the translation of a dataplane.State into map entries, written in

@@ -85,6 +85,12 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 	if cfgDrift != nil {
 		drifts = append(drifts, *cfgDrift)
 	}
+	extDrifts, err := d.checkExternalMaps()
+	if err != nil {
+		d.applyMu.Unlock()
+		return nil, err
+	}
+	drifts = append(drifts, extDrifts...)
 	var snap *entryCheck
 	if time.Since(d.entriesChecked) >= entryCheckShare*d.entryCheckCost {
 		snap = d.prog.snapshotEntries()
@@ -126,7 +132,9 @@ type attachGaps struct {
 	maps   []string // names of the maps to pin again
 }
 
-func (g *attachGaps) any() bool { return len(g.tc) > 0 || len(g.ext) > 0 || g.cgroup || len(g.maps) > 0 }
+func (g *attachGaps) any() bool {
+	return len(g.tc) > 0 || len(g.ext) > 0 || g.cgroup || len(g.maps) > 0
+}
 
 // checkAttachments checks the map pins, the socket hooks and the tc
 // programs, and returns what it found missing, as drifts and as gaps.

@@ -316,6 +316,10 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	if err := d.makeRoom(changes); err != nil {
 		return err
 	}
+	if err := d.preSrcRanges(changes); err != nil {
+		d.needFull = true
+		return err
+	}
 	if err := d.prog.apply(changes, desired, full); err != nil {
 		d.needFull = true
 		if rerr := d.prog.rollback(); rerr != nil {

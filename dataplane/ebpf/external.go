@@ -47,11 +47,32 @@ func srcRangeKeys(pr *programmed) []bpfSrcRangeKey {
 	return keys
 }
 
+// preSrcRanges writes, before apply, the source ranges of the changed
+// frontends that have a reverse-NAT ID already, so that a frontend's new
+// ranges are in place before its master entry changes (make before
+// break); the ranges they lose go after apply, in syncSrcRanges. A new
+// frontend gets its ID in apply: its ranges follow its master entry a
+// moment later, and until then its packets are dropped (fail closed).
+func (d *Dataplane) preSrcRanges(changes []change) error {
+	var errs []error
+	for _, c := range changes {
+		id, ok := d.prog.revNatIDs[c.key]
+		if !ok || c.fe == nil || c.fe.flags&svcFlagSrcRanges == 0 {
+			continue
+		}
+		for _, r := range c.fe.srcRanges {
+			k := srcRangeKeyOf(id, r)
+			if err := d.objs.VipdSrcRanges.Put(&k, uint8(1)); err != nil {
+				errs = append(errs, fmt.Errorf("write source range of %s: %w", c.key, mapErr(err)))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // syncSrcRanges makes vipd_src_ranges hold the source ranges of the
 // frontends that changes touched, after apply wrote them; a full apply
-// (full) also deletes every entry no frontend accounts for. A frontend
-// whose master asks for source ranges drops every packet until its ranges
-// are written, a moment later: the check fails closed.
+// (full) also deletes every entry no frontend accounts for.
 func (d *Dataplane) syncSrcRanges(changes []change, full bool) error {
 	m := d.objs.VipdSrcRanges
 	want := map[bpfSrcRangeKey]bool{}
@@ -191,4 +212,74 @@ func warnSNATOverlap(log hclog.Logger, netnsPath string, snat PortRange) {
 		log.Warn("the SNAT ports of external traffic overlap ip_local_port_range: reserve them with net.ipv4.ip_local_reserved_ports, or move either range",
 			"snat_ports", fmt.Sprintf("%d-%d", snat.Min, snat.Max), "ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi))
 	}
+}
+
+// checkExternalMaps compares vipd_ext_ifaces and vipd_src_ranges with
+// what the last Apply wrote, and returns a driftMapEntries drift for each
+// that differs (a full Apply rewrites both). They are small: read whole
+// on every check. The caller holds the apply lock.
+func (d *Dataplane) checkExternalMaps() ([]dataplane.Drift, error) {
+	var drifts []dataplane.Drift
+	report := func(name string, missing, wrong, extra int) {
+		if missing+wrong+extra > 0 {
+			drifts = append(drifts, dataplane.Drift{What: driftMapEntries, Detail: fmt.Sprintf(
+				"%s: %d entries missing, %d wrong, %d no interface or service accounts for", name, missing, wrong, extra)})
+		}
+	}
+
+	wantIf := map[uint32]bpfExtIface{}
+	for i := range d.node.Interfaces {
+		if ifc := &d.node.Interfaces[i]; ifc.External && ifc.Index > 0 {
+			wantIf[uint32(ifc.Index)] = extIfaceOf(ifc)
+		}
+	}
+	missing, wrong, extra := 0, 0, 0
+	seen := map[uint32]bool{}
+	err := forEach(d.objs.VipdExtIfaces, func(idx uint32, x bpfExtIface) {
+		seen[idx] = true
+		w, ok := wantIf[idx]
+		switch {
+		case !ok:
+			extra++
+		case w != x:
+			wrong++
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read external interfaces: %w", err)
+	}
+	for idx := range wantIf {
+		if !seen[idx] {
+			missing++
+		}
+	}
+	report(bpfMapVipdExtIfaces, missing, wrong, extra)
+
+	wantR := map[bpfSrcRangeKey]bool{}
+	for _, keys := range d.srcRanges {
+		for _, k := range keys {
+			wantR[k] = true
+		}
+	}
+	missing, extra = 0, 0
+	seenR := map[bpfSrcRangeKey]bool{}
+	var k bpfSrcRangeKey
+	var v uint8
+	it := d.objs.VipdSrcRanges.Iterate()
+	for it.Next(&k, &v) {
+		seenR[k] = true
+		if !wantR[k] {
+			extra++
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read source ranges: %w", err)
+	}
+	for k := range wantR {
+		if !seenR[k] {
+			missing++
+		}
+	}
+	report(bpfMapVipdSrcRanges, missing, 0, extra)
+	return drifts, nil
 }

@@ -7,6 +7,7 @@ package ebpf
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/vipd/vipd/dataplane"
@@ -28,6 +31,9 @@ const extNodePort = 30080
 var (
 	extIP = netip.MustParseAddr("198.19.0.20") // an external IP
 	extLB = netip.MustParseAddr("198.19.0.21") // a load-balancer IP
+	// IPv6 ones, in a pod range of a node number netlab never uses.
+	extIP6 = netip.MustParseAddr("fd00:198:ff00::20")
+	extLB6 = netip.MustParseAddr("fd00:198:ff00::21")
 )
 
 // extEnv is a dpEnv whose node's uplink is its external interface, and
@@ -51,7 +57,7 @@ func newExtEnvRemote(t *testing.T, pods, remote []string) *extEnv {
 	for k, names := range [][]string{pods, remote} {
 		for _, p := range names {
 			if strings.HasPrefix(p, "be") {
-				if _, err := lab.Node(k + 1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
+				if _, err := lab.Node(k+1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
 					t.Fatalf("start echo: %v", err)
 				}
 			}
@@ -92,10 +98,14 @@ func newExtEnvWith(t *testing.T, dp *dpEnv) *extEnv {
 		Interfaces:        []dataplane.Interface{{Name: e.node.Uplink(), Index: idx, Addrs: addrs, External: true}},
 	}
 	err = nsdo.Do(e.lab.Upstream().Path(), func() error {
-		for _, a := range []netip.Addr{extIP, extLB} {
+		for _, a := range []netip.Addr{extIP, extLB, extIP6, extLB6} {
+			gw := e.node.IPv4()
+			if a.Is6() {
+				gw = e.node.IPv6()
+			}
 			r := &netlink.Route{
-				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)},
-				Gw:  e.node.IPv4().AsSlice(),
+				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+				Gw:  gw.AsSlice(),
 			}
 			if err := netlink.RouteAdd(r); err != nil {
 				return fmt.Errorf("route %s: %w", a, err)
@@ -279,25 +289,36 @@ func TestExternalNodePortLocal(t *testing.T) {
 // load-balancer IP are dropped (the external IP still works), and with a
 // range that holds it they pass again.
 func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipv4", true: "ipv6"}[v6], func(t *testing.T) { testExternalIPs(t, v6) })
+	}
+}
+
+func testExternalIPs(t *testing.T, v6 bool) {
 	e := newExtEnv(t, []string{"client", "be1"})
 	e.open(nil)
+	eip, lbip, node, upstream, pod := extIP, extLB, e.node.IPv4(), e.upstreamAddr(), e.pod("client").IPv4()
+	if v6 {
+		eip, lbip, node, pod = extIP6, extLB6, e.node.IPv6(), e.pod("client").IPv6()
+		upstream = e.upstreamAddrOf(node)
+	}
 	svc := func(ranges ...string) *dataplane.Service {
 		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
-		s.ExternalIPs = []netip.Addr{extIP}
-		s.LoadBalancerIPs = []netip.Addr{extLB}
+		s.ExternalIPs = []netip.Addr{eip}
+		s.LoadBalancerIPs = []netip.Addr{lbip}
 		for _, r := range ranges {
 			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
 		}
 		return s
 	}
-	ext, lb := netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80)
+	ext, lb := netip.AddrPortFrom(eip, 80), netip.AddrPortFrom(lbip, 80)
 	works := func(to netip.AddrPort, what string) {
 		t.Helper()
 		r, err := e.outside("tcp", to, dpReplyTimeout)
 		if err != nil {
 			t.Fatalf("%s: request from outside to %s: %v", what, to, err)
 		}
-		if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != to {
+		if r.Backend != "be1" || r.Peer.Addr() != node || r.Remote != to {
 			t.Fatalf("%s: request to %s: backend %s saw %s, reply from %s; want be1, the node's address, from %s",
 				what, to, r.Backend, r.Peer, r.Remote, to)
 		}
@@ -305,6 +326,16 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 	e.apply(e.state(1, svc()))
 	works(ext, "external IP")
 	works(lb, "load-balancer IP without source ranges")
+	// A pod reaching the load-balancer IP gets cluster semantics: its own
+	// address kept.
+	for _, to := range []netip.AddrPort{lb, ext} {
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		r, err := e.pod("client").Request(ctx, "tcp", to.String())
+		cancel()
+		if err != nil || r.Backend != "be1" || r.Peer.Addr() != pod || r.Remote != to {
+			t.Fatalf("request from a pod to %s: %+v (err %v), want be1 seeing the pod's address, reply from %s", to, r, err, to)
+		}
+	}
 
 	e.apply(e.state(2, svc("203.0.113.0/24", "fd00:198:ffff::/48")))
 	e.expectDropped("tcp", lb, "client outside load_balancer_source_ranges")
@@ -316,7 +347,7 @@ func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
 		t.Fatalf("pod outside load_balancer_source_ranges reached %s through %s", r.Backend, lb)
 	}
 
-	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.upstreamAddr(), 31).Masked().String())))
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(upstream, upstream.BitLen()-1).Masked().String())))
 	works(lb, "client inside load_balancer_source_ranges")
 }
 
@@ -389,5 +420,272 @@ func TestExternalNodePortRemoteBackend(t *testing.T) {
 					np, r.Backend, r.Peer, r.Remote, np)
 			}
 		})
+	}
+}
+
+// TestExternalFromNodeProcesses: the node's own processes reach node
+// ports, external IPs and load-balancer IPs through the socket hooks with
+// cluster semantics; a load-balancer IP whose source ranges hold no node
+// address refuses them.
+func TestExternalFromNodeProcesses(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.open(nil)
+	svc := func(ranges ...string) *dataplane.Service {
+		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyLocal, false, "be1")
+		s.ExternalIPs = []netip.Addr{extIP}
+		s.LoadBalancerIPs = []netip.Addr{extLB}
+		for _, r := range ranges {
+			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	e.apply(e.state(1, svc()))
+	local, err := e.node.StartClient(context.Background(), e.cgroup)
+	if err != nil {
+		t.Fatalf("start a node process in the test cgroup: %v", err)
+	}
+	t.Cleanup(func() { local.Close() })
+	request := func(to netip.AddrPort) (netlab.Reply, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		defer cancel()
+		return local.Request(ctx, "tcp", to.String())
+	}
+	// Policy Local with no node-local backend: the node's processes still
+	// get the cluster's backends.
+	for _, to := range []netip.AddrPort{
+		netip.AddrPortFrom(e.node.IPv4(), extNodePort), netip.AddrPortFrom(e.node.IPv6(), extNodePort),
+		netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80),
+	} {
+		r, err := request(to)
+		if err != nil {
+			t.Fatalf("request from a node process to %s: %v", to, err)
+		}
+		if r.Backend != "be1" || r.Remote != to {
+			t.Fatalf("request from a node process to %s: backend %s, peer %s; want be1, peer %s", to, r.Backend, r.Remote, to)
+		}
+	}
+	e.apply(e.state(2, svc("203.0.113.0/24")))
+	if r, err := request(netip.AddrPortFrom(extLB, 80)); err == nil {
+		t.Fatalf("node process outside load_balancer_source_ranges reached %s", r.Backend)
+	}
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.node.IPv4(), 32).String())))
+	if _, err := request(netip.AddrPortFrom(extLB, 80)); err != nil {
+		t.Fatalf("node process inside load_balancer_source_ranges: %v", err)
+	}
+}
+
+// TestExternalNodePortAddresses: a node port is served on the
+// NodePortAddresses only.
+func TestExternalNodePortAddresses(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.nodeNet.NodePortAddresses = []netip.Addr{e.node.IPv4()}
+	e.open(nil)
+	e.apply(e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")))
+	if _, err := e.outside("tcp", netip.AddrPortFrom(e.node.IPv4(), extNodePort), dpReplyTimeout); err != nil {
+		t.Fatalf("node port on a node-port address: %v", err)
+	}
+	if r, err := e.outside("tcp", netip.AddrPortFrom(e.node.IPv6(), extNodePort), dpDeadTimeout); err == nil {
+		t.Fatalf("node port on %s, not a node-port address, answered by %s", e.node.IPv6(), r.Backend)
+	}
+}
+
+// TestExternalFlows: an external flow through a node port (SNAT) is
+// reported with the real client, the node port it used and its backend;
+// ListFlows counts its replies (found under the SNAT reply key), and its
+// close is reported once.
+func TestExternalFlows(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	dp := e.open(nil)
+	e.apply(e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")))
+	w := flWatchFlows(t, dp, nil)
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.lab.Upstream().Dial(ctx, "tcp", np.String())
+	if err != nil {
+		t.Fatalf("dial %s from outside: %v", np, err)
+	}
+	defer c.Close()
+	var r netlab.Reply
+	for i := range 3 {
+		if r, err = c.Request(ctx); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	check := func(what string, f dataplane.Flow) {
+		t.Helper()
+		be := netip.AddrPortFrom(e.pod("be1").IPv4(), dpTargetPort)
+		if f.Protocol != dataplane.TCP || f.Client != r.Local || f.VIP != np || f.Backend != be {
+			t.Errorf("%s: flow %s %s -> %s -> %s, want TCP %s -> %s -> %s", what, f.Protocol, f.Client, f.VIP, f.Backend, r.Local, np, be)
+		}
+	}
+	evs, _ := w.waitFor("the NEW event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool { return len(evs) > 0 })
+	check("NEW event", evs[0].Flow)
+	flows, err := dp.ListFlows(context.Background())
+	if err != nil || len(flows) != 1 {
+		t.Fatalf("ListFlows: %+v (err %v), want one flow", flows, err)
+	}
+	check("listed flow", flows[0])
+	if flows[0].ReplyPackets < 4 || flows[0].TCPState != dataplane.TCPEstablished {
+		t.Errorf("listed flow: %d reply packets, state %v; want at least 4 (SYN-ACK, 3 replies), ESTABLISHED", flows[0].ReplyPackets, flows[0].TCPState)
+	}
+	c.Close()
+	evs, _ = w.waitFor("the CLOSED event", 3*time.Second, func(evs []dataplane.FlowEvent, _ uint64) bool {
+		return flCount(evs, dataplane.FlowClosed) == 1
+	})
+	for _, ev := range evs {
+		if ev.Type == dataplane.FlowClosed {
+			check("CLOSED event", ev.Flow)
+		}
+	}
+}
+
+// extPrograms counts the tcx programs on the node's uplink, by direction.
+func (e *extEnv) extPrograms() map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	idx := e.nodeNet.Interfaces[0].Index
+	err := e.node.Do(func() error {
+		for dir, a := range map[string]ebpf.AttachType{"ingress": ebpf.AttachTCXIngress, "egress": ebpf.AttachTCXEgress} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: a})
+			if err != nil {
+				return err
+			}
+			if n := len(res.Programs); n > 0 {
+				out[dir] = n
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("query the uplink's tcx programs: %v", err)
+	}
+	return out
+}
+
+// TestExternalDriftAndNodeChanges: the external programs follow the
+// Node's external interfaces; one detached by hand is reported by
+// DetectDrift and put back by a full apply.
+func TestExternalDriftAndNodeChanges(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	works := func(what string) {
+		t.Helper()
+		if _, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
+			t.Fatalf("%s: request from outside to %s: %v", what, np, err)
+		}
+	}
+	works("after the first apply")
+	if got, want := e.extPrograms(), map[string]int{"ingress": 1, "egress": 1}; !maps.Equal(got, want) {
+		t.Fatalf("uplink programs %v, want %v", got, want)
+	}
+	if d, err := e.dp.DetectDrift(context.Background()); err != nil || len(d) > 0 {
+		t.Fatalf("DetectDrift after the first apply: %v (err %v), want nothing", d, err)
+	}
+
+	uplink := e.node.Uplink()
+	if err := unpinLink(e.dp.ext.pinPath(e.nodeNet.Interfaces[0].Index, "ingress")); err != nil {
+		t.Fatalf("unpin the uplink's ingress link: %v", err)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s with vipd_from_ext detached", r.Backend)
+	}
+	e.dp.entriesChecked = time.Time{}
+	d, err := e.dp.DetectDrift(context.Background())
+	if err != nil || !slices.ContainsFunc(d, func(d dataplane.Drift) bool {
+		return d.What == driftTCLink && strings.Contains(d.Detail, uplink+" ingress: vipd_from_ext not attached")
+	}) {
+		t.Fatalf("DetectDrift with vipd_from_ext detached: %v (err %v)", d, err)
+	}
+	e.apply(e.state(2, svc)) // full: Changed is nil
+	works("after the repair")
+
+	// Entries of the external maps deleted or added by another tool.
+	if err := e.dp.objs.VipdExtIfaces.Delete(uint32(e.nodeNet.Interfaces[0].Index)); err != nil {
+		t.Fatalf("delete the uplink's vipd_ext_ifaces entry: %v", err)
+	}
+	bogus := srcRangeKeyOf(12345, netip.MustParsePrefix("192.0.2.0/24"))
+	if err := e.dp.objs.VipdSrcRanges.Put(&bogus, uint8(1)); err != nil {
+		t.Fatalf("put a source range: %v", err)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s with no SNAT address for the uplink", r.Backend)
+	}
+	e.dp.entriesChecked = time.Time{}
+	d, err = e.dp.DetectDrift(context.Background())
+	for _, want := range []string{"vipd_ext_ifaces: 1 entries missing", "vipd_src_ranges: 0 entries missing, 0 wrong, 1 no"} {
+		if err != nil || !slices.ContainsFunc(d, func(d dataplane.Drift) bool {
+			return d.What == driftMapEntries && strings.Contains(d.Detail, want)
+		}) {
+			t.Fatalf("DetectDrift: %v (err %v), want a drift saying %q", d, err, want)
+		}
+	}
+	e.apply(e.state(3, svc))
+	works("after the repair of the external maps")
+	e.dp.entriesChecked = time.Time{}
+	if d, err := e.dp.DetectDrift(context.Background()); err != nil || len(d) > 0 {
+		t.Fatalf("DetectDrift after the repair: %v (err %v), want nothing", d, err)
+	}
+
+	// The uplink stops being external: its programs go, and the node port
+	// is no longer served from outside.
+	node := e.nodeNet
+	e.nodeNet.Interfaces = slices.Clone(node.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.apply(e.state(4, svc))
+	if got := e.extPrograms(); len(got) != 0 {
+		t.Fatalf("uplink programs %v after it stopped being external, want none", got)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s from outside with no external interface", r.Backend)
+	}
+	e.nodeNet = node
+	e.apply(e.state(5, svc))
+	works("with the uplink external again")
+}
+
+// TestExternalRestartAfterNodeChange: a vipd restarted with a Node whose
+// uplink is no longer external removes the external programs the
+// previous one left on it.
+func TestExternalRestartAfterNodeChange(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachTCX
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	if got := e.extPrograms(); len(got) != 2 {
+		t.Fatalf("uplink programs %v, want ingress and egress", got)
+	}
+	e.close()
+	e.nodeNet.Interfaces = slices.Clone(e.nodeNet.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.open(nil)
+	e.apply(e.state(2, svc))
+	if got := e.extPrograms(); len(got) != 0 {
+		t.Fatalf("uplink programs %v after a restart with it not external, want none", got)
+	}
+}
+
+// TestExternalClsact: the external programs work attached as clsact
+// filters too, and leave with the interface's external mark.
+func TestExternalClsact(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachClsact
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	if r, err := e.outside("tcp", np, dpReplyTimeout); err != nil || r.Peer.Addr() != e.node.IPv4() {
+		t.Fatalf("node port from outside with clsact filters: %+v (err %v)", r, err)
+	}
+	e.nodeNet.Interfaces = slices.Clone(e.nodeNet.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.apply(e.state(2, svc))
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s from outside after the uplink stopped being external", r.Backend)
 	}
 }

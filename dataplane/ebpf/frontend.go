@@ -398,12 +398,33 @@ func externalFrontendsOf(svc *dataplane.Service, maglevMin uint32, node *datapla
 				if len(t.ranges) > 0 {
 					fe.flags |= svcFlagSrcRanges
 					fe.srcRanges = t.ranges
+					if scope == scopeCluster && nodeInRanges(node, is6, t.ranges) {
+						fe.flags |= svcFlagNodeAllowed
+					}
 				}
 				out = append(out, fe)
 			}
 		}
 	}
 	return out, nil
+}
+
+// nodeInRanges reports whether one of the node's addresses of a family is
+// in ranges.
+func nodeInRanges(node *dataplane.Node, is6 bool, ranges []netip.Prefix) bool {
+	for _, ifc := range node.Interfaces {
+		for _, a := range ifc.Addrs {
+			if a.Is6() != is6 {
+				continue
+			}
+			for _, r := range ranges {
+				if r.Contains(a) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // buildFrontend is one frontend of frontendsOf, for key and port p of

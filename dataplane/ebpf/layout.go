@@ -23,6 +23,9 @@ const (
 	svcFlagDropEmpty = 32
 	// svcFlagSrcRanges: only sources in vipd_src_ranges reach the frontend.
 	svcFlagSrcRanges = 64
+	// svcFlagNodeAllowed: with svcFlagSrcRanges, a range holds one of the
+	// node's addresses, so that the node's unbound sockets pass.
+	svcFlagNodeAllowed = 128
 
 	// Frontend scopes (svc_key.scope): cluster frontends serve pods and
 	// the node's processes, external ones packets entering on an external

@@ -165,6 +165,7 @@ func prBE16(p uint16) uint16 {
 type prFrontend struct {
 	vip             netip.AddrPort
 	proto           uint8
+	scope           uint8  // scopeCluster or scopeExternal
 	id              uint32 // rev_nat_id
 	flags           uint32
 	affinityTimeout uint32
@@ -178,7 +179,7 @@ type prBackend struct {
 }
 
 func (fe prFrontend) key(slot uint32) bpfSvcKey {
-	return bpfSvcKey{Addr: prAddrOf(fe.vip.Addr()), Port: prBE16(fe.vip.Port()), Proto: fe.proto, Slot: slot}
+	return bpfSvcKey{Addr: prAddrOf(fe.vip.Addr()), Port: prBE16(fe.vip.Port()), Proto: fe.proto, Scope: fe.scope, Slot: slot}
 }
 
 // addService writes the backends, their eligible memberships, and the

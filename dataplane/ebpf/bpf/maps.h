@@ -26,6 +26,7 @@ union addr {
 #define SVC_F_SNAT 16       /* external scope, policy Cluster: masquerade to the node's address */
 #define SVC_F_DROP_EMPTY 32 /* external scope, policy Local: no backend drops instead of rejecting */
 #define SVC_F_SRC_RANGES 64 /* load-balancer IP with source ranges (vipd_src_ranges) */
+#define SVC_F_NODE_ALLOWED 128 /* with SVC_F_SRC_RANGES: a range holds a node address (for unbound node sockets) */
 
 /*
  * svc_key.scope: which traffic a frontend serves. Cluster frontends serve
@@ -243,7 +244,7 @@ struct config {
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_MAX 65535
 /* How many ports a new SNAT flow tries before it is dropped. */
-#define SNAT_TRIES 16
+#define SNAT_TRIES 32
 
 /* load_balancer_source_ranges: the sources allowed to a frontend. */
 struct src_range_key {

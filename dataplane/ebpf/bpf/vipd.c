@@ -637,6 +637,33 @@ static __always_inline int local_socket(struct __sk_buff *skb, const struct pkt 
 }
 
 /*
+ * snat_reclaim frees the SNAT port of the reply entry at rk when its flow
+ * is over: the entry expired and its forward entry is gone or expired too
+ * (a one-way flow refreshes only its forward entry). The collector would
+ * delete both later; until then the port would stay taken. It reports
+ * whether the entry was deleted.
+ */
+static __always_inline int snat_reclaim(const struct ct_key *rk, __u32 now)
+{
+	struct ct_entry *old = bpf_map_lookup_elem(&vipd_ct, rk);
+	struct ct_key fk = {};
+	struct ct_entry *f;
+
+	if (!old || (__s32)(old->expires - now) >= 0)
+		return 0;
+	fk.src = old->snat_addr;
+	fk.sport = old->snat_port;
+	fk.dst = old->nat_addr;
+	fk.dport = old->nat_port;
+	fk.proto = rk->proto;
+	fk.dir = CT_DIR_FORWARD;
+	f = bpf_map_lookup_elem(&vipd_ct, &fk);
+	if (f && f->flow_id == old->flow_id && (__s32)(f->expires - now) >= 0)
+		return 0;
+	return bpf_map_delete_elem(&vipd_ct, rk) == 0;
+}
+
+/*
  * ct_create records a new flow of the packet at p (not rewritten yet) to
  * backend b of frontend rev_nat_id: the forward entry (keyed as the client
  * sent it) and the reply entry (keyed as the backend answers), and reports
@@ -699,7 +726,8 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 			if (local_socket(skb, p, &b->addr, b->port, snat, port))
 				continue;
 			rk.dport = port;
-			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0) {
+			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0 ||
+			    (snat_reclaim(&rk, now) && bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0)) {
 				ok = 1;
 				break;
 			}
@@ -873,9 +901,15 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			 * to close already), and its reply entry goes with it. */
 			struct ct_key rk;
 
+			struct ct_entry *r;
+
 			reply_key(&rk, p, e);
 			flow_closed(replaced_reason(e, now), &fk, e, &rk);
-			bpf_map_delete_elem(&vipd_ct, &rk);
+			/* An SNAT reply entry may have been reclaimed by a newer
+			 * flow (snat_reclaim): only this flow's goes. */
+			r = bpf_map_lookup_elem(&vipd_ct, &rk);
+			if (r && r->flow_id == e->flow_id)
+				bpf_map_delete_elem(&vipd_ct, &rk);
 		}
 		if (svc->flags & SVC_F_DRAINING)
 			return TC_ACT_OK; /* a deleted service: as if there were none */
@@ -1148,6 +1182,45 @@ static __always_inline int sock_addr_set(struct bpf_sock_addr *ctx, int v6, cons
 }
 
 /*
+ * sock_src_allowed applies a frontend's source ranges to a node-local
+ * socket: to its source address when the socket is bound (or sendmsg names
+ * one), else to the node's addresses, one of which the kernel picks
+ * (SVC_F_NODE_ALLOWED).
+ */
+static __always_inline int sock_src_allowed(struct bpf_sock_addr *ctx, int v6, int sendmsg, const struct svc_val *svc)
+{
+	union addr src = {};
+	struct bpf_sock *sk = ctx->sk;
+
+	if (!v6) {
+		__u32 a = sendmsg ? ctx->msg_src_ip4 : 0;
+
+		if (!a && sk)
+			a = sk->src_ip4;
+		if (a) {
+			addr_from4(&src, a);
+			return src_allowed(svc->rev_nat_id, &src);
+		}
+	} else {
+		if (sendmsg) {
+			src.w[0] = ctx->msg_src_ip6[0];
+			src.w[1] = ctx->msg_src_ip6[1];
+			src.w[2] = ctx->msg_src_ip6[2];
+			src.w[3] = ctx->msg_src_ip6[3];
+		}
+		if (!src.w[0] && !src.w[1] && !src.w[2] && !src.w[3] && sk) {
+			src.w[0] = sk->src_ip6[0];
+			src.w[1] = sk->src_ip6[1];
+			src.w[2] = sk->src_ip6[2];
+			src.w[3] = sk->src_ip6[3];
+		}
+		if (src.w[0] || src.w[1] || src.w[2] || src.w[3])
+			return src_allowed(svc->rev_nat_id, &src);
+	}
+	return !!(svc->flags & SVC_F_NODE_ALLOWED);
+}
+
+/*
  * sock_translate rewrites the destination of a connect() or sendmsg() to a
  * VIP into a backend, and remembers the backend so that replies and
  * getpeername() show the VIP. With no usable backend it refuses the call
@@ -1176,6 +1249,10 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int
 	svc = bpf_map_lookup_elem(&vipd_services, &sk);
 	if (!svc || (svc->flags & SVC_F_DRAINING))
 		return 1;
+	/* A source outside a load-balancer IP's source ranges is refused with
+	 * EPERM: the socket's equivalent of the packets' drop. */
+	if ((svc->flags & SVC_F_SRC_RANGES) && !sock_src_allowed(ctx, v6, sendmsg, svc))
+		return 0;
 	if (svc->count == 0) {
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
