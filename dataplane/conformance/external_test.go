@@ -355,8 +355,10 @@ func nodePortCluster(e *env) {
 		// The service's VIP port is not a node port, nor is any other port.
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), 80))
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), nodePort+1))
-		// From a pod of the node: cluster semantics, the client's address kept.
+		// From a pod of the node: cluster semantics, the client's address
+		// kept; and from the node itself.
 		e.expectSeenAs(e.client, "tcp", np, as(e.client, f), 40, echoes(8080, e.be1, e.be4)...)
+		e.expectBackends(e.node1, "tcp", np, 40, echoes(8080, e.be1, e.be4)...)
 	}
 
 	// A remote backend alone: the reply comes back through node1.
@@ -382,6 +384,7 @@ func nodePortUDP(e *env) {
 		np := ap(e.node1.addr(f), nodePort)
 		e.expectSeenAs(e.out, "udp", np, e.masqueraded(f), 40, echoes(8081, e.be1, e.be4)...)
 		e.expectSeenAs(e.client, "udp", np, as(e.client, f), 40, echoes(8081, e.be1, e.be4)...)
+		e.expectBackends(e.node1, "udp", np, 40, echoes(8081, e.be1, e.be4)...)
 		// A long flow from one socket stays on one backend, both ways.
 		c := e.dial(e.out, "udp", np)
 		first := e.on(c, "")
