@@ -185,6 +185,16 @@ type Adapter struct {
 	// what is still left out is not logged again.
 	prevLeftOut map[string]string
 	refused     map[string]*vipdv1.Service // the version vipd refused, so it is not retried
+	// externalLeft: names programmed without their external part → reason
+	// (see external.go); prevExternalLeft is it before the full sync in
+	// progress, as prevLeftOut.
+	externalLeft     map[string]string
+	prevExternalLeft map[string]string
+	// noExternal: vipd's dataplane was last found not to serve external
+	// traffic (see setNoExternal).
+	noExternal bool
+	// omitted: names → what their conversion leaves out, as last logged.
+	omitted map[string]string
 	// freed: the pass in progress deleted a service or took VIP:ports off
 	// one, so what was refused for a conflict or a limit may fit now.
 	freed bool
@@ -192,8 +202,13 @@ type Adapter struct {
 
 // record is a service as the adapter last applied it.
 type record struct {
-	spec *vipdv1.Service // as sent, for comparison with the next conversion
-	gen  uint64          // the generation vipd returned for it
+	// spec is the conversion it was applied for, compared with the next
+	// one; nil forces a rewrite.
+	spec *vipdv1.Service
+	// sent is what vipd has: spec, or spec without its external part
+	// (see externalLeft).
+	sent *vipdv1.Service
+	gen  uint64 // the generation vipd returned for it
 }
 
 // New returns an Adapter that watches kube and drives vipd (a
@@ -235,6 +250,9 @@ func New(log hclog.Logger, kube kubernetes.Interface, vipd VIPD, reg prometheus.
 		applied:  map[string]record{},
 		leftOut:  map[string]string{},
 		refused:  map[string]*vipdv1.Service{},
+
+		externalLeft: map[string]string{},
+		omitted:      map[string]string{},
 	}
 	a.fullSince, a.fullReason = a.started, "start"
 	if err := a.informers(kube); err != nil {

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +49,7 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 	if err := a.waitVIPD(ctx); err != nil {
 		return err
 	}
-	defer func() { a.prevLeftOut = nil }()
+	defer func() { a.prevLeftOut, a.prevExternalLeft = nil, nil }()
 	start := time.Now()
 	for race := 0; ; race++ {
 		all, err := a.vipd.ListServices(ctx, "")
@@ -59,19 +58,48 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 		}
 		svcs := listOf[*corev1.Service](a.services.GetStore().List())
 		eps := listOf[*discoveryv1.EndpointSlice](a.slices.GetStore().List())
-		want, left := kubeconvert.ConvertAll(svcs, eps, a.convert)
+		want, omitted, left := kubeconvert.ConvertAllWithOmissions(svcs, eps, a.convert)
+		a.logAllOmissions(want, omitted)
+		conversions := make(map[string]*vipdv1.Service, len(want))
+		for _, s := range want {
+			conversions[s.Name] = s
+		}
 
 		// Each full sync finds what it leaves out afresh; what it left
 		// out before is not logged again.
-		a.prevLeftOut = a.leftOut
-		a.leftOut, a.refused = map[string]string{}, map[string]*vipdv1.Service{}
+		a.prevLeftOut, a.prevExternalLeft = a.leftOut, a.externalLeft
+		a.leftOut, a.refused, a.externalLeft = map[string]string{}, map[string]*vipdv1.Service{}, map[string]string{}
 		for _, l := range left {
 			if !kubeconvert.IsSkipped(l.Err) {
 				a.leave(l.Service, ReasonInvalid, nil, l.Err)
 			}
 		}
 		want = a.withoutForeign(all, want)
+		// Every full sync tries the external parts, whatever vipd said of
+		// them before: vipd may have restarted with another dataplane.
 		resp, sent, err := a.syncDropping(ctx, want)
+		if status.Code(err) == codes.FailedPrecondition && slices.ContainsFunc(sent, servesExternal) {
+			// The ClusterIP parts alone may be fine.
+			first := err
+			stripped := make([]*vipdv1.Service, len(sent))
+			was := map[string]bool{}
+			for i, s := range sent {
+				stripped[i] = s
+				if servesExternal(s) {
+					stripped[i], was[s.Name] = withoutExternal(s), true
+				}
+			}
+			if resp, sent, err = a.syncDropping(ctx, stripped); err == nil {
+				a.setNoExternal(true, first)
+				for _, s := range sent {
+					if was[s.Name] {
+						a.leaveExternal(s.Name, ReasonUnsupported, first)
+					}
+				}
+			}
+		} else if err == nil && slices.ContainsFunc(sent, servesExternal) {
+			a.setNoExternal(false, nil)
+		}
 		switch code := status.Code(err); {
 		case err == nil:
 		case code == codes.AlreadyExists && race < maxSyncRaces:
@@ -98,14 +126,19 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 		var names []string
 		for _, s := range sent {
 			if g, ok := gens[s.Name]; ok {
-				a.applied[s.Name] = record{spec: s, gen: g}
+				a.applied[s.Name] = record{spec: conversions[s.Name], sent: s, gen: g}
 				names = append(names, s.Name)
+			}
+		}
+		for name := range a.externalLeft {
+			if _, ok := a.applied[name]; !ok {
+				delete(a.externalLeft, name) // left out whole after all
 			}
 		}
 		a.observe(w, names...)
 		a.log.Info("full sync", "reason", w.fullReason, "services", len(sent), "created", len(resp.Created),
 			"updated", len(resp.Updated), "deleted", len(resp.Deleted), "unchanged", len(resp.Unchanged),
-			"left_out", len(a.leftOut), "elapsed", time.Since(start))
+			"left_out", len(a.leftOut), "external_left_out", len(a.externalLeft), "elapsed", time.Since(start))
 		return nil
 	}
 }
@@ -135,22 +168,29 @@ func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service 
 			claims[c] = s.Name
 		}
 	}
+	// held says which of cs another owner's service holds, or "".
+	held := func(cs []claim) string {
+		for _, c := range cs {
+			if h, ok := claims[c]; ok {
+				return fmt.Sprintf("%s is held by service %s", c, h)
+			}
+		}
+		return ""
+	}
 	out := want[:0]
 	for _, s := range want {
 		if owner, ok := names[s.Name]; ok {
 			a.leave(s.Name, ReasonOtherOwner, nil, fmt.Errorf("vipd has service %s under owner %s", s.Name, owner))
 			continue
 		}
-		var holder string
-		for _, c := range claimsOf(s) {
-			if h, ok := claims[c]; ok {
-				holder = fmt.Sprintf("%s/%s is held by service %s", netip.AddrPortFrom(c.vip, uint16(c.port)), strings.TrimPrefix(c.proto.String(), "PROTOCOL_"), h)
-				break
-			}
-		}
-		if holder != "" {
+		if holder := held(vipClaimsOf(s)); holder != "" {
 			a.leave(s.Name, ReasonConflict, s, errors.New(holder))
 			continue
+		}
+		if holder := held(externalClaimsOf(s)); holder != "" {
+			// The cluster IPs are free: they go in without the rest.
+			a.leaveExternal(s.Name, ReasonConflict, errors.New(holder))
+			s = withoutExternal(s)
 		}
 		out = append(out, s)
 	}
@@ -158,8 +198,9 @@ func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service 
 }
 
 // syncDropping calls SyncServices with want; while vipd refuses services as
-// invalid, naming them as services[i], it drops those and tries again. It
-// returns what it sent last.
+// invalid, naming them as services[i], it drops those and tries again
+// (those whose faults are all in their external part, it sends again
+// without that part). It returns what it sent last.
 func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service) (*vipdv1.SyncServicesResponse, []*vipdv1.Service, error) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, fullSyncTimeout)
@@ -169,38 +210,51 @@ func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service) (*vi
 			return resp, want, err
 		}
 		bad := map[int][]string{}
+		onlyExternal := map[int]bool{} // every violation of services[i] is in its external part
 		for _, v := range client.FieldViolations(err) {
-			if i, ok := serviceIndex(v.GetField()); ok && i < len(want) {
+			if i, rest, ok := serviceIndex(v.GetField()); ok && i < len(want) {
+				ext := externalField(rest)
+				if _, seen := bad[i]; !seen {
+					onlyExternal[i] = ext
+				}
+				onlyExternal[i] = onlyExternal[i] && ext
 				bad[i] = append(bad[i], v.GetField()+": "+v.GetDescription())
 			}
 		}
 		if len(bad) == 0 {
 			return nil, want, err
 		}
-		kept := make([]*vipdv1.Service, 0, len(want)-len(bad))
+		kept := make([]*vipdv1.Service, 0, len(want))
 		for i, s := range want {
-			if v, ok := bad[i]; ok {
+			v, ok := bad[i]
+			switch {
+			case !ok:
+				kept = append(kept, s)
+			case onlyExternal[i] && hasExternalPart(s):
+				// The ClusterIP part is fine: it goes in without the rest.
+				a.leaveExternal(s.Name, ReasonInvalid, fmt.Errorf("vipd refused it: %s", strings.Join(v, "; ")))
+				kept = append(kept, withoutExternal(s))
+			default:
 				a.leave(s.Name, ReasonInvalid, s, fmt.Errorf("vipd refused it: %s", strings.Join(v, "; ")))
-				continue
 			}
-			kept = append(kept, s)
 		}
 		want = kept
 	}
 }
 
-// serviceIndex reads i from a field violation "services[i]..." .
-func serviceIndex(field string) (int, bool) {
-	rest, ok := strings.CutPrefix(field, "services[")
+// serviceIndex reads i from a field violation "services[i]...", and
+// returns what follows it.
+func serviceIndex(field string) (i int, rest string, ok bool) {
+	after, ok := strings.CutPrefix(field, "services[")
 	if !ok {
-		return 0, false
+		return 0, "", false
 	}
-	n, _, ok := strings.Cut(rest, "]")
+	n, rest, ok := strings.Cut(after, "]")
 	if !ok {
-		return 0, false
+		return 0, "", false
 	}
 	i, err := strconv.Atoi(n)
-	return i, err == nil && i >= 0
+	return i, rest, err == nil && i >= 0
 }
 
 // piecewise is a full sync done one service at a time, for when vipd
@@ -208,13 +262,13 @@ func serviceIndex(field string) (int, bool) {
 // desired service is upserted and every other kubernetes-owned one
 // deleted, each refusal attributed to its own service.
 func (a *Adapter) piecewise(ctx context.Context, w work, all, want []*vipdv1.Service) error {
-	a.applied = map[string]record{}
+	a.applied, a.externalLeft = map[string]record{}, map[string]string{}
 	names := map[string]bool{}
 	for _, s := range all {
 		if s.Owner == kubeconvert.Owner {
 			// vipd's copy has defaults filled in, so it never equals a
 			// conversion: each is rewritten once, with its generation.
-			a.applied[s.Name] = record{spec: s, gen: s.Generation}
+			a.applied[s.Name] = record{spec: s, sent: s, gen: s.Generation}
 			names[s.Name] = true
 		}
 	}

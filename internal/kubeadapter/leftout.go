@@ -28,6 +28,10 @@ const (
 
 var reasons = []string{ReasonOtherOwner, ReasonConflict, ReasonInvalid, ReasonUnsupported, ReasonOverLimit}
 
+// externalReasons are the reasons a service's external part is left out
+// while its cluster IPs are programmed (vipd_k8s_services_external_left_out).
+var externalReasons = []string{ReasonConflict, ReasonInvalid, ReasonUnsupported}
+
 // leave records that name is not programmed, and why; svc, when not nil,
 // is the version refused, which is not tried again until it changes.
 func (a *Adapter) leave(name, reason string, svc *vipdv1.Service, err error) {
@@ -42,8 +46,9 @@ func (a *Adapter) leave(name, reason string, svc *vipdv1.Service, err error) {
 
 // retryFreed marks dirty again, after a pass that deleted a service or took
 // VIP:ports off one, the Services left out for a VIP:port conflict or over
-// vipd's limits: they may fit now. A retry that fails again frees nothing,
-// so this does not loop.
+// vipd's limits, and those programmed without their external part for a
+// conflict: they may fit now. A retry that fails again frees nothing, so
+// this does not loop.
 func (a *Adapter) retryFreed() {
 	if !a.freed {
 		return
@@ -52,6 +57,13 @@ func (a *Adapter) retryFreed() {
 	for name, reason := range a.leftOut {
 		if reason == ReasonConflict || reason == ReasonOverLimit {
 			delete(a.refused, name)
+			a.markDirty(name, time.Time{})
+		}
+	}
+	for name, reason := range a.externalLeft {
+		if rec, ok := a.applied[name]; ok && reason == ReasonConflict {
+			rec.spec = nil // unequal to any conversion: written again
+			a.applied[name] = rec
 			a.markDirty(name, time.Time{})
 		}
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	syncs       *prometheus.CounterVec
 	services    prometheus.Gauge
 	leftOut     *prometheus.GaugeVec
+	externalOut *prometheus.GaugeVec
 	lastSync    prometheus.Gauge
 }
 
@@ -41,6 +42,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "vipd_k8s_services_left_out",
 			Help: "Kubernetes Services that kube-proxy would program but vipd does not have, by reason: other-owner, conflict, invalid, unsupported, over-limit.",
 		}, []string{"reason"}),
+		externalOut: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vipd_k8s_services_external_left_out",
+			Help: "Kubernetes Services programmed in vipd with their cluster IPs but without their node ports, external and load-balancer IPs, by reason: " +
+				"unsupported (vipd's dataplane does not serve external traffic), conflict (another service holds one of them), invalid (vipd refused one of them).",
+		}, []string{"reason"}),
 		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vipd_k8s_last_sync_timestamp_seconds",
 			Help: "Unix time of the last successful pass.",
@@ -54,7 +60,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range reasons {
 		m.leftOut.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.programming, m.syncs, m.services, m.leftOut, m.lastSync} {
+	for _, r := range externalReasons {
+		m.externalOut.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.programming, m.syncs, m.services, m.leftOut, m.externalOut, m.lastSync} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

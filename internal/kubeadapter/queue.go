@@ -106,6 +106,13 @@ func (a *Adapter) passDone(full, ok bool) {
 	for _, r := range reasons {
 		a.m.leftOut.WithLabelValues(r).Set(float64(counts[r]))
 	}
+	clear(counts)
+	for _, r := range a.externalLeft {
+		counts[r]++
+	}
+	for _, r := range externalReasons {
+		a.m.externalOut.WithLabelValues(r).Set(float64(counts[r]))
+	}
 }
 
 // loop is the one goroutine that changes vipd. It runs a pass whenever

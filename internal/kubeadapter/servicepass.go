@@ -59,7 +59,7 @@ func (a *Adapter) deletesFirst(names []string) []string {
 	out := make([]string, 0, len(names))
 	var rest []string
 	for _, n := range names {
-		if want, err := a.desired(n); err == nil && want == nil {
+		if want, _, err := a.desired(n); err == nil && want == nil {
 			out = append(out, n)
 		} else {
 			rest = append(rest, n)
@@ -68,42 +68,53 @@ func (a *Adapter) deletesFirst(names []string) []string {
 	return append(out, rest...)
 }
 
-// desired converts the Service name as the informers have it now; nil
-// means it should not be in vipd.
-func (a *Adapter) desired(name string) (*vipdv1.Service, error) {
+// desired converts the Service name as the informers have it now, with
+// what the conversion leaves out of it; nil means it should not be in
+// vipd.
+func (a *Adapter) desired(name string) (*vipdv1.Service, []string, error) {
 	obj, ok, err := a.services.GetStore().GetByKey(name)
 	if err != nil || !ok {
-		return nil, err
+		return nil, nil, err
 	}
 	svc, ok := obj.(*corev1.Service)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
 	objs, err := a.slices.GetIndexer().ByIndex(sliceByService, name)
 	if err != nil {
-		return nil, fmt.Errorf("endpoint slices of %s: %w", name, err)
+		return nil, nil, fmt.Errorf("endpoint slices of %s: %w", name, err)
 	}
-	out, err := kubeconvert.Convert(svc, listOf[*discoveryv1.EndpointSlice](objs), a.convert)
+	out, omitted, err := kubeconvert.ConvertWithOmissions(svc, listOf[*discoveryv1.EndpointSlice](objs), a.convert)
 	if kubeconvert.IsSkipped(err) {
 		a.log.Debug("service not programmed", "service", name, "reason", err)
-		return nil, nil
+		return nil, nil, nil
 	}
-	return out, err
+	return out, omissionStrings(omitted), err
+}
+
+func omissionStrings(os []kubeconvert.Omission) []string {
+	out := make([]string, len(os))
+	for i, o := range os {
+		out[i] = o.String()
+	}
+	return out
 }
 
 // syncOne makes vipd's service name match the Service. It returns an error
 // for what a retry may fix; what vipd refuses for good is left out instead
 // (and not observed).
 func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err error) {
-	want, err := a.desired(name)
+	want, omitted, err := a.desired(name)
 	if err != nil {
 		a.leave(name, ReasonInvalid, nil, err)
 		return false, nil
 	}
+	a.logOmissions(name, omitted)
 	prev, had := a.applied[name]
 	if want == nil {
 		delete(a.leftOut, name)
 		delete(a.refused, name)
+		delete(a.externalLeft, name)
 		if !had {
 			return true, nil
 		}
@@ -133,20 +144,46 @@ func (a *Adapter) syncOne(ctx context.Context, name string) (observe bool, err e
 			gen, create = cur.Generation, false
 		}
 	}
-	got, err := a.write(ctx, want, gen, create)
+	send, externalLeft := want, ""
+	var externalErr error // why the external part is left out
+	if a.noExternal && servesExternal(want) {
+		send, externalLeft = withoutExternal(want), ReasonUnsupported
+	}
+	got, err := a.write(ctx, send, gen, create)
+	if reason := fallbackReason(err); reason != "" && externalLeft == "" && hasExternalPart(want) {
+		// Refused whole: the ClusterIP part alone may be fine.
+		externalErr = err
+		send = withoutExternal(want)
+		if got, err = a.write(ctx, send, gen, create); err == nil {
+			externalLeft = reason
+			if reason == ReasonUnsupported {
+				a.setNoExternal(true, externalErr)
+			}
+		}
+	}
 	var taken *takenError
 	if errors.As(err, &taken) {
 		delete(a.applied, name)
+		delete(a.externalLeft, name)
 		a.leave(name, ReasonOtherOwner, nil, err)
 		return false, nil
 	}
 	if err == nil {
-		if had && freesClaims(prev.spec, want) {
+		if had && freesClaims(prev.sent, send) {
 			a.freed = true
 		}
-		a.applied[name] = record{spec: want, gen: got.Generation}
+		a.applied[name] = record{spec: want, sent: send, gen: got.Generation}
 		delete(a.leftOut, name)
 		delete(a.refused, name)
+		switch {
+		case externalLeft != "":
+			a.leaveExternal(name, externalLeft, externalErr)
+		case servesExternal(send):
+			a.keepExternal(name)
+			a.setNoExternal(false, nil)
+		default:
+			a.keepExternal(name)
+		}
 		return true, nil
 	}
 	switch status.Code(err) {

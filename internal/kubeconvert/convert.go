@@ -111,31 +111,69 @@ func clusterIPs(svc *corev1.Service) []string {
 //     FQDN slices are ignored, and so are addresses of a family that
 //     has no cluster IP.
 //
+// Its external half follows kube-proxy too (see ConvertWithOmissions for
+// what is left out):
+//   - spec.ports[].nodePort → node_port, for NodePort and LoadBalancer
+//     Services (with allocateLoadBalancerNodePorts: false, the ones set
+//     explicitly);
+//   - spec.externalIPs → external_ips, and the ingress IPs of
+//     status.loadBalancer whose ipMode is VIP or unset → load_balancer_ips,
+//     each only when the Service has a cluster IP of its family, and once;
+//   - spec.loadBalancerSourceRanges → load_balancer_source_ranges (masked;
+//     with load-balancer IPs only; a family with load-balancer IPs but no
+//     range of its own gets 0.0.0.0/0 or ::/0, as kube-proxy filters each
+//     family by its own ranges only);
+//   - externalTrafficPolicy: Local → TRAFFIC_POLICY_LOCAL on Services that
+//     are externally accessible (NodePort, LoadBalancer, or with external
+//     IPs), and a LoadBalancer Service's healthCheckNodePort then →
+//     health_check_node_port.
+//
 // A Service that opts.Skipped names is an error wrapping ErrSkipped; a Service
 // vipd could not represent (an unparsable cluster IP) is an error too.
 func Convert(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, opts Options) (*vipdv1.Service, error) {
+	out, _, err := ConvertWithOmissions(svc, slices, opts)
+	return out, err
+}
+
+// ConvertWithOmissions is Convert, and also says which parts of svc the
+// service leaves out, in the order of svc's fields, as kube-proxy leaves
+// them out: external or load-balancer IPs of a family the Service has no
+// cluster IP of, unparsable or repeated ones, load-balancer ingress
+// hostnames and ingress IPs of ipMode Proxy, source ranges of such a
+// family or with no load-balancer IP to restrict, the
+// service.beta.kubernetes.io/load-balancer-source-ranges annotation
+// (which only cloud load balancers read), and node ports on a type of
+// Service the apiserver gives none. Omissions are not errors: the
+// service is what kube-proxy would program.
+func ConvertWithOmissions(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, opts Options) (*vipdv1.Service, []Omission, error) {
 	name := Name(svc.Namespace, svc.Name)
 	if reason := opts.Skipped(svc); reason != "" {
-		return nil, fmt.Errorf("service %s: %w: %s", name, ErrSkipped, reason)
+		return nil, nil, fmt.Errorf("service %s: %w: %s", name, ErrSkipped, reason)
+	}
+	var omitted []Omission
+	omit := func(field, format string, args ...any) {
+		omitted = append(omitted, Omission{Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	out := &vipdv1.Service{Name: name, Owner: Owner}
-	has4, has6 := false, false
+	var fam families
 	for _, s := range clusterIPs(svc) {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
-			return nil, fmt.Errorf("service %s: cluster IP %q: %w", name, s, err)
+			return nil, nil, fmt.Errorf("service %s: cluster IP %q: %w", name, s, err)
 		}
-		has4, has6 = has4 || ip.Is4(), has6 || ip.Is6()
+		fam.v4, fam.v6 = fam.v4 || ip.Is4(), fam.v6 || ip.Is6()
 		out.Vips = append(out.Vips, ip.String())
 	}
-	for _, p := range svc.Spec.Ports {
+	for i, p := range svc.Spec.Ports {
 		port := &vipdv1.Port{Name: p.Name, Protocol: protocol(p.Protocol), Port: uint32(p.Port)}
 		if p.TargetPort.IntVal > 0 && p.TargetPort.StrVal == "" {
 			// Informational: every backend names its own number.
 			port.TargetPort = uint32(p.TargetPort.IntVal)
 		}
+		port.NodePort = nodePort(svc, i, omit)
 		out.Ports = append(out.Ports, port)
 	}
+	external(svc, out, fam, omit)
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		timeout := corev1.DefaultClientIPServiceAffinitySeconds
 		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
@@ -149,8 +187,8 @@ func Convert(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, opts Opti
 	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
 		out.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	}
-	out.Backends = backends(svc, slices, opts, has4, has6)
-	return out, nil
+	out.Backends = backends(svc, slices, opts, fam.v4, fam.v6)
+	return out, omitted, nil
 }
 
 func protocol(p corev1.Protocol) vipdv1.Protocol {

@@ -432,3 +432,307 @@ func TestConvertAll(t *testing.T) {
 		t.Errorf("headless service: %v; want ErrSkipped", left[1].Err)
 	}
 }
+
+// TestConvertExternal: each external field of a Service, as kube-proxy
+// reads it, and what is left out with the path of the field.
+func TestConvertExternal(t *testing.T) {
+	http := svcPort("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080))
+	dns := svcPort("dns", corev1.ProtocolUDP, 53, intstr.FromInt32(5353))
+	v4 := []string{"198.19.0.10"}
+	dual := []string{"198.19.0.10", "fd00:198::10"}
+	withNodePorts := func(s *corev1.Service, ports ...int32) *corev1.Service {
+		for i, p := range ports {
+			s.Spec.Ports[i].NodePort = p
+		}
+		return s
+	}
+	typed := func(typ corev1.ServiceType, s *corev1.Service) *corev1.Service {
+		s.Spec.Type = typ
+		return s
+	}
+	ingress := func(s *corev1.Service, ing ...corev1.LoadBalancerIngress) *corev1.Service {
+		s.Status.LoadBalancer.Ingress = ing
+		return s
+	}
+	vipMode, proxyMode := ptr.To(corev1.LoadBalancerIPModeVIP), ptr.To(corev1.LoadBalancerIPModeProxy)
+	lb := func(ips []string, ports ...corev1.ServicePort) *corev1.Service {
+		return typed(corev1.ServiceTypeLoadBalancer, service(ips, ports...))
+	}
+	tests := []struct {
+		name    string
+		svc     *corev1.Service
+		want    *vipdv1.Service // Name, Owner and Backends filled in by the test
+		omitted []string        // the fields left out
+	}{{
+		name: "NodePort: each port's node port, with its protocol",
+		svc:  withNodePorts(typed(corev1.ServiceTypeNodePort, service(v4, http, dns)), 30080, 30053),
+		want: &vipdv1.Service{
+			Vips:  v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353, NodePort: 30053}},
+		},
+	}, {
+		name: "LoadBalancer: node ports and the ingress IP",
+		svc: ingress(withNodePorts(lb(v4, http), 30080),
+			corev1.LoadBalancerIngress{IP: "198.19.1.1"}),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080}},
+			LoadBalancerIps: []string{"198.19.1.1"},
+		},
+	}, {
+		name: "LoadBalancer with allocateLoadBalancerNodePorts false: only the node ports set explicitly",
+		svc: func() *corev1.Service {
+			s := ingress(withNodePorts(lb(v4, http, dns), 0, 30053), corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips:            v4,
+			Ports:           []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353, NodePort: 30053}},
+			LoadBalancerIps: []string{"198.19.1.1"},
+		},
+	}, {
+		name: "a node port on a ClusterIP Service (the apiserver refuses one) is left out",
+		svc:  withNodePorts(service(v4, http), 30080),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+		},
+		omitted: []string{"spec.ports[0].nodePort"},
+	}, {
+		name: "ingress: ipMode VIP and unset served, Proxy and hostnames left out, an empty entry ignored",
+		svc: ingress(lb(v4, http),
+			corev1.LoadBalancerIngress{IP: "198.19.1.1", IPMode: vipMode},
+			corev1.LoadBalancerIngress{IP: "198.19.1.2", IPMode: proxyMode},
+			corev1.LoadBalancerIngress{Hostname: "lb.example.com"},
+			corev1.LoadBalancerIngress{},
+			corev1.LoadBalancerIngress{IP: "198.19.1.3", Hostname: "lb3.example.com"}),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			LoadBalancerIps: []string{"198.19.1.1", "198.19.1.3"},
+		},
+		omitted: []string{"status.loadBalancer.ingress[1]", "status.loadBalancer.ingress[2]"},
+	}, {
+		name: "externalIPs on a ClusterIP Service; leading zeros and blanks read as kube-proxy reads them; repeats and bad ones left out",
+		svc: func() *corev1.Service {
+			s := service(v4, http)
+			s.Spec.ExternalIPs = []string{"198.19.2.1", " 198.019.2.2", "198.19.2.1", "not-an-ip", "", "198.19.0.10"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			ExternalIps: []string{"198.19.2.1", "198.19.2.2"},
+		},
+		omitted: []string{"spec.externalIPs[2]", "spec.externalIPs[3]", "spec.externalIPs[5]"},
+	}, {
+		name: "single-stack IPv4: IPv6 external and ingress IPs left out; an IPv4-mapped one is IPv4",
+		svc: func() *corev1.Service {
+			s := ingress(lb(v4, http), corev1.LoadBalancerIngress{IP: "fd00:198::1:1"}, corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Spec.ExternalIPs = []string{"fd00:198::2:1", "::ffff:198.19.2.1"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			ExternalIps: []string{"198.19.2.1"}, LoadBalancerIps: []string{"198.19.1.1"},
+		},
+		omitted: []string{"spec.externalIPs[0]", "status.loadBalancer.ingress[0].ip"},
+	}, {
+		name: "dual-stack: both families' external and ingress IPs; one both external and ingress is served once",
+		svc: func() *corev1.Service {
+			s := ingress(lb(dual, http), corev1.LoadBalancerIngress{IP: "fd00:198::1:1"}, corev1.LoadBalancerIngress{IP: "198.19.1.1"},
+				corev1.LoadBalancerIngress{IP: "198.19.2.1"})
+			s.Spec.ExternalIPs = []string{"198.19.2.1", "fd00:198::2:1"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: dual, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			ExternalIps: []string{"198.19.2.1", "fd00:198::2:1"}, LoadBalancerIps: []string{"fd00:198::1:1", "198.19.1.1"},
+		},
+		omitted: []string{"status.loadBalancer.ingress[2].ip"},
+	}, {
+		name: "externalTrafficPolicy Local and healthCheckNodePort on a LoadBalancer Service",
+		svc: func() *corev1.Service {
+			s := ingress(withNodePorts(lb(v4, http), 30080), corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080}},
+			LoadBalancerIps:       []string{"198.19.1.1"},
+			ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+			HealthCheckNodePort:   32000,
+		},
+	}, {
+		name: "externalTrafficPolicy Local on a NodePort Service: no health-check node port (kube-proxy's NeedsHealthCheck)",
+		svc: func() *corev1.Service {
+			s := withNodePorts(typed(corev1.ServiceTypeNodePort, service(v4, http)), 30080)
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080}},
+			ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		},
+	}, {
+		name: "externalTrafficPolicy Local on a ClusterIP Service: only with external IPs",
+		svc: func() *corev1.Service {
+			s := service(v4, http)
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			return s
+		}(),
+		want: &vipdv1.Service{Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}}},
+	}, {
+		name: "externalTrafficPolicy Local on a ClusterIP Service with external IPs",
+		svc: func() *corev1.Service {
+			s := service(v4, http)
+			s.Spec.ExternalIPs = []string{"198.19.2.1"}
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			ExternalIps: []string{"198.19.2.1"}, ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL,
+		},
+	}, {
+		name: "externalTrafficPolicy Cluster is the default",
+		svc: func() *corev1.Service {
+			s := withNodePorts(typed(corev1.ServiceTypeNodePort, service(v4, http)), 30080)
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080, NodePort: 30080}},
+		},
+	}, {
+		name: "loadBalancerSourceRanges: masked, blanks trimmed, repeats once, bad ones and other families left out",
+		svc: func() *corev1.Service {
+			s := ingress(lb(v4, http), corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16", " 198.18.7.9/24 ", "198.18.0.0/16", "nope", "fd00:198::/32"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			LoadBalancerIps:          []string{"198.19.1.1"},
+			LoadBalancerSourceRanges: []string{"198.18.0.0/16", "198.18.7.0/24"},
+		},
+		omitted: []string{"spec.loadBalancerSourceRanges[3]", "spec.loadBalancerSourceRanges[4]"},
+	}, {
+		name: "loadBalancerSourceRanges of one family on a dual-stack Service: the other family stays open, as in kube-proxy",
+		svc: func() *corev1.Service {
+			s := ingress(lb(dual, http), corev1.LoadBalancerIngress{IP: "198.19.1.1"}, corev1.LoadBalancerIngress{IP: "fd00:198::1:1"})
+			s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: dual, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			LoadBalancerIps:          []string{"198.19.1.1", "fd00:198::1:1"},
+			LoadBalancerSourceRanges: []string{"198.18.0.0/16", "::/0"},
+		},
+	}, {
+		name: "loadBalancerSourceRanges with no ingress IP yet are left out",
+		svc: func() *corev1.Service {
+			s := lb(v4, http)
+			s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16"}
+			return s
+		}(),
+		want:    &vipdv1.Service{Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}}},
+		omitted: []string{"spec.loadBalancerSourceRanges"},
+	}, {
+		name: "the load-balancer-source-ranges annotation is not read (kube-proxy does not), and said so",
+		svc: func() *corev1.Service {
+			s := ingress(lb(v4, http), corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Annotations = map[string]string{kubeconvert.LoadBalancerSourceRangesAnnotation: "198.18.0.0/16"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			LoadBalancerIps: []string{"198.19.1.1"},
+		},
+		omitted: []string{"metadata.annotations[service.beta.kubernetes.io/load-balancer-source-ranges]"},
+	}, {
+		name: "the annotation beside spec.loadBalancerSourceRanges: the field counts, silently",
+		svc: func() *corev1.Service {
+			s := ingress(lb(v4, http), corev1.LoadBalancerIngress{IP: "198.19.1.1"})
+			s.Annotations = map[string]string{kubeconvert.LoadBalancerSourceRangesAnnotation: "10.0.0.0/8"}
+			s.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16"}
+			return s
+		}(),
+		want: &vipdv1.Service{
+			Vips: v4, Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80, TargetPort: 8080}},
+			LoadBalancerIps: []string{"198.19.1.1"}, LoadBalancerSourceRanges: []string{"198.18.0.0/16"},
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, omitted, err := kubeconvert.ConvertWithOmissions(tt.svc, nil, kubeconvert.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.want.Name, tt.want.Owner, tt.want.Backends = "shop/web", kubeconvert.Owner, []*vipdv1.Backend{}
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("ConvertWithOmissions (-want +got):\n%s", diff)
+			}
+			var fields []string
+			for _, o := range omitted {
+				fields = append(fields, o.Field)
+				if o.Reason == "" {
+					t.Errorf("omission %s has no reason", o.Field)
+				}
+			}
+			if !slices.Equal(fields, tt.omitted) {
+				t.Errorf("omitted %q; want %q", omitted, tt.omitted)
+			}
+			plain, err := kubeconvert.Convert(tt.svc, nil, kubeconvert.Options{})
+			if err != nil || !cmp.Equal(plain, got, protocmp.Transform()) {
+				t.Errorf("Convert = %v, %v; want what ConvertWithOmissions gives", plain, err)
+			}
+		})
+	}
+}
+
+// TestOmissionReasons: the reasons name what was left out and why, in
+// words a user can act on.
+func TestOmissionReasons(t *testing.T) {
+	s := service([]string{"198.19.0.10"}, svcPort("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080)))
+	s.Spec.Type = corev1.ServiceTypeLoadBalancer
+	s.Spec.ExternalIPs = []string{"fd00:198::2:1"}
+	s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+		{IP: "198.19.1.2", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)},
+		{Hostname: "lb.example.com"},
+	}
+	_, omitted, err := kubeconvert.ConvertWithOmissions(s, nil, kubeconvert.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"spec.externalIPs[0]: fd00:198::2:1 is IPv6, and the Service has no IPv6 cluster IP",
+		"status.loadBalancer.ingress[0]: ipMode Proxy",
+		`status.loadBalancer.ingress[1]: hostname "lb.example.com", not an IP`,
+	}
+	if len(omitted) != len(want) {
+		t.Fatalf("omitted %q; want %d", omitted, len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(omitted[i].String(), w) {
+			t.Errorf("omission %d: %q; want it to start %q", i, omitted[i], w)
+		}
+	}
+}
+
+// TestConvertAllWithOmissions: the omissions are by service name, and a
+// service that leaves nothing out has none.
+func TestConvertAllWithOmissions(t *testing.T) {
+	port := svcPort("", corev1.ProtocolTCP, 80, intstr.FromInt32(8080))
+	a := service([]string{"198.19.0.10"}, port)
+	a.Name = "a"
+	a.Spec.ExternalIPs = []string{"fd00:198::2:1", "198.19.2.1"}
+	b := service([]string{"198.19.0.11"}, port)
+	b.Name = "b"
+	out, omitted, left := kubeconvert.ConvertAllWithOmissions([]*corev1.Service{b, a}, nil, kubeconvert.Options{})
+	if len(out) != 2 || len(left) != 0 || out[0].Name != "shop/a" || !slices.Equal(out[0].ExternalIps, []string{"198.19.2.1"}) {
+		t.Fatalf("converted %v, left %v", out, left)
+	}
+	if len(omitted) != 1 || len(omitted["shop/a"]) != 1 || omitted["shop/a"][0].Field != "spec.externalIPs[0]" {
+		t.Errorf("omitted %v; want shop/a's spec.externalIPs[0] only", omitted)
+	}
+}

@@ -25,6 +25,15 @@ type Left struct {
 // others. EndpointSlices of Services that are not in services are ignored:
 // a Service deleted while its slices linger has no vipd service.
 func ConvertAll(services []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, opts Options) (out []*vipdv1.Service, left []Left) {
+	out, _, left = ConvertAllWithOmissions(services, endpointSlices, opts)
+	return out, left
+}
+
+// ConvertAllWithOmissions is ConvertAll, and also returns, by vipd name,
+// what each converted service leaves out of its Service (see
+// ConvertWithOmissions); services that leave nothing out are absent.
+func ConvertAllWithOmissions(services []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, opts Options) (out []*vipdv1.Service, omitted map[string][]Omission, left []Left) {
+	omitted = map[string][]Omission{}
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range endpointSlices {
 		if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
@@ -33,16 +42,19 @@ func ConvertAll(services []*corev1.Service, endpointSlices []*discoveryv1.Endpoi
 		}
 	}
 	for _, svc := range services {
-		converted, err := Convert(svc, bySvc[Name(svc.Namespace, svc.Name)], opts)
+		converted, omissions, err := ConvertWithOmissions(svc, bySvc[Name(svc.Namespace, svc.Name)], opts)
 		if err != nil {
 			left = append(left, Left{Service: Name(svc.Namespace, svc.Name), Err: err})
 			continue
 		}
 		out = append(out, converted)
+		if len(omissions) > 0 {
+			omitted[converted.Name] = omissions
+		}
 	}
 	slices.SortFunc(out, func(a, b *vipdv1.Service) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(left, func(a, b Left) int { return cmp.Compare(a.Service, b.Service) })
-	return out, left
+	return out, omitted, left
 }
 
 // IsSkipped reports whether err says a Service is deliberately not
