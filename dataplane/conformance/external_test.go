@@ -471,6 +471,10 @@ func loadBalancerSourceRanges(e *env) {
 		e.expectSeenAs(e.client2, "tcp", ap(f.vip(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
 	}
 	e.expectDropped(dropped...)
+	// The node itself is outside the ranges too. Its own packets may meet
+	// the drop on their way out, which its socket sees as EPERM: no backend
+	// must answer, however the failure shows.
+	e.expectNoBackend(probe{e.node1, "tcp", ap(ipv4.lbIP(10), 80)}, probe{e.node1, "tcp", ap(ipv6.lbIP(10), 80)})
 
 	// Without ranges, every source is served again.
 	svc.LoadBalancerSourceRanges = nil
@@ -478,6 +482,7 @@ func loadBalancerSourceRanges(e *env) {
 	for _, f := range families {
 		e.expectSeenAs(e.out2, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
 		e.expectSeenAs(e.client2, "tcp", ap(f.lbIP(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectBackends(e.node1, "tcp", ap(f.lbIP(10), 80), 10, echoes(8080, e.be1, e.be4)...)
 	}
 }
 
