@@ -471,10 +471,6 @@ func loadBalancerSourceRanges(e *env) {
 		e.expectSeenAs(e.client2, "tcp", ap(f.vip(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
 	}
 	e.expectDropped(dropped...)
-	// The node itself is outside the ranges too. Its own packets may meet
-	// the drop on their way out, which its socket sees as EPERM: no backend
-	// must answer, however the failure shows.
-	e.expectNoBackend(probe{e.node1, "tcp", ap(ipv4.lbIP(10), 80)}, probe{e.node1, "tcp", ap(ipv6.lbIP(10), 80)})
 
 	// Without ranges, every source is served again.
 	svc.LoadBalancerSourceRanges = nil
@@ -482,7 +478,32 @@ func loadBalancerSourceRanges(e *env) {
 	for _, f := range families {
 		e.expectSeenAs(e.out2, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
 		e.expectSeenAs(e.client2, "tcp", ap(f.lbIP(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
-		e.expectBackends(e.node1, "tcp", ap(f.lbIP(10), 80), 10, echoes(8080, e.be1, e.be4)...)
+	}
+}
+
+// should apply load-balancer source ranges to the node's own connections
+// too: the node's addresses are outside the ranges, so no backend answers
+// it; without ranges it is served.
+func loadBalancerSourceRangesFromNode(e *env) {
+	svc := e.externalService(ports(tcpPort(80, 8080)), e.be1, e.be4)
+	for _, f := range families {
+		svc.LoadBalancerIps = append(svc.LoadBalancerIps, f.lbIP(10).String())
+		svc.LoadBalancerSourceRanges = append(svc.LoadBalancerSourceRanges, single(e.out.addr(f)))
+	}
+	if !e.upsertExternal(svc) {
+		return
+	}
+	for _, f := range families {
+		e.expectSeenAs(e.out, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
+	}
+	// The node's own packets may meet the drop on their way out, which its
+	// socket sees as EPERM: no backend may answer, however the failure shows.
+	e.expectNoBackend(probe{e.node1, "tcp", ap(ipv4.lbIP(10), 80)}, probe{e.node1, "tcp", ap(ipv6.lbIP(10), 80)})
+
+	svc.LoadBalancerSourceRanges = nil
+	e.upsert(svc)
+	for _, f := range families {
+		e.expectBackends(e.node1, "tcp", ap(f.lbIP(10), 80), 20, echoes(8080, e.be1, e.be4)...)
 	}
 }
 
