@@ -355,8 +355,10 @@ func nodePortCluster(e *env) {
 		// The service's VIP port is not a node port, nor is any other port.
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), 80))
 		e.expectRefused(e.out, "tcp", ap(e.node1.addr(f), nodePort+1))
-		// From a pod of the node: cluster semantics, the client's address kept.
+		// From a pod of the node: cluster semantics, the client's address
+		// kept; and from the node itself.
 		e.expectSeenAs(e.client, "tcp", np, as(e.client, f), 40, echoes(8080, e.be1, e.be4)...)
+		e.expectBackends(e.node1, "tcp", np, 40, echoes(8080, e.be1, e.be4)...)
 	}
 
 	// A remote backend alone: the reply comes back through node1.
@@ -382,6 +384,7 @@ func nodePortUDP(e *env) {
 		np := ap(e.node1.addr(f), nodePort)
 		e.expectSeenAs(e.out, "udp", np, e.masqueraded(f), 40, echoes(8081, e.be1, e.be4)...)
 		e.expectSeenAs(e.client, "udp", np, as(e.client, f), 40, echoes(8081, e.be1, e.be4)...)
+		e.expectBackends(e.node1, "udp", np, 40, echoes(8081, e.be1, e.be4)...)
 		// A long flow from one socket stays on one backend, both ways.
 		c := e.dial(e.out, "udp", np)
 		first := e.on(c, "")
@@ -475,6 +478,32 @@ func loadBalancerSourceRanges(e *env) {
 	for _, f := range families {
 		e.expectSeenAs(e.out2, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
 		e.expectSeenAs(e.client2, "tcp", ap(f.lbIP(10), 80), as(e.client2, f), 10, echoes(8080, e.be1, e.be4)...)
+	}
+}
+
+// should apply load-balancer source ranges to the node's own connections
+// too: the node's addresses are outside the ranges, so no backend answers
+// it; without ranges it is served.
+func loadBalancerSourceRangesFromNode(e *env) {
+	svc := e.externalService(ports(tcpPort(80, 8080)), e.be1, e.be4)
+	for _, f := range families {
+		svc.LoadBalancerIps = append(svc.LoadBalancerIps, f.lbIP(10).String())
+		svc.LoadBalancerSourceRanges = append(svc.LoadBalancerSourceRanges, single(e.out.addr(f)))
+	}
+	if !e.upsertExternal(svc) {
+		return
+	}
+	for _, f := range families {
+		e.expectSeenAs(e.out, "tcp", ap(f.lbIP(10), 80), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
+	}
+	// The node's own packets may meet the drop on their way out, which its
+	// socket sees as EPERM: no backend may answer, however the failure shows.
+	e.expectNoBackend(probe{e.node1, "tcp", ap(ipv4.lbIP(10), 80)}, probe{e.node1, "tcp", ap(ipv6.lbIP(10), 80)})
+
+	svc.LoadBalancerSourceRanges = nil
+	e.upsert(svc)
+	for _, f := range families {
+		e.expectBackends(e.node1, "tcp", ap(f.lbIP(10), 80), 20, echoes(8080, e.be1, e.be4)...)
 	}
 }
 

@@ -62,6 +62,7 @@ func scenarios() []scenario {
 		{name: "external-ips", run: externalIPs},
 		{name: "load-balancer-ip", run: loadBalancerIP},
 		{name: "load-balancer-source-ranges", run: loadBalancerSourceRanges},
+		{name: "load-balancer-source-ranges-from-node", run: loadBalancerSourceRangesFromNode},
 		{name: "external-traffic-policy-local", run: externalTrafficPolicyLocal},
 		{name: "pod-to-load-balancer-ip", run: podToLoadBalancerIP},
 		{name: "vipd-down-external-flows-up", run: vipdDownExternalFlowsUp},
