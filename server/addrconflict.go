@@ -14,9 +14,9 @@ import (
 
 // addressViolation turns err, when it is a *store.AddressConflictError,
 // into an InvalidArgument violation of the request field that holds the
-// address, which at names: at(true, ip) for a backend, at(false, ip) for
-// a VIP. Other errors are returned as they are.
-func addressViolation(err error, at func(backend bool, ip netip.Addr) string) error {
+// address, which at names from the address's role in the request's
+// service. Other errors are returned as they are.
+func addressViolation(err error, at func(role store.AddrRole, ip netip.Addr) string) error {
 	var c *store.AddressConflictError
 	if !errors.As(err, &c) {
 		return err
@@ -25,26 +25,38 @@ func addressViolation(err error, at func(backend bool, ip netip.Addr) string) er
 	if c.Holder == c.Service {
 		holder = "this service"
 	}
-	desc := fmt.Sprintf("%s is a VIP of %s; a VIP that vipd serves cannot be a backend", c.Addr, holder)
-	if !c.AsBackend {
-		desc = fmt.Sprintf("%s is a backend of %s; a VIP that vipd serves cannot be a backend", c.Addr, holder)
+	desc := fmt.Sprintf("%s is %s %s of %s; %s", c.Addr, article(c.HolderRole), c.HolderRole, holder, c.Rule())
+	return validation.Violations{{Field: at(c.Role, c.Addr), Description: desc}}
+}
+
+// article is the indefinite article of role's name.
+func article(role store.AddrRole) string {
+	if role == store.RoleExternalIP {
+		return "an"
 	}
-	return validation.Violations{{Field: at(c.AsBackend, c.Addr), Description: desc}}
+	return "a"
 }
 
 // inRequest names the field of svc, named field in the request and as the
-// request wrote it, that holds ip: field.backends[i].ip or field.vips[i].
-func inRequest(field string, svc *vipdv1.Service) func(backend bool, ip netip.Addr) string {
-	return func(backend bool, ip netip.Addr) string {
-		if backend {
+// request wrote it, that holds ip in role: field.backends[i].ip,
+// field.vips[i], field.external_ips[i] or field.load_balancer_ips[i].
+func inRequest(field string, svc *vipdv1.Service) func(role store.AddrRole, ip netip.Addr) string {
+	return func(role store.AddrRole, ip netip.Addr) string {
+		list, name := svc.GetVips(), "vips"
+		switch role {
+		case store.RoleBackend:
 			return backendField(field+".backends", svc.GetBackends(), ip)
+		case store.RoleExternalIP:
+			list, name = svc.GetExternalIps(), "external_ips"
+		case store.RoleLoadBalancerIP:
+			list, name = svc.GetLoadBalancerIps(), "load_balancer_ips"
 		}
-		for i, s := range svc.GetVips() {
+		for i, s := range list {
 			if a, err := netip.ParseAddr(s); err == nil && a == ip {
-				return fmt.Sprintf("%s.vips[%d]", field, i)
+				return fmt.Sprintf("%s.%s[%d]", field, name, i)
 			}
 		}
-		return field + ".vips"
+		return field + "." + name
 	}
 }
 
@@ -78,12 +90,15 @@ func requestOrder(orig, sorted []*vipdv1.Backend) []int32 {
 }
 
 // inSyncRequest names the field of services[index] of a SyncServices that
-// holds ip, from the service's dataplane form dp and its backends' request
-// order (requestOrder).
-func inSyncRequest(index int, dp *dataplane.Service, order []int32) func(backend bool, ip netip.Addr) string {
-	return func(backend bool, ip netip.Addr) string {
+// holds ip in role, from the service's dataplane form dp and its backends'
+// request order (requestOrder). The conversion keeps the order of the
+// VIPs and of the external and load-balancer IPs.
+func inSyncRequest(index int, dp *dataplane.Service, order []int32) func(role store.AddrRole, ip netip.Addr) string {
+	return func(role store.AddrRole, ip netip.Addr) string {
 		field := fmt.Sprintf("services[%d]", index)
-		if backend {
+		list, name := dp.VIPs, "vips"
+		switch role {
+		case store.RoleBackend:
 			k := slices.IndexFunc(dp.Backends, func(b dataplane.Backend) bool { return b.IP == ip })
 			switch {
 			case k < 0:
@@ -92,10 +107,14 @@ func inSyncRequest(index int, dp *dataplane.Service, order []int32) func(backend
 				k = int(order[k])
 			}
 			return fmt.Sprintf("%s.backends[%d].ip", field, k)
+		case store.RoleExternalIP:
+			list, name = dp.ExternalIPs, "external_ips"
+		case store.RoleLoadBalancerIP:
+			list, name = dp.LoadBalancerIPs, "load_balancer_ips"
 		}
-		if i := slices.Index(dp.VIPs, ip); i >= 0 {
-			return fmt.Sprintf("%s.vips[%d]", field, i)
+		if i := slices.Index(list, ip); i >= 0 {
+			return fmt.Sprintf("%s.%s[%d]", field, name, i)
 		}
-		return field + ".vips"
+		return field + "." + name
 	}
 }

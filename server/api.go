@@ -556,7 +556,7 @@ func (a *API) UpdateBackends(ctx context.Context, req *vipdv1.UpdateBackendsRequ
 	})
 	if err != nil {
 		// Only upsert adds addresses: what the service had may stay.
-		return nil, a.fail(ctx, addressViolation(err, func(_ bool, ip netip.Addr) string { return backendField("upsert", req.Upsert, ip) }))
+		return nil, a.fail(ctx, addressViolation(err, func(_ store.AddrRole, ip netip.Addr) string { return backendField("upsert", req.Upsert, ip) }))
 	}
 	return res.(*vipdv1.UpdateBackendsResponse), nil
 }

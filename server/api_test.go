@@ -164,6 +164,7 @@ func TestUpsertFillsDefaultsAndIsApplied(t *testing.T) {
 		},
 		SessionAffinity:       &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_NONE},
 		InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+		ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
 		LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM,
 		Generation:            1,
 	}

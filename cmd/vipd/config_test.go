@@ -30,6 +30,8 @@ func TestConfigRefusesStart(t *testing.T) {
 		{"config: /etc/vipd/other.yaml\n", `key "config"`, true},
 		{"socket-mode: 0666\n", "--socket-mode", false},
 		{"flow-buffer: 0\n", "--flow-buffer", false},
+		{"nodeport-addresses: [198.18.0.0/16, not-a-cidr]\n", `--nodeport-addresses "not-a-cidr"`, false},
+		{"external-interfaces: [eth0, \"eth[\"]\n", `--external-interfaces "eth["`, false},
 	} {
 		path := configFile(t, tc.body)
 		dir, err := execute(t, "--config", path)

@@ -184,6 +184,8 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100; negative turns it off, which needs a memory limit)")
 	f.StringVar(&memoryLimit, "memory-limit", "0", "soft limit on the Go runtime's memory (GOMEMLIMIT), in bytes or with KiB, MiB or GiB: the GC works harder near it and never fails on it (0 keeps GOMEMLIMIT's setting)")
 	f.StringVar(&cfg.ServicesDir, "services-dir", "", "apply every *.yaml, *.yml and *.json file in this directory (the format of vipctl apply -f), each as owner file:<name>, and watch it; SIGHUP rescans it")
+	f.StringSliceVar(&cfg.NodePortAddresses, "nodeport-addresses", nil, "serve node ports only on the node's addresses within these CIDRs (repeatable); unset: every address of the node but loopback and IPv6 link-local")
+	f.StringSliceVar(&cfg.ExternalInterfaces, "external-interfaces", nil, "globs of the interfaces that traffic from outside the node arrives on (external traffic policy, masquerade); unset: the interfaces that hold a default route")
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the node-local endpoints of Kubernetes EndpointSlices in --services-dir (default: the host name, in lower case)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")

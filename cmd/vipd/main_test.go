@@ -62,6 +62,8 @@ func TestBadFlagsRefuseStart(t *testing.T) {
 		{[]string{"--socket-mode", "01660"}, "--socket-mode"},
 		{[]string{"--socket-mode", "rw"}, "--socket-mode"},
 		{[]string{"--max-ports", "-1", "--flow-buffer", "0"}, "--flow-buffer"},
+		{[]string{"--nodeport-addresses", "198.18.0.0/16,198.18.0.1"}, `--nodeport-addresses "198.18.0.1"`},
+		{[]string{"--external-interfaces", "eth*,eth["}, `--external-interfaces "eth["`},
 		{[]string{"--socket-mode", "0"}, "--socket-mode"},
 		// Negative eBPF durations are refused whatever the dataplane.
 		{[]string{"--bpf-ct-gc-interval", "-1s"}, "--bpf-ct-gc-interval"},
@@ -140,6 +142,17 @@ func TestEnvironmentSetsFlags(t *testing.T) {
 		t.Setenv("VIPD_SERVICE_CIDR", "198.19.0.0/16,not-a-cidr")
 		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), `--service-cidr "not-a-cidr"`) {
 			t.Fatalf("VIPD_SERVICE_CIDR with a bad second value: %v", err)
+		}
+	})
+	t.Run("node network lists", func(t *testing.T) {
+		t.Setenv("VIPD_NODEPORT_ADDRESSES", "198.18.0.0/16,fd00:198::/32,nope")
+		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), `--nodeport-addresses "nope"`) {
+			t.Fatalf("VIPD_NODEPORT_ADDRESSES with a bad third value: %v", err)
+		}
+		t.Setenv("VIPD_NODEPORT_ADDRESSES", "")
+		t.Setenv("VIPD_EXTERNAL_INTERFACES", "eth*,[")
+		if _, err := execute(t); err == nil || !strings.Contains(err.Error(), `--external-interfaces "["`) {
+			t.Fatalf("VIPD_EXTERNAL_INTERFACES with a bad second glob: %v", err)
 		}
 	})
 	t.Run("unparsable names the variable", func(t *testing.T) {

@@ -61,14 +61,17 @@ func TestConformance(t *testing.T) {
 		t.Run(dp, func(t *testing.T) {
 			for _, sc := range scenarios() {
 				t.Run(sc.name, func(t *testing.T) {
-					var scStart time.Time
+					var (
+						scStart time.Time
+						e       *env
+					)
 					// Registered first, so it runs last and sees the final outcome.
-					t.Cleanup(func() { res.record(dp, sc.name, outcomeOf(t), time.Since(scStart)) })
+					t.Cleanup(func() { res.record(dp, sc.name, outcomeOf(t, e), time.Since(scStart)) })
 					if !sc.serial {
 						t.Parallel()
 					}
 					scStart = time.Now() // not counting the wait for a parallel slot
-					e := newEnv(t, dp, sc.name)
+					e = newEnv(t, dp, sc.name, sc.vipdArgs...)
 					sc.run(e)
 				})
 			}
@@ -83,7 +86,9 @@ type scenario struct {
 	// serial scenarios do not run alongside others: they measure timing
 	// that a busy machine could distort.
 	serial bool
-	run    func(e *env)
+	// vipdArgs go on vipd's command line (see newEnv).
+	vipdArgs []string
+	run      func(e *env)
 }
 
 type outcome string
@@ -92,14 +97,20 @@ const (
 	pass        outcome = "pass"
 	fail        outcome = "FAIL"
 	unsupported outcome = "unsupported"
+	// refused is a pass of an external scenario by a dataplane that
+	// declares no external support and refused the scenario's service, as
+	// it must (see env.upsertExternal).
+	refused outcome = "refused"
 )
 
-func outcomeOf(t *testing.T) outcome {
+func outcomeOf(t *testing.T, e *env) outcome {
 	switch {
 	case t.Failed():
 		return fail
 	case t.Skipped():
 		return unsupported
+	case e != nil && e.externalRefused != "":
+		return refused
 	}
 	return pass
 }
@@ -156,7 +167,7 @@ func (r *results) table(dps []string) string {
 	total := []string{"(total)"}
 	for _, dp := range dps {
 		c := counts[dp]
-		total = append(total, fmt.Sprintf("%d pass, %d fail, %d unsupported", c[pass], c[fail], c[unsupported]))
+		total = append(total, fmt.Sprintf("%d pass, %d fail, %d unsupported, %d refused", c[pass], c[fail], c[unsupported], c[refused]))
 	}
 	rows = append(rows, total)
 

@@ -1,8 +1,20 @@
-// Package conformance holds vipd's ClusterIP conformance suite: one table of
+// Package conformance holds vipd's conformance suite: one table of
 // scenarios that every dataplane must pass. Each scenario builds a fresh
 // netlab topology, runs a real vipd binary that programs node1's namespace,
 // and checks real TCP, UDP and SCTP traffic between pod namespaces: what a
 // client reaches through a VIP, what the backend sees, and what comes back.
+//
+// The external-traffic scenarios (external_test.go: node ports, external
+// IPs, load-balancer IPs and their source ranges, the external traffic
+// policy and its health check node port) send from two external hosts
+// behind the upstream router, whose packets enter node1 on its uplink eth0,
+// the interface that holds node1's default route: external traffic. The
+// router sends 198.19.200.0/23 and fd00:198:ffff::/48 (external and
+// load-balancer IPs) to node1, and node1 has secondary uplink addresses, so
+// that a --nodeport-addresses range can leave one out. A dataplane without
+// external support must refuse such a service with FailedPrecondition; the
+// scenario checks that nothing was left behind and is reported as
+// "refused", not "pass".
 //
 // Requests from node1 itself come from a client process (netlab.Client)
 // born in a test cgroup of the scenario's own (internal/cgroup2), as a

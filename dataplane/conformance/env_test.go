@@ -181,11 +181,20 @@ func podHost(p *netlab.Pod) host {
 	return host{NS: p.NS, name: p.PodName(), v4: p.IPv4(), v6: p.IPv6()}
 }
 
+func extHost(h *netlab.ExternalHost) host {
+	return host{NS: h.NS, name: h.HostName(), v4: h.IPv4(), v6: h.IPv6()}
+}
+
 // env is one scenario's world: a fresh lab, a vipd programming node1, and a
 // client for vipd's API.
 //
 //	node1: client, client2 (clients); be1, be2, be3 (backends)
 //	node2: be4 (a backend on another node)
+//	outside: out, out2 (external hosts behind the upstream router)
+//
+// The upstream router sends the external and load-balancer IP ranges
+// (extRange4/6) to node1, and node1 has secondary addresses on its uplink
+// besides its primary ones (see netlab's address plan).
 //
 // node1's own requests come from a client process in the env's test cgroup,
 // which is the cgroup vipd's eBPF dataplane attaches its socket hooks to;
@@ -200,10 +209,14 @@ type env struct {
 	node1, node2           host
 	client, client2        host
 	be1, be2, be3, be4     host
+	out, out2              host // external hosts
 	vipd                   *daemon
 	api                    *client.Client
 	supportedLoadBalancing []vipdv1.LoadBalancing
 	supportedProtocols     []vipdv1.Protocol
+	// externalRefused is the error with which the dataplane refused an
+	// external service as unsupported (upsertExternal), if it did.
+	externalRefused string
 }
 
 // newEnv builds a fresh env for scenario on dataplane dp. vipdArgs go on
@@ -211,11 +224,27 @@ type env struct {
 // (--metrics-addr, say).
 func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 	e := &env{t: t, dp: dp, name: dp + "/" + scenario}
-	e.lab = netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{
-		{Pods: []string{"client", "client2", "be1", "be2", "be3"}},
-		{Pods: []string{"be4"}},
-	}})
+	e.lab = netlab.New(t, netlab.Spec{
+		Nodes: []netlab.NodeSpec{
+			{Pods: []string{"client", "client2", "be1", "be2", "be3"}},
+			{Pods: []string{"be4"}},
+		},
+		ExternalHosts: []string{"out", "out2"},
+	})
 	n1, n2 := e.lab.Node(1), e.lab.Node(2)
+	for _, r := range []netip.Prefix{extRange4, extRange6} {
+		if err := e.lab.RouteToNode(r, n1); err != nil {
+			e.fatalf("%v", err)
+		}
+	}
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := n1.AddSecondaryAddresses(ctx)
+		cancel()
+		if err != nil {
+			e.fatalf("%v", err)
+		}
+	}
 	e.cgroup = cgroup2test.New(t)
 	node1Client := &cgroupClient{dir: e.cgroup}
 	t.Cleanup(func() {
@@ -229,6 +258,7 @@ func newEnv(t *testing.T, dp, scenario string, vipdArgs ...string) *env {
 	e.client, e.client2 = podHost(n1.Pod("client")), podHost(n1.Pod("client2"))
 	e.be1, e.be2, e.be3 = podHost(n1.Pod("be1")), podHost(n1.Pod("be2")), podHost(n1.Pod("be3"))
 	e.be4 = podHost(n2.Pod("be4"))
+	e.out, e.out2 = extHost(e.lab.ExternalHost("out")), extHost(e.lab.ExternalHost("out2"))
 	for _, p := range []*netlab.Pod{n1.Pod("be1"), n1.Pod("be2"), n1.Pod("be3"), n2.Pod("be4")} {
 		for _, port := range echoPorts {
 			if _, err := p.StartEcho(podHost(p).echo(port), port); err != nil {

@@ -54,6 +54,17 @@ func scenarios() []scenario {
 		{name: "vipd-down-traffic-up", serial: true, run: vipdDownTrafficUp},
 		{name: "many-services", serial: true, run: manyServices},
 		{name: "maglev", run: maglev},
+		// External traffic: clients behind the upstream router; IPv4 and
+		// IPv6 in each (external_test.go).
+		{name: "nodeport", run: nodePortCluster},
+		{name: "nodeport-udp", run: nodePortUDP},
+		{name: "nodeport-addresses", vipdArgs: nodePortAddressesArgs, run: nodePortAddresses},
+		{name: "external-ips", run: externalIPs},
+		{name: "load-balancer-ip", run: loadBalancerIP},
+		{name: "load-balancer-source-ranges", run: loadBalancerSourceRanges},
+		{name: "external-traffic-policy-local", run: externalTrafficPolicyLocal},
+		{name: "pod-to-load-balancer-ip", run: podToLoadBalancerIP},
+		{name: "vipd-down-external-flows-up", run: vipdDownExternalFlowsUp},
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,15 @@ type tcAttacher struct {
 	linkDir  string
 	ingress  *ebpf.Program
 	egress   *ebpf.Program
+	// pinPrefix starts the names of the tcx link pins: "tcx" on pod
+	// interfaces, "ext" on external interfaces. progNames name the
+	// ingress and egress programs in drift details.
+	pinPrefix string
+	progNames [2]string
+	// what the interfaces are, for logs: "pod" or "external".
+	what string
+
+	patMu sync.Mutex // guards patterns, which setInterfaces changes
 
 	mu       sync.Mutex
 	attached map[int]string // ifindex -> name
@@ -67,13 +77,26 @@ func newTCAttacher(log hclog.Logger, netnsPath string, patterns []string, linkDi
 	return &tcAttacher{
 		log: log, netns: netnsPath, patterns: patterns, linkDir: linkDir,
 		ingress: ingress, egress: egress, mode: mode,
+		pinPrefix: "tcx", progNames: [2]string{"vipd_from_pod", "vipd_to_pod"}, what: "pod",
 		attached: map[int]string{}, failed: map[int]string{}, unprocessed: map[int]time.Time{},
 		useTCX: mode != TCAttachClsact, done: make(chan struct{}),
 	}
 }
 
-// matches reports whether an interface name is a pod interface.
+// newExtAttacher is the attacher of vipd_from_ext and vipd_to_ext on the
+// node's external interfaces, named exactly (setInterfaces).
+func newExtAttacher(log hclog.Logger, netnsPath, linkDir, mode string, ingress, egress *ebpf.Program) *tcAttacher {
+	a := newTCAttacher(log, netnsPath, nil, linkDir, mode, ingress, egress)
+	a.pinPrefix, a.progNames, a.what = "ext", [2]string{"vipd_from_ext", "vipd_to_ext"}, "external"
+	return a
+}
+
+// matches reports whether an interface name is one of the attacher's
+// (a pod interface, or an external one). The caller holds a.mu, or is the
+// only user of a.patterns.
 func (a *tcAttacher) matches(name string) bool {
+	a.patMu.Lock()
+	defer a.patMu.Unlock()
 	for _, p := range a.patterns {
 		if ok, _ := path.Match(p, name); ok {
 			return true
@@ -83,7 +106,7 @@ func (a *tcAttacher) matches(name string) bool {
 }
 
 func (a *tcAttacher) pinPath(ifindex int, dir string) string {
-	return filepath.Join(a.linkDir, fmt.Sprintf("tcx_%d_%s", ifindex, dir))
+	return filepath.Join(a.linkDir, fmt.Sprintf("%s_%d_%s", a.pinPrefix, ifindex, dir))
 }
 
 // start attaches to every existing pod interface, drops pinned links of
@@ -134,7 +157,7 @@ func (a *tcAttacher) dropStalePins(present map[int]bool) {
 		var idx int
 		var dir string
 		name := strings.Replace(e.Name(), "_", " ", -1)
-		if _, err := fmt.Sscanf(name, "tcx %d %s", &idx, &dir); err != nil {
+		if _, err := fmt.Sscanf(name, a.pinPrefix+" %d %s", &idx, &dir); err != nil {
 			continue
 		}
 		if !present[idx] {
@@ -210,6 +233,75 @@ func (a *tcAttacher) attachTCX(ifindex int) error {
 			return fmt.Errorf("pin tcx link: %w", err)
 		}
 	}
+	return nil
+}
+
+// setInterfaces makes names the attacher's interfaces. Once started, it
+// detaches from the interfaces no longer named and attaches to the new
+// ones that exist; an interface it cannot attach to is logged and left to
+// DetectDrift and its repair, as in start.
+func (a *tcAttacher) setInterfaces(names []string, started bool) error {
+	a.patMu.Lock()
+	a.patterns = slices.Clone(names)
+	a.patMu.Unlock()
+	if !started {
+		return nil
+	}
+	a.mu.Lock()
+	gone := map[int]string{}
+	for _, m := range []map[int]string{a.attached, a.failed} {
+		for idx, name := range m {
+			if !a.matches(name) {
+				gone[idx] = name
+			}
+		}
+	}
+	a.mu.Unlock()
+	var errs []error
+	for idx, name := range gone {
+		if err := a.detach(idx, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var links []netlink.Link
+	if err := nsdo.Do(a.netns, func() (err error) {
+		links, err = netlink.LinkList()
+		return err
+	}); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("list interfaces: %w", err))...)
+	}
+	for _, l := range links {
+		a.mu.Lock()
+		_, have := a.attached[l.Attrs().Index]
+		a.mu.Unlock()
+		if have || !a.matches(l.Attrs().Name) {
+			continue
+		}
+		if err := a.attach(l.Attrs().Index, l.Attrs().Name); err != nil {
+			a.log.Warn("cannot attach to an "+a.what+" interface; the drift check reports it and retries",
+				"interface", l.Attrs().Name, "error", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detach removes the attacher's programs from one interface.
+func (a *tcAttacher) detach(ifindex int, name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.attached, ifindex)
+	delete(a.failed, ifindex)
+	for _, d := range []string{"ingress", "egress"} {
+		unpinLink(a.pinPath(ifindex, d))
+	}
+	err := nsdo.Do(a.netns, func() error { return removeClsactFilters(ifindex) })
+	if err != nil && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENOENT) {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return fmt.Errorf("detach from %s: %w", name, err)
+		}
+	}
+	a.log.Debug("detached", "interface", name, "ifindex", ifindex)
 	return nil
 }
 
@@ -350,7 +442,7 @@ func (a *tcAttacher) handle(u netlink.LinkUpdate) {
 		a.mu.Unlock()
 		if !have && a.matches(attrs.Name) {
 			if err := a.attach(attrs.Index, attrs.Name); err != nil {
-				a.log.Error("attach to a new pod interface", "interface", attrs.Name, "error", err)
+				a.log.Error("attach to a new "+a.what+" interface", "interface", attrs.Name, "error", err)
 			}
 		}
 	case unix.RTM_DELLINK:
@@ -390,7 +482,7 @@ func (a *tcAttacher) interfaces() []string {
 func detachAll(netnsPath, linkDir string) error {
 	entries, _ := os.ReadDir(linkDir)
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "tcx_") {
+		if strings.HasPrefix(e.Name(), "tcx_") || strings.HasPrefix(e.Name(), "ext_") {
 			unpinLink(filepath.Join(linkDir, e.Name()))
 		}
 	}

@@ -218,7 +218,7 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 // for a draining frontend, or absent.
 func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 	var k bpfSvcKey
-	k.Addr, k.Port, k.Proto = rn.Addr, rn.Port, rn.Proto
+	k.Addr, k.Port, k.Proto, k.Scope = rn.Addr, rn.Port, rn.Proto, rn.Scope
 	if i, ok := a.byRevNat[id]; ok {
 		if j, ok := a.at[k]; ok && j == i {
 			a.au.revNatOK.set(i)

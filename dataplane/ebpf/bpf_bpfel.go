@@ -50,6 +50,9 @@ type bpfConfig struct {
 	CtTcpEstablished uint32
 	CtTcpClose       uint32
 	CtOther          uint32
+	SnatPortMin      uint16
+	SnatPortMax      uint16
+	_                [4]byte
 }
 
 type bpfCtEntry struct {
@@ -71,7 +74,12 @@ type bpfCtEntry struct {
 	FlowId    uint64
 	StartNs   uint64
 	EvFlags   uint32
-	Pad       uint32
+	SnatPort  uint16
+	Pad       uint16
+	SnatAddr  struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
 }
 
 type bpfCtKey struct {
@@ -89,6 +97,18 @@ type bpfCtKey struct {
 	Proto uint8
 	Dir   uint8
 	Pad   uint16
+}
+
+type bpfExtIface struct {
+	_     structs.HostLayout
+	Addr4 struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+	Addr6 struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
 }
 
 type bpfFlowEvent struct {
@@ -136,7 +156,7 @@ type bpfRevNat struct {
 	}
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 	Pad2  uint32
 }
 
@@ -183,6 +203,16 @@ type bpfSockVal struct {
 	Pad2      uint32
 }
 
+type bpfSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      struct {
+		_ structs.HostLayout
+		W [4]uint32
+	}
+}
+
 type bpfSvcKey struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -191,7 +221,7 @@ type bpfSvcKey struct {
 	}
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 	Slot  uint32
 }
 
@@ -217,6 +247,7 @@ const (
 	bpfMapVipdCt                = "vipd_ct"
 	bpfMapVipdEventDrops        = "vipd_event_drops"
 	bpfMapVipdEvents            = "vipd_events"
+	bpfMapVipdExtIfaces         = "vipd_ext_ifaces"
 	bpfMapVipdIds               = "vipd_ids"
 	bpfMapVipdMaglev            = "vipd_maglev"
 	bpfMapVipdMembers           = "vipd_members"
@@ -224,6 +255,8 @@ const (
 	bpfMapVipdServices          = "vipd_services"
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
 	bpfMapVipdSockUdp           = "vipd_sock_udp"
+	bpfMapVipdSrcRanges         = "vipd_src_ranges"
+	bpfProgVipdFromExt          = "vipd_from_ext"
 	bpfProgVipdFromPod          = "vipd_from_pod"
 	bpfProgVipdSockConnect4     = "vipd_sock_connect4"
 	bpfProgVipdSockConnect6     = "vipd_sock_connect6"
@@ -233,6 +266,7 @@ const (
 	bpfProgVipdSockRecvmsg6     = "vipd_sock_recvmsg6"
 	bpfProgVipdSockSendmsg4     = "vipd_sock_sendmsg4"
 	bpfProgVipdSockSendmsg6     = "vipd_sock_sendmsg6"
+	bpfProgVipdToExt            = "vipd_to_ext"
 	bpfProgVipdToPod            = "vipd_to_pod"
 )
 
@@ -278,6 +312,7 @@ type bpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfProgramSpecs struct {
+	VipdFromExt          *ebpf.ProgramSpec `ebpf:"vipd_from_ext"`
 	VipdFromPod          *ebpf.ProgramSpec `ebpf:"vipd_from_pod"`
 	VipdSockConnect4     *ebpf.ProgramSpec `ebpf:"vipd_sock_connect4"`
 	VipdSockConnect6     *ebpf.ProgramSpec `ebpf:"vipd_sock_connect6"`
@@ -287,6 +322,7 @@ type bpfProgramSpecs struct {
 	VipdSockRecvmsg6     *ebpf.ProgramSpec `ebpf:"vipd_sock_recvmsg6"`
 	VipdSockSendmsg4     *ebpf.ProgramSpec `ebpf:"vipd_sock_sendmsg4"`
 	VipdSockSendmsg6     *ebpf.ProgramSpec `ebpf:"vipd_sock_sendmsg6"`
+	VipdToExt            *ebpf.ProgramSpec `ebpf:"vipd_to_ext"`
 	VipdToPod            *ebpf.ProgramSpec `ebpf:"vipd_to_pod"`
 }
 
@@ -300,6 +336,7 @@ type bpfMapSpecs struct {
 	VipdCt         *ebpf.MapSpec `ebpf:"vipd_ct"`
 	VipdEventDrops *ebpf.MapSpec `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.MapSpec `ebpf:"vipd_events"`
+	VipdExtIfaces  *ebpf.MapSpec `ebpf:"vipd_ext_ifaces"`
 	VipdIds        *ebpf.MapSpec `ebpf:"vipd_ids"`
 	VipdMaglev     *ebpf.MapSpec `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
@@ -307,6 +344,7 @@ type bpfMapSpecs struct {
 	VipdServices   *ebpf.MapSpec `ebpf:"vipd_services"`
 	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
+	VipdSrcRanges  *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -341,6 +379,7 @@ type bpfMaps struct {
 	VipdCt         *ebpf.Map `ebpf:"vipd_ct"`
 	VipdEventDrops *ebpf.Map `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.Map `ebpf:"vipd_events"`
+	VipdExtIfaces  *ebpf.Map `ebpf:"vipd_ext_ifaces"`
 	VipdIds        *ebpf.Map `ebpf:"vipd_ids"`
 	VipdMaglev     *ebpf.Map `ebpf:"vipd_maglev"`
 	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
@@ -348,6 +387,7 @@ type bpfMaps struct {
 	VipdServices   *ebpf.Map `ebpf:"vipd_services"`
 	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
+	VipdSrcRanges  *ebpf.Map `ebpf:"vipd_src_ranges"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -358,6 +398,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdCt,
 		m.VipdEventDrops,
 		m.VipdEvents,
+		m.VipdExtIfaces,
 		m.VipdIds,
 		m.VipdMaglev,
 		m.VipdMembers,
@@ -365,6 +406,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdServices,
 		m.VipdSockRevnat,
 		m.VipdSockUdp,
+		m.VipdSrcRanges,
 	)
 }
 
@@ -378,6 +420,7 @@ type bpfVariables struct {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfPrograms struct {
+	VipdFromExt          *ebpf.Program `ebpf:"vipd_from_ext"`
 	VipdFromPod          *ebpf.Program `ebpf:"vipd_from_pod"`
 	VipdSockConnect4     *ebpf.Program `ebpf:"vipd_sock_connect4"`
 	VipdSockConnect6     *ebpf.Program `ebpf:"vipd_sock_connect6"`
@@ -387,11 +430,13 @@ type bpfPrograms struct {
 	VipdSockRecvmsg6     *ebpf.Program `ebpf:"vipd_sock_recvmsg6"`
 	VipdSockSendmsg4     *ebpf.Program `ebpf:"vipd_sock_sendmsg4"`
 	VipdSockSendmsg6     *ebpf.Program `ebpf:"vipd_sock_sendmsg6"`
+	VipdToExt            *ebpf.Program `ebpf:"vipd_to_ext"`
 	VipdToPod            *ebpf.Program `ebpf:"vipd_to_pod"`
 }
 
 func (p *bpfPrograms) Close() error {
 	return _BpfClose(
+		p.VipdFromExt,
 		p.VipdFromPod,
 		p.VipdSockConnect4,
 		p.VipdSockConnect6,
@@ -401,6 +446,7 @@ func (p *bpfPrograms) Close() error {
 		p.VipdSockRecvmsg6,
 		p.VipdSockSendmsg4,
 		p.VipdSockSendmsg6,
+		p.VipdToExt,
 		p.VipdToPod,
 	)
 }

@@ -121,16 +121,17 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 // repair to redo.
 type attachGaps struct {
 	tc     map[int]string // pod interfaces, ifindex -> name
+	ext    map[int]string // external interfaces, ifindex -> name
 	cgroup bool
 	maps   []string // names of the maps to pin again
 }
 
-func (g *attachGaps) any() bool { return len(g.tc) > 0 || g.cgroup || len(g.maps) > 0 }
+func (g *attachGaps) any() bool { return len(g.tc) > 0 || len(g.ext) > 0 || g.cgroup || len(g.maps) > 0 }
 
 // checkAttachments checks the map pins, the socket hooks and the tc
 // programs, and returns what it found missing, as drifts and as gaps.
 func (d *Dataplane) checkAttachments() ([]dataplane.Drift, *attachGaps, error) {
-	gaps := &attachGaps{tc: map[int]string{}}
+	gaps := &attachGaps{tc: map[int]string{}, ext: map[int]string{}}
 	var drifts []dataplane.Drift
 	for _, name := range pinnedMapNames {
 		if detail := d.checkMapPin(name); detail != "" {
@@ -153,6 +154,14 @@ func (d *Dataplane) checkAttachments() ([]dataplane.Drift, *attachGaps, error) {
 	for _, g := range tc {
 		drifts = append(drifts, dataplane.Drift{What: driftTCLink, Detail: g.detail})
 		gaps.tc[g.ifindex] = g.name
+	}
+	ext, err := d.ext.check()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, g := range ext {
+		drifts = append(drifts, dataplane.Drift{What: driftTCLink, Detail: g.detail})
+		gaps.ext[g.ifindex] = g.name
 	}
 	return drifts, gaps, nil
 }
@@ -185,6 +194,13 @@ func (d *Dataplane) repair(gaps *attachGaps) error {
 		err := d.tc.attach(ifindex, name)
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
 			continue // the pod went away meanwhile
+		}
+		errs = append(errs, err)
+	}
+	for ifindex, name := range gaps.ext {
+		err := d.ext.attach(ifindex, name)
+		if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
+			continue
 		}
 		errs = append(errs, err)
 	}
@@ -351,8 +367,8 @@ func (a *tcAttacher) check() ([]tcGap, error) {
 				prog   *ebpf.Program
 				name   string
 			}{
-				{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, a.ingress, "vipd_from_pod"},
-				{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, a.egress, "vipd_to_pod"},
+				{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, a.ingress, a.progNames[0]},
+				{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, a.egress, a.progNames[1]},
 			} {
 				gap := func(what string) {
 					gaps = append(gaps, tcGap{ifindex: attrs.Index, name: attrs.Name,

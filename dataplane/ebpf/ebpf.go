@@ -57,7 +57,21 @@ type Config struct {
 	// ConntrackTimeouts are the conntrack lifetimes. Zero fields take
 	// DefaultConntrackTimeouts.
 	ConntrackTimeouts ConntrackTimeouts
+	// SNATPorts are the source ports external flows under policy Cluster
+	// are masqueraded to. Zero takes DefaultSNATPorts.
+	SNATPorts PortRange
 }
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ Min, Max uint16 }
+
+// DefaultSNATPorts are 61000-65535: above Linux's default
+// ip_local_port_range (32768-60999), so that the node's own connections
+// do not take them, and above the Kubernetes node-port range
+// (30000-32767). The programs also skip a port whose replies a local
+// socket would take (bpf_sk_lookup), so a socket bound in the range by
+// hand never loses its packets.
+var DefaultSNATPorts = PortRange{Min: 61000, Max: 65535}
 
 // ConntrackTimeouts are how long a conntrack entry lives after its flow's
 // last packet, by the flow's state. The programs count whole seconds:
@@ -104,6 +118,9 @@ func (c *Config) setDefaults() {
 			*f.v = *f.def
 		}
 	}
+	if c.SNATPorts == (PortRange{}) {
+		c.SNATPorts = DefaultSNATPorts
+	}
 	if c.GCInterval == 0 {
 		c.GCInterval = 30 * time.Second
 	}
@@ -128,6 +145,13 @@ type Dataplane struct {
 	needFull bool
 	attached bool
 	tc       *tcAttacher
+	// ext attaches vipd_from_ext and vipd_to_ext to the external
+	// interfaces of node, the Node of the last successful Apply.
+	ext  *tcAttacher
+	node dataplane.Node
+	// srcRanges are the vipd_src_ranges entries written for each
+	// frontend with source ranges.
+	srcRanges map[feKey][]bpfSrcRangeKey
 
 	// mapIDs are the kernel IDs of the maps, by name: DetectDrift compares
 	// them with those of the maps pinned in the bpffs.
@@ -190,6 +214,9 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err := checkEventsSize(cfg.Maps.Events); err != nil {
 		return nil, err
 	}
+	if cfg.SNATPorts.Min == 0 || cfg.SNATPorts.Min > cfg.SNATPorts.Max {
+		return nil, fmt.Errorf("SNAT port range %d-%d: want 1 <= min <= max", cfg.SNATPorts.Min, cfg.SNATPorts.Max)
+	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
@@ -216,12 +243,13 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, fmt.Errorf("network namespace cookie: %w", err)
 	}
+	warnSNATOverlap(log, cfg.NetNS, cfg.SNATPorts)
 	objs, inner, err := loadObjects(log, cfg.BPFFS, cfg.Maps)
 	if err != nil {
 		return nil, err
 	}
 	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset(),
-		config: configFor(cookie, cfg.ConntrackTimeouts)}
+		config: configFor(cookie, cfg.ConntrackTimeouts, cfg.SNATPorts), srcRanges: map[feKey][]bpfSrcRangeKey{}}
 	if err := writeConfig(&objs.bpfMaps, d.config); err != nil {
 		objs.Close()
 		return nil, err
@@ -240,6 +268,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 		log.Info("reusing pinned maps", "frontends", n, "backends", d.prog.backendIDs.len(), "bpffs", cfg.BPFFS)
 	}
 	d.tc = newTCAttacher(log, cfg.NetNS, cfg.PodInterfaces, d.linkDir(), cfg.TCAttach, objs.VipdFromPod, objs.VipdToPod)
+	d.ext = newExtAttacher(log, cfg.NetNS, d.linkDir(), cfg.TCAttach, objs.VipdFromExt, objs.VipdToExt)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -253,11 +282,13 @@ func (d *Dataplane) linkDir() string { return filepath.Join(d.cfg.BPFFS, "links"
 // Name implements dataplane.Dataplane.
 func (d *Dataplane) Name() string { return Name }
 
-// Capabilities implements dataplane.Dataplane: everything, Maglev included.
+// Capabilities implements dataplane.Dataplane: everything, Maglev and
+// external traffic included.
 func (d *Dataplane) Capabilities() dataplane.Capabilities {
 	return dataplane.Capabilities{
 		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom, dataplane.LoadBalancingMaglev},
 		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+		External:      true,
 	}
 }
 
@@ -274,7 +305,10 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
 	start := time.Now()
-	full := d.needFull || s.Changed == nil
+	// Node ports are served on the node's addresses: a change of the Node
+	// rewrites every frontend.
+	nodeChanged := !d.node.Equal(&s.Node)
+	full := d.needFull || s.Changed == nil || nodeChanged
 	changes, desired, err := d.changesFor(s, full)
 	if err != nil {
 		return err
@@ -288,6 +322,23 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 			d.log.Error("roll back after a failed apply", "error", rerr)
 		}
 		return err
+	}
+	if err := d.syncSrcRanges(changes, full); err != nil {
+		d.needFull = true
+		return err
+	}
+	if full {
+		if err := d.syncExtIfaces(&s.Node); err != nil {
+			d.needFull = true
+			return err
+		}
+	}
+	if nodeChanged {
+		d.node = cloneNode(&s.Node)
+		if err := d.ext.setInterfaces(s.Node.ExternalInterfaces(), d.attached); err != nil {
+			d.needFull = true
+			return err
+		}
 	}
 	d.needFull = false
 	repaired, err := d.attachOrRepair(full)
@@ -331,7 +382,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		if err := d.Capabilities().Check(svc); err != nil {
 			return nil, nil, err
 		}
-		fes, err := frontendsOf(svc, d.cfg.MaglevTableSize)
+		fes, err := serviceFrontends(svc, d.cfg.MaglevTableSize, &s.Node)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -444,6 +495,9 @@ func (d *Dataplane) attach() error {
 	if err := d.tc.start(); err != nil {
 		return err
 	}
+	if err := d.ext.start(); err != nil {
+		return err
+	}
 	d.log.Info("programs attached", "cgroup", d.cfg.CgroupPath, "interfaces", len(d.tc.interfaces()))
 	return nil
 }
@@ -500,6 +554,7 @@ func (d *Dataplane) Close() error {
 	d.watchMu.Unlock()
 	close(d.stopGC) // also ends a running WatchFlows
 	d.tc.stop()
+	d.ext.stop()
 	d.wg.Wait()
 	d.watchers.Wait()
 	return d.objs.Close()

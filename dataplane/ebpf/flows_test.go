@@ -938,7 +938,7 @@ func TestProgRunConntrackTimeouts(t *testing.T) {
 	if d := expiresIn(prWithPort(prClient4, 40001)); d < 60 || d > 61 {
 		t.Errorf("without a config, a UDP entry lives %d s, want 60", d)
 	}
-	if err := writeConfig(&r.objs.bpfMaps, configFor(0, ConntrackTimeouts{Other: 1500 * time.Millisecond})); err != nil {
+	if err := writeConfig(&r.objs.bpfMaps, configFor(0, ConntrackTimeouts{Other: 1500 * time.Millisecond}, DefaultSNATPorts)); err != nil {
 		t.Fatal(err)
 	}
 	if d := expiresIn(prWithPort(prClient4, 40002)); d < 2 || d > 3 {

@@ -15,15 +15,21 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 )
 
-// feKey names a frontend: one (VIP, port, protocol) of a service.
+// feKey names a frontend: one (VIP, port, protocol) of a service, and
+// the traffic it serves (scopeCluster or scopeExternal).
 type feKey struct {
 	addr  netip.Addr
 	port  uint16
 	proto uint8
+	scope uint8
 }
 
 func (k feKey) String() string {
-	return netip.AddrPortFrom(k.addr, k.port).String() + "/" + protoName(k.proto)
+	s := netip.AddrPortFrom(k.addr, k.port).String() + "/" + protoName(k.proto)
+	if k.scope == scopeExternal {
+		s += " (external)"
+	}
+	return s
 }
 
 // beKey names a backend as the maps know it: an address and a port.
@@ -141,6 +147,9 @@ type frontend struct {
 	// slots are the backends that may take new connections, in slot order,
 	// each with its cumulative weight (exclusive end).
 	slots []slot
+	// srcRanges are the load-balancer source ranges of a frontend with
+	// svcFlagSrcRanges (vipd_src_ranges, written by syncSrcRanges).
+	srcRanges []netip.Prefix
 	// members are every backend of the VIP's family the service lists
 	// and that serves the frontend's port (dataplane.Backend.Serves),
 	// sorted by key, each with its member flags. A slice, not a map: a
@@ -190,7 +199,7 @@ func (f *frontend) equal(g *frontend) bool {
 		f.maglevM != g.maglevM || len(f.members) != len(g.members) {
 		return false
 	}
-	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members)
+	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members) && slices.Equal(f.srcRanges, g.srcRanges)
 }
 
 func protoNumber(p dataplane.Protocol) uint8 {
@@ -317,4 +326,136 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 		}
 	}
 	return out, nil
+}
+
+// serviceFrontends returns every frontend of a service: its VIPs'
+// (frontendsOf) and, when it has external traffic, those of its node
+// ports, external IPs and load-balancer IPs (externalFrontendsOf).
+func serviceFrontends(svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
+	fes, err := frontendsOf(svc, maglevMin)
+	if err != nil || !svc.HasExternal() {
+		return fes, err
+	}
+	ext, err := externalFrontendsOf(svc, maglevMin, node)
+	if err != nil {
+		return nil, err
+	}
+	return append(fes, ext...), nil
+}
+
+// externalFrontendsOf returns the frontends of a service's node ports (on
+// every node.NodePortAddresses address), external IPs and load-balancer
+// IPs. Each address and port has two: a cluster-scope one, for pods and
+// the node's own processes, with the backends of
+// ExternalBackends(Cluster) and no masquerade; and an external-scope one,
+// for packets entering on an external interface, with those of
+// ExternalBackends(ExternalTrafficPolicy), masqueraded (svcFlagSNAT)
+// under Cluster, dropped when empty (svcFlagDropEmpty) under Local. Those
+// of load-balancer IPs with source ranges carry svcFlagSrcRanges, in both
+// scopes.
+func externalFrontendsOf(svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
+	type target struct {
+		addr   netip.Addr
+		port   uint16
+		ranges []netip.Prefix
+	}
+	policy := svc.ExternalTrafficPolicy
+	if policy != dataplane.TrafficPolicyLocal {
+		policy = dataplane.TrafficPolicyCluster
+	}
+	var out []*frontend
+	for _, p := range svc.Ports {
+		var targets []target
+		if p.NodePort != 0 {
+			for _, a := range node.NodePortAddresses {
+				targets = append(targets, target{addr: a.Unmap(), port: p.NodePort})
+			}
+		}
+		for _, a := range svc.ExternalIPs {
+			targets = append(targets, target{addr: a.Unmap(), port: p.Port})
+		}
+		for _, a := range svc.LoadBalancerIPs {
+			targets = append(targets, target{addr: a.Unmap(), port: p.Port, ranges: svc.LoadBalancerSourceRanges})
+		}
+		for _, t := range targets {
+			is6 := t.addr.Is6()
+			for _, scope := range []uint8{scopeCluster, scopeExternal} {
+				pol, flags := dataplane.TrafficPolicyCluster, uint32(0)
+				if scope == scopeExternal {
+					pol = policy
+					if policy == dataplane.TrafficPolicyLocal {
+						flags |= svcFlagDropEmpty
+					} else {
+						flags |= svcFlagSNAT
+					}
+				}
+				key := feKey{addr: t.addr, port: t.port, proto: protoNumber(p.Protocol), scope: scope}
+				fe, err := buildFrontend(svc, key, p, svc.ExternalBackends(p, is6, pol), maglevMin)
+				if err != nil {
+					return nil, err
+				}
+				fe.flags |= flags
+				if len(t.ranges) > 0 {
+					fe.flags |= svcFlagSrcRanges
+					fe.srcRanges = t.ranges
+				}
+				out = append(out, fe)
+			}
+		}
+	}
+	return out, nil
+}
+
+// buildFrontend is one frontend of frontendsOf, for key and port p of
+// svc, whose new connections go to eligible.
+func buildFrontend(svc *dataplane.Service, key feKey, p dataplane.Port, eligible []*dataplane.Backend, maglevMin uint32) (*frontend, error) {
+	is6 := key.addr.Is6()
+	fe := &frontend{key: key, service: svc.Name}
+	for i := range svc.Backends {
+		b := &svc.Backends[i]
+		if b.IP.Is6() != is6 || !b.Serves(p) {
+			continue
+		}
+		k := bePacked{addr: b.IP.As16(), port: b.TargetPort(p)}
+		if p.Protocol == dataplane.SCTP && k.port != key.port {
+			return nil, &dataplane.UnsupportedError{
+				Service: svc.Name,
+				Feature: fmt.Sprintf("SCTP port %d with target port %d (backend %s)", key.port, k.port, b.IP),
+				Hint:    "an SCTP port must equal its target port on the ebpf dataplane (a port rewrite needs the CRC32c of the whole packet recomputed); use the iptables dataplane",
+			}
+		}
+		fe.members = append(fe.members, member{key: k})
+	}
+	slices.SortFunc(fe.members, compareMembers)
+	fe.members = slices.CompactFunc(fe.members, func(a, b member) bool { return a.key == b.key })
+	uniform := true
+	for _, b := range eligible {
+		i := fe.memberIndex(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)})
+		if i < 0 {
+			continue
+		}
+		fe.members[i].flags = memberFlagEligible
+		w := max(b.Weight, 1)
+		fe.weight += uint32(w)
+		fe.slots = append(fe.slots, slot{member: uint32(i), weight: w, cum: fe.weight})
+		if w != fe.slots[0].weight {
+			uniform = false
+		}
+	}
+	if !uniform {
+		fe.flags |= svcFlagWeighted
+	}
+	if svc.Affinity.ClientIP {
+		fe.flags |= svcFlagAffinity
+		fe.timeout = uint32(min(math.Ceil(svc.Affinity.Timeout.Seconds()), math.MaxUint32))
+	}
+	if svc.LoadBalancing == dataplane.LoadBalancingMaglev && len(fe.slots) > 0 {
+		m, err := maglev.TableSize(maglevMin, len(fe.slots))
+		if err != nil {
+			return nil, fmt.Errorf("service %s: %w", svc.Name, err)
+		}
+		fe.flags |= svcFlagMaglev
+		fe.maglevM = m
+	}
+	return fe, nil
 }

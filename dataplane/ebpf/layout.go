@@ -7,7 +7,7 @@ import (
 
 // layoutVersion is LAYOUT_VERSION of bpf/maps.h: the version of the pinned
 // map layout. A pinned set of another version is not reused.
-const layoutVersion = 2
+const layoutVersion = 3
 
 // Flags shared with bpf/maps.h.
 const (
@@ -15,10 +15,25 @@ const (
 	svcFlagMaglev   = 2
 	svcFlagWeighted = 4
 	svcFlagDraining = 8
+	// svcFlagSNAT: an external frontend under policy Cluster masquerades
+	// the client to the node's address.
+	svcFlagSNAT = 16
+	// svcFlagDropEmpty: an external frontend under policy Local drops,
+	// rather than rejects, when it has no backend.
+	svcFlagDropEmpty = 32
+	// svcFlagSrcRanges: only sources in vipd_src_ranges reach the frontend.
+	svcFlagSrcRanges = 64
+
+	// Frontend scopes (svc_key.scope): cluster frontends serve pods and
+	// the node's processes, external ones packets entering on an external
+	// interface.
+	scopeCluster  = 0
+	scopeExternal = 1
 
 	memberFlagEligible = 1
 
 	ctFlagHairpin = 1
+	ctFlagSNAT    = 8
 
 	ctDirForward = 0
 	ctDirReply   = 1
@@ -86,12 +101,16 @@ func replyKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
 	var rk bpfCtKey
 	rk.Src = e.NatAddr
 	rk.Sport = e.NatPort
-	if e.Flags&ctFlagHairpin != 0 {
+	rk.Dport = k.Sport
+	switch {
+	case e.Flags&ctFlagSNAT != 0:
+		rk.Dst = e.SnatAddr
+		rk.Dport = e.SnatPort
+	case e.Flags&ctFlagHairpin != 0:
 		rk.Dst = k.Dst
-	} else {
+	default:
 		rk.Dst = k.Src
 	}
-	rk.Dport = k.Sport
 	rk.Proto = k.Proto
 	rk.Dir = ctDirReply
 	return rk
@@ -101,13 +120,17 @@ func replyKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
 // key k: the inverse of replyKeyOf.
 func forwardKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
 	var fk bpfCtKey
-	if e.Flags&ctFlagHairpin != 0 {
+	fk.Sport = k.Dport
+	switch {
+	case e.Flags&ctFlagSNAT != 0:
+		fk.Src = e.SnatAddr
+		fk.Sport = e.SnatPort
+	case e.Flags&ctFlagHairpin != 0:
 		fk.Src = k.Src
-	} else {
+	default:
 		fk.Src = k.Dst
 	}
 	fk.Dst = e.NatAddr
-	fk.Sport = k.Dport
 	fk.Dport = e.NatPort
 	fk.Proto = k.Proto
 	fk.Dir = ctDirForward

@@ -318,8 +318,10 @@ func checkEventsSize(size uint32) error {
 
 // configFor is what the programs need to know about this node: the entry
 // of vipd_config.
-func configFor(hostNetnsCookie uint64, ct ConntrackTimeouts) bpfConfig {
+func configFor(hostNetnsCookie uint64, ct ConntrackTimeouts, snat PortRange) bpfConfig {
 	return bpfConfig{
+		SnatPortMin:      snat.Min,
+		SnatPortMax:      snat.Max,
 		HostNetnsCookie:  hostNetnsCookie,
 		LayoutVersion:    layoutVersion,
 		CtTcpSyn:         seconds(ct.TCPSyn),

@@ -90,7 +90,7 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 // name backends and frontends by ID.
 func (p *programmer) restore() error {
 	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
-		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto}
+		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto, scope: rn.Scope}
 		p.revNatIDs[k] = id
 		p.nextRevNat = max(p.nextRevNat, id+1)
 	})
@@ -106,7 +106,7 @@ func (p *programmer) restore() error {
 	}
 	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
 		if sk.Slot == 0 && sv.Flags&svcFlagDraining != 0 {
-			p.draining[feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto}] = sv.RevNatId
+			p.draining[feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto, scope: sk.Scope}] = sv.RevNatId
 		}
 	})
 	if err != nil {

@@ -53,7 +53,7 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 		forEach(maps[bpfMapVipdServices], func(k bpfSvcKey, v bpfSvcVal) { services[k] = v }),
 		forEach(maps[bpfMapVipdMembers], func(k bpfMemberKey, v uint32) { members[k] = v }),
 		forEach(maps[bpfMapVipdRevnat], func(id uint32, v bpfRevNat) {
-			revNat[id] = feKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port), proto: v.Proto}
+			revNat[id] = feKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port), proto: v.Proto, scope: v.Scope}
 		}),
 		forEach(maps[bpfMapVipdBackends], func(id uint32, v bpfBackend) {
 			backends[id] = beKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port)}
@@ -74,7 +74,7 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 	usedRevNat := map[uint32]bool{}
 	usedBackend := map[uint32]bool{}
 	for name, svc := range s.All() {
-		fes, err := frontendsOf(svc, maglevMin)
+		fes, err := serviceFrontends(svc, maglevMin, &s.Node)
 		if err != nil {
 			return fmt.Errorf("verify pinned maps: service %s: %w", name, err)
 		}
@@ -86,7 +86,7 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 		if usedSvc[k] {
 			continue
 		}
-		fe := feKey{addr: fromWords(k.Addr.W), port: fromBE16(k.Port), proto: k.Proto}
+		fe := feKey{addr: fromWords(k.Addr.W), port: fromBE16(k.Port), proto: k.Proto, scope: k.Scope}
 		switch {
 		case k.Slot != 0:
 			diff("frontend %s: stale slot %d (backend ID %d)", fe, k.Slot, v.BackendId)

@@ -48,6 +48,7 @@ func svcKeyOf(k feKey, slot uint32) bpfSvcKey {
 	sk.Addr.W = toWords(k.addr)
 	sk.Port = be16(k.port)
 	sk.Proto = k.proto
+	sk.Scope = k.scope
 	sk.Slot = slot
 	return sk
 }
@@ -67,6 +68,7 @@ func (w *writes) revNat(id uint32, k feKey) {
 	r.Addr.W = toWords(k.addr)
 	r.Port = be16(k.port)
 	r.Proto = k.proto
+	r.Scope = k.scope
 	w.revNatKeys = append(w.revNatKeys, id)
 	w.revNatVals = append(w.revNatVals, r)
 }

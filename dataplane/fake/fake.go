@@ -17,7 +17,7 @@ const Name = "fake"
 // Record is one call to Apply.
 type Record struct {
 	// State is a shallow copy of the state passed to Apply, with its
-	// services always in the Services map (Set is nil).
+	// services always in the Services map (Set is nil), and its Node.
 	State *dataplane.State
 	// Full is true when the fake treated the call as a full rebuild: the first
 	// Apply, and every Apply after a failed one.
@@ -38,6 +38,7 @@ type Dataplane struct {
 	failures []error
 	applied  map[string]*dataplane.Service
 	gen      uint64
+	node     dataplane.Node
 	records  []Record
 	needFull bool
 	closed   bool
@@ -121,7 +122,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		err = d.check(s)
 	}
 	rec := Record{
-		State: &dataplane.State{Generation: s.Generation, Services: s.Map(), Changed: slices.Clone(s.Changed)},
+		State: &dataplane.State{Generation: s.Generation, Services: s.Map(), Changed: slices.Clone(s.Changed), Node: s.Node},
 		Full:  d.needFull,
 		Err:   err,
 	}
@@ -132,6 +133,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	}
 	d.applied = rec.State.Services
 	d.gen = s.Generation
+	d.node = s.Node
 	if rec.Full || s.Changed == nil {
 		// A full Apply rebuilds everything, which is what repairs drift;
 		// as in the real dataplanes, an Apply after a failed one is full.
@@ -206,6 +208,13 @@ func (d *Dataplane) Applied() (map[string]*dataplane.Service, uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return maps.Clone(d.applied), d.gen
+}
+
+// AppliedNode returns the Node of the last successful Apply.
+func (d *Dataplane) AppliedNode() dataplane.Node {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.node
 }
 
 // Records returns every Apply call so far, oldest first.

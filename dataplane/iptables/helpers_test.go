@@ -56,3 +56,36 @@ func mustRender(t testing.TB, s *dataplane.State, opts Options) *Ruleset {
 	}
 	return rs
 }
+
+func nodePort(p dataplane.Port, np uint16) dataplane.Port { p.NodePort = np; return p }
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+// testNode is a node with node-port addresses in both families, an
+// external uplink eth0 and a pod veth.
+func testNode() dataplane.Node {
+	return dataplane.Node{
+		NodePortAddresses: addrs("192.168.1.5", "fd00:1::5"),
+		Interfaces: []dataplane.Interface{
+			{Name: "eth0", Index: 2, Addrs: addrs("192.168.1.5", "fd00:1::5"), External: true},
+			{Name: "vethweb", Index: 3},
+		},
+	}
+}
+
+// withNode sets testNode as s's Node.
+func withNode(s *dataplane.State) *dataplane.State { s.Node = testNode(); return s }

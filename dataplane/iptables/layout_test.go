@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,24 +28,36 @@ var kernelGolden = filepath.Join("testdata", "kernel", "iptables-save.golden")
 // layoutState is small but uses every kind of chain: services in both
 // families, a backendless one, ClientIP affinity, and enough VIPs, ports
 // and backends per family for every prefix trie to split with
-// MaxLeafRules 1.
-func layoutState(web1, web2 *netlab.Pod) *dataplane.State {
-	ports := []dataplane.Port{port("http", dataplane.TCP, 80, 7000), port("dns", dataplane.UDP, 53, 7000)}
+// MaxLeafRules 1; and the external half: node ports on the node's uplink
+// addresses (eth0 external), external IPs, an LB IP with source ranges,
+// both external traffic policies, one of them with no local backend.
+func layoutState(node *netlab.Node, web1, web2 *netlab.Pod) *dataplane.State {
+	ports := []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 7000), 30080), port("dns", dataplane.UDP, 53, 7000)}
 	webVIPs := []string{"198.19.0.10", "fd00:198:ff::10"}
 	sticky := service("sticky", []string{"198.19.0.12", "fd00:198:ff::12"}, tcp(443, 7000),
-		ready(web1.IPv4().String()), ready(web1.IPv6().String()))
+		local(ready(web1.IPv4().String())), local(ready(web1.IPv6().String())), ready(web2.IPv4().String()))
 	sticky.Affinity = dataplane.SessionAffinity{ClientIP: true, Timeout: 10 * time.Minute}
-	return state(
-		service("web", webVIPs, ports, ready(web1.IPv4().String()), ready(web2.IPv4().String()),
-			ready(web1.IPv6().String()), ready(web2.IPv6().String())),
-		sticky,
-		service("empty", []string{"198.19.0.11", "fd00:198:ff::11"}, ports),
-	)
+	sticky.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+	sticky.LoadBalancerIPs = addrs("198.19.1.12", "fd00:198:ff:1::12")
+	sticky.LoadBalancerSourceRanges = prefixes("198.18.0.0/24", "fd00:198::/48")
+	web := service("web", webVIPs, ports, ready(web1.IPv4().String()), ready(web2.IPv4().String()),
+		ready(web1.IPv6().String()), ready(web2.IPv6().String()))
+	web.ExternalIPs = addrs("198.19.1.10", "fd00:198:ff:1::10")
+	empty := service("empty", []string{"198.19.0.11", "fd00:198:ff::11"}, ports)
+	empty.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+	empty.Ports = []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 7000), 30081)}
+	s := state(web, sticky, empty)
+	s.Node = dataplane.Node{
+		NodePortAddresses: []netip.Addr{node.IPv4(), node.IPv6()},
+		Interfaces:        []dataplane.Interface{{Name: node.Uplink(), Addrs: []netip.Addr{node.IPv4(), node.IPv6()}, External: true}},
+	}
+	return s
 }
 
 // TestKernelRulesGolden programs layoutState into a lab node with the real
 // dataplane, in each mode, and compares what iptables-save and
-// ip6tables-save show with kernelGolden (-update rewrites it from nft mode).
+// ip6tables-save show with kernelGolden (-update rewrites it from nft mode),
+// and checks that a second dataplane (a restart) rewrites nothing.
 // Both modes must show the same rules: a full sync compares them, as text,
 // with what Render produces.
 func TestKernelRulesGolden(t *testing.T) {
@@ -59,8 +72,22 @@ func TestKernelRulesGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer dp.Close()
-			if err := dp.Apply(ctx, layoutState(lab.Pod("web1"), lab.Pod("web2"))); err != nil {
+			s := layoutState(node, lab.Pod("web1"), lab.Pod("web2"))
+			if err := dp.Apply(ctx, s); err != nil {
 				t.Fatal(err)
+			}
+			// Every rule is spelled as iptables-save prints it: a restarted
+			// vipd finds nothing to rewrite.
+			again, err := New(ctx, hclog.NewNullLogger(), Config{NetNS: node.Path(), Mode: mode, Render: Options{MaxLeafRules: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer again.Close()
+			if err := again.Apply(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			if st := again.LastSync(); !st.Full || st.ChainsRewritten != 0 || st.ChainsDeleted != 0 {
+				t.Errorf("restart sync rewrote %d and deleted %d chains; want none", st.ChainsRewritten, st.ChainsDeleted)
 			}
 			var got strings.Builder
 			for _, f := range families {

@@ -346,8 +346,8 @@ COMMIT
 		t.Errorf("cleanup deleted (-want +got):\n%s", diff)
 	}
 	// Full mode writes IPv6 too, even without IPv6 services: the base
-	// chains and the canaries.
-	if u[IPv6].Restore == nil || u[IPv6].ChainsRewritten != 6 {
+	// chains (a node-ports chain in each table) and the canaries.
+	if u[IPv6].Restore == nil || u[IPv6].ChainsRewritten != 8 {
 		t.Errorf("IPv6: %+v", u[IPv6])
 	}
 }

@@ -85,8 +85,14 @@ const (
 	ChainPrefix  = "VIPD-"
 	MaxChainName = 28
 
-	chainServices    = "VIPD-SERVICES"
-	chainReject      = "VIPD-REJECT"
+	chainServices = "VIPD-SERVICES"
+	chainReject   = "VIPD-REJECT"
+	// chainNodePorts is in both tables: in nat it sends the packets to a
+	// node-port address on to their service's EXT chain, by protocol and
+	// node port; in filter it drops or rejects those that nat left
+	// untranslated. Both are reached from their table's dispatch root,
+	// for each of Node.NodePortAddresses.
+	chainNodePorts   = "VIPD-NODEPORTS"
 	chainPostrouting = "VIPD-POSTROUTING"
 	chainHairpin     = "VIPD-HAIRPIN"
 	// chainCanary is an empty chain in every table and family vipd writes
@@ -106,6 +112,19 @@ const (
 const (
 	FlowMark     uint32 = 0x00400000
 	FlowMarkMask uint32 = 0x00400000
+)
+
+// MasqueradeMark is the packet mark bit that an EXT chain sets on the first
+// packet of an external connection under ExternalTrafficPolicy Cluster, and
+// VIPD-POSTROUTING masquerades the packets that carry it (so that replies
+// return through this node). It is the bit above FlowMark, clear of
+// kube-proxy's 0x4000 and 0x8000 and of the low bits; --set-xmark with
+// the bit as mask leaves the rest of the mark alone.
+const MasqueradeMark uint32 = 0x00800000
+
+var (
+	masqMarkRule = fmt.Sprintf("-j MARK --set-xmark %#x/%#x", MasqueradeMark, MasqueradeMark)
+	masqRule     = fmt.Sprintf("-m mark --mark %#x/%#x -j MASQUERADE --random-fully", MasqueradeMark, MasqueradeMark)
 )
 
 // flowMarkRule marks a new connection as vipd's. It heads every SVC chain:
@@ -137,11 +156,14 @@ func (o Options) withDefaults() (Options, error) {
 }
 
 // Capabilities is what this dataplane honours: random (weighted) load
-// balancing over TCP, UDP and SCTP.
+// balancing over TCP, UDP and SCTP, and external traffic (node ports,
+// external and load-balancer IPs, the external traffic policy and source
+// ranges).
 func Capabilities() dataplane.Capabilities {
 	return dataplane.Capabilities{
 		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom},
 		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP, dataplane.SCTP},
+		External:      true,
 		Hint:          "use the eBPF dataplane (--dataplane ebpf) for Maglev",
 	}
 }
@@ -187,6 +209,9 @@ type Ruleset struct {
 	// tries keeps each family's tries, for the next Render to reuse while
 	// their entries are the same.
 	tries [2][len(trieKinds)]*renderedTrie
+	// external is the node's external interfaces that services were
+	// rendered for: their EXT chains and drops name them.
+	external []string
 }
 
 // renderedTrie is a trie as Render built it: the entries it was built from,
@@ -223,11 +248,21 @@ var trieKinds = [...]trieKind{
 	{NAT, chainHairpin, "VIPD-H", true},
 }
 
-// serviceRules is what a service renders to in one family: its nat chains
-// and its entries in the dispatch, reject and hairpin tries (see trieKinds).
+// serviceRules is what a service renders to in one family: its nat chains,
+// its entries in the dispatch, reject and hairpin tries (see trieKinds) and
+// its rules in the VIPD-NODEPORTS chains, indexed like tables (nat, filter).
 type serviceRules struct {
-	chains map[string][]string
-	tries  [len(trieKinds)][]trieEntry
+	chains    map[string][]string
+	tries     [len(trieKinds)][]trieEntry
+	nodePorts [2][]nodePortEntry
+}
+
+// nodePortEntry is one rule of a VIPD-NODEPORTS chain, for one protocol and
+// node port.
+type nodePortEntry struct {
+	proto dataplane.Protocol
+	port  uint16
+	rule  string
 }
 
 // Chains returns the names of the chains of family f in table t, sorted.
@@ -268,7 +303,8 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		return nil, err
 	}
 	caps := Capabilities()
-	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, s.Len())}
+	external := s.Node.ExternalInterfaces()
+	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, s.Len()), external: external}
 	rendered := make([]*[2]serviceRules, 0, s.Len())
 	var size [2]int
 	var entries [2][len(trieKinds)]int
@@ -277,11 +313,12 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 			return nil, err
 		}
 		var sr *[2]serviceRules
-		if prev != nil {
+		// Only the external half of a service depends on the Node.
+		if prev != nil && (!svc.HasExternal() || slices.Equal(prev.external, external)) {
 			sr = prev.services[svc]
 		}
 		if sr == nil {
-			sr = &[2]serviceRules{renderService(svc, IPv4), renderService(svc, IPv6)}
+			sr = &[2]serviceRules{renderService(svc, IPv4, external), renderService(svc, IPv6, external)}
 		}
 		r.services[svc] = sr
 		rendered = append(rendered, sr)
@@ -298,10 +335,14 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 		for k := range trieKinds {
 			collected[k] = make([]trieEntry, 0, entries[f][k])
 		}
+		var nodePorts [2][]nodePortEntry
 		for _, sr := range rendered {
 			maps.Copy(r.chains[f][NAT], sr[f].chains)
 			for k, es := range sr[f].tries {
 				collected[k] = append(collected[k], es...)
+			}
+			for i, es := range sr[f].nodePorts {
+				nodePorts[i] = append(nodePorts[i], es...)
 			}
 		}
 		for k, kind := range trieKinds {
@@ -322,9 +363,10 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 			r.tries[f][k] = t
 			maps.Copy(r.chains[f][kind.table], t.chains)
 		}
+		r.addNodePorts(f, s.Node.NodePortAddresses, nodePorts)
 		// Rules are spelled the way iptables-save prints them, so that a sync
 		// after a restart finds them equal and leaves them alone.
-		r.add(f, NAT, chainPostrouting, "-m conntrack --ctstate DNAT -j "+chainHairpin)
+		r.add(f, NAT, chainPostrouting, masqRule, "-m conntrack --ctstate DNAT -j "+chainHairpin)
 		for _, t := range tables {
 			r.add(f, t, chainCanary)
 		}
@@ -332,15 +374,16 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 	return r, nil
 }
 
-// renderService renders the chains of svc's ports in family f, and its
-// entries for the dispatch, reject and hairpin tries.
+// renderService renders the chains of svc's ports in family f, its entries
+// for the dispatch, reject and hairpin tries, and its node-port rules, for
+// a node whose external interfaces are external.
 //
 // A port's SVC chain picks a backend at random, by weight, and DNATs to it in
 // the same rule: one chain per service port. Only a service with ClientIP
 // affinity has a SEP chain per backend, because the chosen backend must both
 // record the client (recent --set) and DNAT, and a returning client must reach
 // that pair again.
-func renderService(svc *dataplane.Service, f Family) serviceRules {
+func renderService(svc *dataplane.Service, f Family, external []string) serviceRules {
 	out := serviceRules{chains: map[string][]string{}}
 	var vips []netip.Addr
 	for _, v := range svc.VIPs {
@@ -356,70 +399,74 @@ func renderService(svc *dataplane.Service, f Family) serviceRules {
 		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
 	// Each port has its own eligible backends (a backend may not serve
-	// every port); hairpin needs every backend that is eligible for one.
-	eligible := make([][]*dataplane.Backend, len(ports))
+	// every port); hairpin needs every backend that some chain may DNAT to.
 	var hairpin []*dataplane.Backend
-	for i, p := range ports {
-		eligible[i] = sortedEligible(svc, p, f)
-		hairpin = append(hairpin, eligible[i]...)
-	}
-	if len(ports) > 1 {
-		slices.SortFunc(hairpin, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
-		hairpin = slices.CompactFunc(hairpin, func(a, b *dataplane.Backend) bool { return a.IP == b.IP })
-	}
-	for _, b := range hairpin {
-		h := hostPrefix(b.IP)
-		out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
-	}
-	for i, p := range ports {
-		backends := eligible[i]
+	for _, p := range ports {
+		backends := sortedEligible(svc, p, f)
+		hairpin = append(hairpin, backends...)
 		comment := commentMatch(svc.Name, p)
+		key := portKey(svc, p, f)
+		svcChain := hashName("VIPD-SVC-", key)
 		if len(backends) == 0 {
 			for _, v := range vips {
 				out.tries[rejectTrie] = append(out.tries[rejectTrie], trieEntry{v, vipMatch(v, p) + comment + " -j REJECT --reject-with " + f.RejectWith(p.Protocol)})
 			}
-			continue
-		}
-		key := portKey(svc, p, f)
-		svcChain := hashName("VIPD-SVC-", key)
-		for _, v := range vips {
-			out.tries[dispatchTrie] = append(out.tries[dispatchTrie], trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
-		}
-		dnat := func(b *dataplane.Backend, statistic string) string {
-			return dnatRule(p, statistic, comment, netip.AddrPortFrom(b.IP, b.TargetPort(p)))
-		}
-		rules, seps := []string{flowMarkRule}, []string(nil)
-		if svc.Affinity.ClientIP {
-			affinity := " --mask " + f.HostMask() + " --rsource"
-			secs := strconv.Itoa(max(1, int(svc.Affinity.Timeout.Seconds())))
-			for _, b := range backends {
-				sep := sepChain(key, b.IP)
-				seps = append(seps, sep)
-				rules = append(rules, "-m recent --rcheck --seconds "+secs+" --reap --name "+sep+affinity+" -j "+sep)
-				out.chains[sep] = []string{"-m recent --set --name " + sep + affinity, dnat(b, "")}
+		} else {
+			for _, v := range vips {
+				out.tries[dispatchTrie] = append(out.tries[dispatchTrie], trieEntry{v, vipMatch(v, p) + comment + " -j " + svcChain})
 			}
+			out.addChoice(svcChain, svc, p, f, key, backends)
 		}
-		total := 0
-		for _, b := range backends {
-			total += weight(b)
-		}
-		for i, b := range backends {
-			statistic := ""
-			if i < len(backends)-1 {
-				// kube-proxy's scheme: the i-th rule sees only the traffic the
-				// earlier ones left, so its probability is w_i over what remains.
-				statistic = "-m statistic --mode random --probability " + probability(weight(b), total)
-				total -= weight(b)
-			}
-			if seps != nil {
-				rules = append(rules, strings.TrimPrefix(statistic+" -j "+seps[i], " "))
-			} else {
-				rules = append(rules, dnat(b, statistic))
-			}
-		}
-		out.chains[svcChain] = rules
+		hairpin = append(hairpin, out.renderExternal(svc, p, f, external, svcChain)...)
+	}
+	slices.SortFunc(hairpin, func(a, b *dataplane.Backend) int { return a.IP.Compare(b.IP) })
+	hairpin = slices.CompactFunc(hairpin, func(a, b *dataplane.Backend) bool { return a.IP == b.IP })
+	for _, b := range hairpin {
+		h := hostPrefix(b.IP)
+		out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
 	}
 	return out
+}
+
+// addChoice adds the chain name that picks one of backends (sorted by IP)
+// for a new connection to port p of svc, whose key is key, and marks it
+// as vipd's (FlowMark); with ClientIP affinity also the SEP chain of each
+// backend, which every chain of the port that picks that backend shares.
+func (out *serviceRules) addChoice(name string, svc *dataplane.Service, p dataplane.Port, f Family, key string, backends []*dataplane.Backend) {
+	comment := commentMatch(svc.Name, p)
+	dnat := func(b *dataplane.Backend, statistic string) string {
+		return dnatRule(p, statistic, comment, netip.AddrPortFrom(b.IP, b.TargetPort(p)))
+	}
+	rules, seps := []string{flowMarkRule}, []string(nil)
+	if svc.Affinity.ClientIP {
+		affinity := " --mask " + f.HostMask() + " --rsource"
+		secs := strconv.Itoa(max(1, int(svc.Affinity.Timeout.Seconds())))
+		for _, b := range backends {
+			sep := sepChain(key, b.IP)
+			seps = append(seps, sep)
+			rules = append(rules, "-m recent --rcheck --seconds "+secs+" --reap --name "+sep+affinity+" -j "+sep)
+			out.chains[sep] = []string{"-m recent --set --name " + sep + affinity, dnat(b, "")}
+		}
+	}
+	total := 0
+	for _, b := range backends {
+		total += weight(b)
+	}
+	for i, b := range backends {
+		statistic := ""
+		if i < len(backends)-1 {
+			// kube-proxy's scheme: the i-th rule sees only the traffic the
+			// earlier ones left, so its probability is w_i over what remains.
+			statistic = "-m statistic --mode random --probability " + probability(weight(b), total)
+			total -= weight(b)
+		}
+		if seps != nil {
+			rules = append(rules, strings.TrimPrefix(statistic+" -j "+seps[i], " "))
+		} else {
+			rules = append(rules, dnat(b, statistic))
+		}
+	}
+	out.chains[name] = rules
 }
 
 // sortedEligible returns the backends of family f eligible for a new

@@ -111,6 +111,50 @@ func goldenCases() []struct {
 		{"unnamed-port-by-empty-name", state(service("kube", []string{"10.96.0.25"}, tcp(80, 8080),
 			only(ready("10.244.5.1"), map[string]uint16{"": 8081}), only(ready("10.244.5.2"), map[string]uint16{"": 8082}),
 			only(ready("10.244.5.3"), nil))), Options{}},
+		// External traffic, Cluster: node ports (both families' node-port
+		// addresses), external and LB IPs, masquerade mark for what enters
+		// on eth0; a port without backends rejects on every address.
+		{"external-cluster", withNode(state(
+			with(service("web", []string{"10.96.0.40", "fd00:96::40"}, []dataplane.Port{
+				nodePort(port("http", dataplane.TCP, 80, 8080), 30080), nodePort(port("dns", dataplane.UDP, 53, 5353), 30053),
+			}, ready("10.244.1.1"), local(ready("10.244.1.2")), ready("fd00:244::1")), func(s *dataplane.Service) {
+				s.ExternalIPs = addrs("203.0.113.10", "2001:db8::10")
+				s.LoadBalancerIPs = addrs("198.51.100.10")
+			}),
+			with(service("gone", []string{"10.96.0.41"}, []dataplane.Port{nodePort(port("", dataplane.TCP, 80, 8080), 30081)}),
+				func(s *dataplane.Service) { s.LoadBalancerIPs = addrs("198.51.100.11") }),
+		)), Options{}},
+		// External traffic, Local: local backends only for what enters on
+		// the external interfaces, the cluster choice for the rest; an LB
+		// IP with source ranges; a Local port without a local backend drops.
+		{"external-local", withNode(state(
+			with(service("web", []string{"10.96.0.50"}, []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 8080), 30090)},
+				ready("10.244.1.1"), local(ready("10.244.1.2"))), func(s *dataplane.Service) {
+				s.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+				s.LoadBalancerIPs = addrs("198.51.100.20")
+				s.LoadBalancerSourceRanges = prefixes("192.0.2.0/24", "198.18.0.0/15", "2001:db8::/32")
+				s.Affinity = affinity
+			}),
+			with(service("remote", []string{"10.96.0.51"}, []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 8080), 30091)},
+				ready("10.244.2.1")), func(s *dataplane.Service) {
+				s.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+				s.ExternalIPs = addrs("203.0.113.51")
+			}),
+			with(service("closed", []string{"10.96.0.52"}, tcp(443, 8443)), func(s *dataplane.Service) {
+				s.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+				s.LoadBalancerIPs = addrs("198.51.100.52")
+				s.LoadBalancerSourceRanges = prefixes("192.0.2.0/24")
+			}),
+		)), Options{}},
+		// Internal policy Local, external Cluster: external addresses get a
+		// second SVC chain over every backend; the VIP keeps the local one.
+		{"external-internal-local", withNode(state(
+			with(service("web", []string{"10.96.0.60"}, []dataplane.Port{nodePort(port("http", dataplane.TCP, 80, 8080), 30100)},
+				ready("10.244.1.1"), local(ready("10.244.1.2"))), func(s *dataplane.Service) {
+				s.TrafficPolicy = dataplane.TrafficPolicyLocal
+				s.ExternalIPs = addrs("203.0.113.60")
+			}),
+		)), Options{}},
 		// Backends shared between services get one hairpin rule each, in a
 		// trie over addresses that share little.
 		{"shared-backends", state(

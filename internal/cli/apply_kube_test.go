@@ -47,6 +47,9 @@ func storedForm(s *vipdv1.Service, owner string, generation uint64) *vipdv1.Serv
 	if s.InternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED {
 		s.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER
 	}
+	if s.ExternalTrafficPolicy == vipdv1.TrafficPolicy_TRAFFIC_POLICY_UNSPECIFIED {
+		s.ExternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER
+	}
 	if s.LoadBalancing == vipdv1.LoadBalancing_LOAD_BALANCING_UNSPECIFIED {
 		s.LoadBalancing = vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM
 	}

@@ -541,7 +541,8 @@ func TestJSONOutput(t *testing.T) {
       },
       "internalTrafficPolicy": "TRAFFIC_POLICY_CLUSTER",
       "loadBalancing": "LOAD_BALANCING_RANDOM",
-      "generation": "1"
+      "generation": "1",
+      "externalTrafficPolicy": "TRAFFIC_POLICY_CLUSTER"
     }
   ]
 }

@@ -18,7 +18,9 @@ import (
 // others any permission or sets bits beyond rwx, and a negative --gc-percent
 // with no memory limit (the heap would grow without bound). With a
 // dataplane that may be eBPF (ebpf, auto) it also refuses eBPF settings the
-// dataplane cannot use (see checkEBPF). Each problem is reported, naming
+// dataplane cannot use (see checkEBPF). A --nodeport-addresses entry that
+// is not a CIDR and an --external-interfaces glob that path.Match refuses
+// are errors too. Each problem is reported, naming
 // its flag.
 func (c Config) Check() error {
 	var errs []error
@@ -45,6 +47,7 @@ func (c Config) Check() error {
 			errs = append(errs, fmt.Errorf("--services-dir %s: not a directory", c.ServicesDir))
 		}
 	}
+	errs = append(errs, c.checkNodeNet()...)
 	if c.FlowBuffer < 1 {
 		errs = append(errs, fmt.Errorf("--flow-buffer %d: each WatchFlows stream needs room for at least 1 event", c.FlowBuffer))
 	}

@@ -88,6 +88,16 @@ type Config struct {
 	// NodeName names this node for the Kubernetes manifests in ServicesDir
 	// (their node-local endpoints); empty means the host name in lower case.
 	NodeName string
+	// NodePortAddresses, when set, are CIDRs: node ports are served only on
+	// the node's addresses within them (vipd run --nodeport-addresses).
+	// Empty: on every address of the node but loopback and IPv6
+	// link-local. Check parses them.
+	NodePortAddresses []string
+	// ExternalInterfaces, when set, are path.Match globs of the interfaces
+	// that traffic from outside the node arrives on (vipd run
+	// --external-interfaces). Empty: the interfaces that hold a default
+	// route. Check parses them.
+	ExternalInterfaces []string
 	// Reload, when not nil, makes vipd read its TLS and authz files again
 	// (Remote), and rescan ServicesDir, on every signal it receives;
 	// cmd/vipd sends SIGHUP there.

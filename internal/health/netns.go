@@ -125,23 +125,6 @@ func (s *nsSockets) dialTCP(ctx context.Context, addr string) (net.Conn, error) 
 	return net.FileConn(f)
 }
 
-// checkTCP connects to addr as dialTCP does, and closes the connection at
-// once with a reset (see checker.check): a TCP check without the cost of
-// a net.Conn.
-func (s *nsSockets) checkTCP(ctx context.Context, addr string) error {
-	f, err := s.connect(ctx, addr)
-	if err != nil {
-		return err
-	}
-	rc, err := f.SyscallConn()
-	if err == nil {
-		rc.Control(func(fd uintptr) {
-			unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-		})
-	}
-	return f.Close()
-}
-
 // connect returns a socket made by s, connected to addr by ctx's deadline.
 func (s *nsSockets) connect(ctx context.Context, addr string) (*os.File, error) {
 	ap, err := netip.ParseAddrPort(addr)

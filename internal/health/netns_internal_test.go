@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -40,16 +41,28 @@ func TestNSSocketsDial(t *testing.T) {
 	if _, err := s.dialTCP(ctx, "127.0.0.1:1"); err == nil || describe(err).Error() != "connection refused" {
 		t.Errorf("refused port: %v", err)
 	}
-	if err := s.checkTCP(ctx, ln.Addr().String()); err != nil {
-		t.Errorf("checkTCP: %v", err)
+	// TCP checks on the namespace's sockets: more than a batch of them.
+	tc, err := newTCPChecker(s.socket)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := s.checkTCP(ctx, "127.0.0.1:1"); describe(err) == nil || describe(err).Error() != "connection refused" {
-		t.Errorf("checkTCP of a refused port: %v", err)
-	}
-	// More than a batch of sockets.
+	defer tc.close()
 	for range 2*socketBatch + 1 {
-		if err := s.checkTCP(ctx, ln.Addr().String()); err != nil {
-			t.Fatalf("checkTCP: %v", err)
+		if err := checkNow(tc, ln.Addr().String()); err != nil {
+			t.Fatalf("TCP check: %v", err)
 		}
 	}
+	if err := describe(checkNow(tc, "127.0.0.1:1")); err == nil || err.Error() != "connection refused" {
+		t.Errorf("TCP check of a refused port: %v", err)
+	}
+}
+
+// checkNow runs one TCP check of addr and waits for its result.
+func checkNow(tc *tcpChecker, addr string) error {
+	res := make(chan error, 1)
+	done, err := tc.check(context.Background(), netip.MustParseAddrPort(addr), time.Second, func(err error) { res <- err })
+	if done {
+		return err
+	}
+	return <-res
 }

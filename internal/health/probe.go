@@ -105,9 +105,8 @@ func (c *checker) check(ctx context.Context) error {
 		}
 		return nil
 	default:
-		if c.d.ns != nil {
-			return describe(c.d.ns.checkTCP(ctx, addr))
-		}
+		// The prober runs TCP checks on tcpChecker; this is the same
+		// check over a net.Conn.
 		conn, err := c.d.dial(ctx, addr)
 		if err != nil {
 			return describe(err)

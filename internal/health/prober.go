@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -69,24 +70,42 @@ func WithSyncPeriod(d time.Duration) Option { return func(p *Prober) { p.syncEve
 
 // Prober checks backends and reports their health. Create it with New and
 // run it with Run; Health and Explain are safe to call at any time.
+//
+// One scheduler goroutine starts every check when it is due (see
+// scheduler); TCP checks run on raw sockets without a goroutine each (see
+// tcpChecker), HTTP and gRPC checks on a goroutine each; at most the
+// concurrency bound of checks wait for an answer at once. Changes of
+// health go to the reconciler in batches from one submitter goroutine.
 type Prober struct {
 	log       hclog.Logger
 	snapshot  func() *store.Snapshot
 	sub       Submitter
 	obs       Observer
+	events    func(Transition)
 	netns     string
 	dial      dialer
 	sem       chan struct{}
 	syncEvery time.Duration
 
+	sched   *scheduler
+	tcp     *tcpChecker
+	workers sync.WaitGroup
+	// runCtx is Run's context: results that come in after it ends are
+	// dropped.
+	runCtx context.Context
+
 	mu      sync.Mutex
 	targets map[key]*target
 	// configs caches each service's health_check, with defaults, by
 	// generation: decoding a stored spec costs a copy of every backend.
+	// Run's goroutine only.
 	configs map[string]config
-	// lifts are health changes that lift a failing backend no longer
-	// probed, waiting for the reconciler to take them; Run's goroutine.
-	lifts []reconcile.HealthChange
+
+	// subMu guards pending and every target's reported, acked and
+	// retired: what the reconciler is told (see submit.go).
+	subMu   sync.Mutex
+	pending map[key]pendingChange
+	kick    chan struct{}
 }
 
 type config struct {
@@ -99,11 +118,30 @@ type key struct {
 	ip      netip.Addr
 }
 
+// Transition is a change of a backend's health that changes what the
+// dataplane does with it: passing to failing, failing to passing, or a
+// new backend's first result when that is failing. A new backend's first
+// passing result is no transition: it was treated as passing already.
+type Transition struct {
+	Service string
+	// Backend is the probed address and port.
+	Backend netip.AddrPort
+	// Health is the backend's health after the transition; its
+	// SinceUnixMs is when the transition happened.
+	Health *vipdv1.BackendHealth
+}
+
+// WithTransitions has f called with every health transition, after the
+// log line that marks it; f must not block (the flow hub's PublishHealth
+// does not).
+func WithTransitions(f func(Transition)) Option { return func(p *Prober) { p.events = f } }
+
 // New returns a prober that follows snapshot (the reconciler's current
 // desired state) and submits to sub.
 func New(log hclog.Logger, snapshot func() *store.Snapshot, sub Submitter, opts ...Option) *Prober {
 	p := &Prober{log: log, snapshot: snapshot, sub: sub, obs: nopObserver{}, syncEvery: 200 * time.Millisecond,
-		targets: map[key]*target{}, configs: map[string]config{}}
+		targets: map[key]*target{}, configs: map[string]config{}, pending: map[key]pendingChange{},
+		kick: make(chan struct{}, 1), sched: newScheduler()}
 	WithConcurrency(DefaultConcurrency)(p)
 	for _, o := range opts {
 		o(p)
@@ -115,37 +153,57 @@ func New(log hclog.Logger, snapshot func() *store.Snapshot, sub Submitter, opts 
 // then stops every check and returns ctx's error. It lifts nothing on the
 // way out: the dataplane keeps what it was given, as on any stop.
 func (p *Prober) Run(ctx context.Context) error {
+	newSocket := ownSocket
 	if p.netns != "" {
 		p.dial.ns = startNSSockets(p.netns)
 		defer p.dial.ns.close()
+		newSocket = p.dial.ns.socket
 	}
-	t := time.NewTicker(p.syncEvery)
-	defer t.Stop()
+	tcp, err := newTCPChecker(newSocket)
+	if err != nil {
+		return fmt.Errorf("health checks: %w", err)
+	}
+	p.tcp = tcp
+	ctx, cancel := context.WithCancel(ctx)
+	p.runCtx = ctx
+	var bg sync.WaitGroup
+	bg.Go(func() { p.sched.run(ctx, func(t *target) { p.dispatch(ctx, t) }) })
+	bg.Go(func() { p.submit(ctx) })
+	defer func() {
+		cancel()
+		bg.Wait()
+		// No check starts any more; the ones in flight end with ctx.
+		p.workers.Wait()
+		tcp.close()
+		p.mu.Lock()
+		targets := p.targets
+		p.targets = map[key]*target{}
+		p.mu.Unlock()
+		for _, t := range targets {
+			t.stop()
+		}
+	}()
+
+	tick := time.NewTicker(p.syncEvery)
+	defer tick.Stop()
 	var rev uint64
 	first := true
 	for {
-		if snap := p.snapshot(); first || snap.Revision() != rev || len(p.lifts) > 0 {
+		if snap := p.snapshot(); first || snap.Revision() != rev {
 			first, rev = false, snap.Revision()
-			p.sync(ctx, snap)
+			p.sync(snap)
 		}
 		select {
 		case <-ctx.Done():
-			p.mu.Lock()
-			targets := p.targets
-			p.targets = map[key]*target{}
-			p.mu.Unlock()
-			for _, t := range targets {
-				t.stop()
-			}
 			return ctx.Err()
-		case <-t.C:
+		case <-tick.C:
 		}
 	}
 }
 
 // sync starts checks for the backends of snap that need them and stops
 // the others, lifting what those had made NOT_SERVING.
-func (p *Prober) sync(ctx context.Context, snap *store.Snapshot) {
+func (p *Prober) sync(snap *store.Snapshot) {
 	want := map[key]spec{}
 	seen := map[string]bool{}
 	for name, e := range snap.All() {
@@ -206,21 +264,54 @@ func (p *Prober) sync(ctx context.Context, snap *store.Snapshot) {
 	for _, t := range stopped {
 		t.stop()
 		p.obs.DeleteBackendHealth(t.key.service, t.key.ip.String())
-		if t.submitted {
-			p.lifts = append(p.lifts, reconcile.HealthChange{Service: t.key.service, Backend: t.key.ip})
-		}
+		p.retire(t)
 	}
+	now := time.Now()
 	for _, t := range started {
 		p.obs.SetBackendHealth(t.key.service, t.key.ip.String(), 1)
-		t.start(ctx)
+		// Jitter: the first check somewhere in the first interval, and
+		// every later one 5% either side of the interval (see complete),
+		// so that checks of many backends spread out and stay spread.
+		p.sched.add(t, now.Add(rand.N(t.interval())))
 	}
-	if len(p.lifts) > 0 {
-		if err := p.sub.SetHealth(ctx, p.lifts); err != nil {
-			p.log.Error("lift health of backends no longer checked; retrying", "backends", len(p.lifts), "error", err)
+}
+
+// dispatch starts t's check; the scheduler's goroutine. It waits while
+// the concurrency bound of checks are in flight.
+func (p *Prober) dispatch(ctx context.Context, t *target) {
+	if !t.begin() {
+		return
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		t.complete(context.Canceled)
+		return
+	}
+	timeout := time.Duration(t.spec.timeout) * time.Millisecond
+	if t.spec.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP || t.spec.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_UNSPECIFIED {
+		if !t.spec.addr.IsValid() {
+			<-p.sem
+			t.complete(errors.New("no port to probe"))
 			return
 		}
-		p.lifts = nil
+		done, err := p.tcp.check(ctx, t.spec.addr, timeout, func(err error) {
+			<-p.sem
+			t.complete(describe(err))
+		})
+		if done {
+			<-p.sem
+			t.complete(describe(err))
+		}
+		return
 	}
+	p.workers.Go(func() {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err := t.checker.check(cctx)
+		cancel()
+		<-p.sem
+		t.complete(err)
+	})
 }
 
 // probePort is the service port whose target port a check probes:
@@ -266,151 +357,3 @@ func (p *Prober) Explain(service string, ip netip.Addr) (string, bool) {
 	return v.Detail, v.State == vipdv1.HealthState_HEALTH_STATE_FAILING
 }
 
-// target is one backend's checks and their result.
-type target struct {
-	p      *Prober
-	key    key
-	spec   spec
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu          sync.Mutex
-	state       vipdv1.HealthState
-	since       time.Time
-	lastErr     string
-	lastPass    bool
-	consecutive uint32
-	// submitted is whether the reconciler has this backend as failing;
-	// the target's goroutine only, and sync after stop.
-	submitted bool
-}
-
-func newTarget(p *Prober, k key, s spec) *target {
-	return &target{p: p, key: k, spec: s, state: vipdv1.HealthState_HEALTH_STATE_UNKNOWN, since: time.Now(), done: make(chan struct{})}
-}
-
-func (t *target) start(ctx context.Context) {
-	ctx, t.cancel = context.WithCancel(ctx)
-	go t.run(ctx)
-}
-
-func (t *target) stop() {
-	t.cancel()
-	<-t.done
-}
-
-func (t *target) run(ctx context.Context) {
-	defer close(t.done)
-	c := newChecker(t.spec, t.p.dial)
-	defer c.close()
-	interval := time.Duration(t.spec.interval) * time.Millisecond
-	// Jitter: the first check somewhere in the first interval, and every
-	// later one 5% either side of the interval, so that checks of many
-	// backends spread out and stay spread.
-	timer := time.NewTimer(rand.N(interval))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		select {
-		case t.p.sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		cctx, cancel := context.WithTimeout(ctx, time.Duration(t.spec.timeout)*time.Millisecond)
-		err := c.check(cctx)
-		cancel()
-		<-t.p.sem
-		if ctx.Err() != nil {
-			return
-		}
-		failing := t.record(err)
-		if failing != t.submitted {
-			if err := t.p.sub.SetHealth(ctx, []reconcile.HealthChange{{Service: t.key.service, Backend: t.key.ip, Failing: failing}}); err != nil {
-				if ctx.Err() == nil {
-					t.p.log.Error("submit health change; retrying after the next check", "service", t.key.service, "backend", t.key.ip, "failing", failing, "error", err)
-				}
-			} else {
-				t.submitted = failing
-			}
-		}
-		timer.Reset(interval - interval/20 + rand.N(interval/10+1))
-	}
-}
-
-// record takes one check's result and returns whether the backend is now
-// failing.
-func (t *target) record(err error) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	pass := err == nil
-	if pass == t.lastPass && t.consecutive > 0 {
-		t.consecutive++
-	} else {
-		t.consecutive = 1
-	}
-	t.lastPass = pass
-	prev := t.state
-	if pass {
-		t.p.obs.ObserveCheck("pass")
-		if prev == vipdv1.HealthState_HEALTH_STATE_UNKNOWN ||
-			(prev == vipdv1.HealthState_HEALTH_STATE_FAILING && t.consecutive >= t.spec.healthy) {
-			t.state = vipdv1.HealthState_HEALTH_STATE_PASSING
-		}
-	} else {
-		t.p.obs.ObserveCheck("fail")
-		t.lastErr = err.Error()
-		if prev != vipdv1.HealthState_HEALTH_STATE_FAILING && t.consecutive >= t.spec.unhealthy {
-			t.state = vipdv1.HealthState_HEALTH_STATE_FAILING
-		}
-	}
-	if t.state != prev {
-		t.since = time.Now()
-		val := 1.0
-		if t.state == vipdv1.HealthState_HEALTH_STATE_FAILING {
-			val = 0
-		}
-		t.p.obs.SetBackendHealth(t.key.service, t.key.ip.String(), val)
-		lvl := hclog.Info
-		if t.state == vipdv1.HealthState_HEALTH_STATE_FAILING {
-			lvl = hclog.Warn
-		}
-		t.p.log.Log(lvl, "backend health changed", "service", t.key.service, "backend", t.key.ip, "from", stateName(prev), "to", stateName(t.state),
-			"consecutive", t.consecutive, "last_error", t.lastErr)
-	}
-	return t.state == vipdv1.HealthState_HEALTH_STATE_FAILING
-}
-
-func (t *target) view() *vipdv1.BackendHealth {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	v := &vipdv1.BackendHealth{Ip: t.key.ip.String(), State: t.state, SinceUnixMs: t.since.UnixMilli(), LastError: t.lastErr, Consecutive: t.consecutive}
-	switch t.state {
-	case vipdv1.HealthState_HEALTH_STATE_UNKNOWN:
-		v.Detail = "no health check finished yet; treated as passing"
-	case vipdv1.HealthState_HEALTH_STATE_PASSING:
-		v.Detail = fmt.Sprintf("passing health check (%d in a row)", t.consecutive)
-		if !t.lastPass {
-			v.Detail = fmt.Sprintf("passing health check (last check: %s, %d in a row)", t.lastErr, t.consecutive)
-		}
-	case vipdv1.HealthState_HEALTH_STATE_FAILING:
-		v.Detail = fmt.Sprintf("failing health check (%s, %d in a row)", t.lastErr, t.consecutive)
-		if t.lastPass {
-			v.Detail = fmt.Sprintf("failing health check (recovering: %d of %d passes)", t.consecutive, t.spec.healthy)
-		}
-	}
-	return v
-}
-
-func stateName(s vipdv1.HealthState) string {
-	switch s {
-	case vipdv1.HealthState_HEALTH_STATE_PASSING:
-		return "passing"
-	case vipdv1.HealthState_HEALTH_STATE_FAILING:
-		return "failing"
-	}
-	return "unknown"
-}

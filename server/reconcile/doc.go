@@ -24,4 +24,10 @@
 // SetHealth takes health-check results (internal/health) through the same
 // queue: a failing backend is handed to the dataplane as NOT_SERVING on
 // top of the desired state, never saved and never promoting a backend.
+//
+// SetNode takes the node's network (internal/nodenet) the same way: every
+// State carries the current dataplane.Node (WithNode for the first
+// apply), a changed Node is applied at once, and it is never saved.
+// WithAppliedHook tells a follower (the health-check node port server)
+// every State the dataplane accepted.
 package reconcile

@@ -131,6 +131,12 @@ type Reconciler struct {
 	// failing is what SetHealth made NOT_SERVING, as the dataplane has
 	// it; Run's goroutine only.
 	failing failingSet
+	// node is the Node every State carries (WithNode, SetNode), as the
+	// dataplane has it; Run's goroutine only once Run started.
+	node dataplane.Node
+	// applied, when not nil, is told every State the dataplane accepted
+	// (WithAppliedHook).
+	applied func(*dataplane.State)
 
 	mu     sync.Mutex
 	status Status
@@ -147,6 +153,8 @@ type request struct {
 	release bool
 	// health, when not nil, makes this a SetHealth request: mutate is nil.
 	health []HealthChange
+	// node, when not nil, makes this a SetNode request: mutate is nil.
+	node *dataplane.Node
 }
 
 type result struct {
@@ -489,7 +497,9 @@ func (r *Reconciler) driftLeft(ctx context.Context, det dataplane.DriftDetector)
 // changed makes it a full sync.
 func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []string) (time.Time, error) {
 	start := time.Now()
-	err := r.dp.Apply(ctx, dataplaneState(snap, changed, r.failing))
+	s := dataplaneState(snap, changed, r.failing)
+	s.Node = r.node
+	err := r.dp.Apply(ctx, s)
 	end := time.Now()
 	elapsed := end.Sub(start)
 	kind := SyncPartial
@@ -512,6 +522,9 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 		return end, err
 	}
 	r.observer.SetState(snap.Len(), snap.BackendCount())
+	if r.applied != nil {
+		r.applied(s)
+	}
 	r.log.Debug("applied", "generation", snap.Revision(), "changed", len(changed), "elapsed", elapsed)
 	return end, nil
 }
@@ -529,6 +542,7 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	tx := base.Begin()
 	held, releasing := r.held, false
 	prevFailing, failing := r.failing, r.failing
+	prevNode, node := r.node, r.node
 	var healthChanged []string
 	var staged []*request
 	var values []any
@@ -536,6 +550,14 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	for _, q := range batch {
 		if err := q.ctx.Err(); err != nil {
 			q.done <- result{err: err}
+			continue
+		}
+		if q.node != nil {
+			// Accepted while holding too: the releasing sync carries it.
+			node = *q.node
+			changes = append(changes, false)
+			staged = append(staged, q)
+			values = append(values, nil)
 			continue
 		}
 		if held && !q.release {
@@ -573,16 +595,21 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		return
 	}
 	changed := tx.Changed()
-	if len(changed) == 0 && len(healthChanged) == 0 && !releasing {
+	nodeChanged := !node.Equal(&prevNode)
+	if (len(changed) == 0 && len(healthChanged) == 0 && !nodeChanged && !releasing) || (r.held && !releasing) {
+		// Under a hold only node changes get here: nothing is applied
+		// until the releasing sync, which carries the node.
+		r.node = node
 		for i, q := range staged {
 			q.done <- result{value: values[i]}
 		}
 		return
 	}
-	// Health changes ride on the batch's apply; they are not desired
-	// state, so a batch of only those applies the current snapshot and
-	// saves nothing.
+	// Health and node changes ride on the batch's apply; they are not
+	// desired state, so a batch of only those applies the current
+	// snapshot and saves nothing.
 	r.failing = failing
+	r.node = node
 	var (
 		applied time.Time
 		err     error
@@ -591,9 +618,14 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	case releasing:
 		applied, err = r.commitRelease(ctx, tx.Commit())
 	case len(changed) == 0:
+		if healthChanged == nil {
+			// Only the node changed: no service did (State.Changed
+			// never lists a Node change), and this is no full sync.
+			healthChanged = []string{}
+		}
 		applied, err = r.apply(ctx, base, healthChanged)
 		if err != nil {
-			r.log.Error("dataplane apply of health changes failed; change rolled back", "services", healthChanged, "error", err)
+			r.log.Error("dataplane apply of health or node changes failed; change rolled back", "services", healthChanged, "node_changed", nodeChanged, "error", err)
 			err = &ApplyError{Err: err}
 		}
 	default:
@@ -602,10 +634,11 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 				changed = append(changed, n)
 			}
 		}
-		applied, err = r.commit(ctx, base, tx.Commit(), changed, prevFailing)
+		applied, err = r.commit(ctx, base, tx.Commit(), changed, prevFailing, prevNode)
 	}
 	if err != nil {
 		r.failing = prevFailing
+		r.node = prevNode
 	}
 	if err == nil {
 		for i, q := range staged {
@@ -662,8 +695,9 @@ func (r *Reconciler) commitRelease(ctx context.Context, next *store.Snapshot) (t
 // dataplane finished applying it. On any error the dataplane and the
 // published snapshot are left at base.
 //
-// prevFailing is the health overlay that goes with base.
-func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string, prevFailing failingSet) (time.Time, error) {
+// prevFailing is the health overlay and prevNode the Node that go with
+// base.
+func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string, prevFailing failingSet, prevNode dataplane.Node) (time.Time, error) {
 	applied, err := r.apply(ctx, next, changed)
 	if err != nil {
 		r.log.Error("dataplane apply failed; change rolled back", "generation", next.Revision(), "error", err)
@@ -672,6 +706,7 @@ func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, cha
 	if err := r.persist.Save(next); err != nil {
 		r.log.Error("saving state failed; rolling the dataplane back", "generation", next.Revision(), "error", err)
 		r.failing = prevFailing
+		r.node = prevNode
 		if _, rerr := r.apply(ctx, base, changed); rerr != nil {
 			r.log.Error("roll back dataplane", "error", rerr)
 		}

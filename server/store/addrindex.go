@@ -20,7 +20,7 @@ type addrEntry struct {
 
 // addrIndex is a snapshot's address counts: a persistent map of buckets,
 // each an immutable slice of the entries whose keys hash to it, sorted by
-// key. A bucket costs 24 bytes an entry, where a persistent map of the
+// key. A bucket costs 32 bytes an entry, where a persistent map of the
 // entries themselves costs some 70 (a trie node and slot each), and a
 // commit copies only the buckets of the addresses it changes.
 type addrIndex struct {
@@ -144,6 +144,7 @@ func buildAddrIndex(uses []addrEntry) addrIndex {
 			if out > first && byBucket[out-1].k == e.k {
 				byBucket[out-1].u.vips += e.u.vips
 				byBucket[out-1].u.backends += e.u.backends
+				byBucket[out-1].u.externals += e.u.externals
 				continue
 			}
 			byBucket[out] = e

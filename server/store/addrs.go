@@ -9,12 +9,16 @@ import (
 	"github.com/vipd/vipd/dataplane"
 )
 
-// addrUse counts the services that use one address as a VIP and as a
-// backend. The store keeps one per address in use (Snapshot.addrs), so
-// that a Put finds out in O(its own addresses) whether it would make an
-// address both: a backend that is a VIP vipd serves would catch its own
-// forwarded traffic, and connections to it hang.
-type addrUse struct{ vips, backends int32 }
+// addrUse counts the services that use one address as a VIP, as a
+// backend and as an external or load-balancer IP. The store keeps one per
+// address in use (Snapshot.addrs), so that a Put finds out in O(its own
+// addresses) whether it would give an address two of these roles: a
+// backend that is a VIP vipd serves would catch its own forwarded traffic,
+// and connections to it hang; an external or load-balancer IP that is a VIP
+// or a backend would be forwarded by two rules at once. Services may share
+// an external or load-balancer IP (on different ports: the claims see to
+// that).
+type addrUse struct{ vips, backends, externals int32 }
 
 // addrKey is an address as Snapshot.addrs keys it: its 16-byte form, in
 // two words. Unlike a netip.Addr it holds no pointer, so the index costs
@@ -29,24 +33,67 @@ func keyOf(a netip.Addr) addrKey {
 	return addrKey{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
 }
 
-// AddressConflictError says that a change would make an address a VIP of
-// one service and a backend of another, or of the same one.
+// AddrRole is what an address is to a service.
+type AddrRole uint8
+
+// Address roles.
+const (
+	RoleVIP AddrRole = iota + 1
+	RoleBackend
+	RoleExternalIP
+	RoleLoadBalancerIP
+)
+
+func (r AddrRole) String() string {
+	switch r {
+	case RoleVIP:
+		return "VIP"
+	case RoleBackend:
+		return "backend"
+	case RoleExternalIP:
+		return "external IP"
+	case RoleLoadBalancerIP:
+		return "load-balancer IP"
+	}
+	return "unknown role"
+}
+
+// external reports whether r is one of the external roles, which the
+// address index counts together.
+func (r AddrRole) external() bool { return r == RoleExternalIP || r == RoleLoadBalancerIP }
+
+// AddressConflictError says that a change would give an address two roles
+// that exclude each other, in one service or two: a VIP and a backend, or
+// an external or load-balancer IP and a VIP or a backend.
 type AddressConflictError struct {
-	// Service is the service being stored, and Addr the address.
+	// Service is the service being stored, Addr the address, and Role
+	// what Addr is to Service.
 	Service string
 	Addr    netip.Addr
-	// AsBackend is true when Addr is one of Service's backends and Holder
-	// serves it as a VIP; false when Addr is one of Service's VIPs and
-	// Holder has it as a backend. Holder may be Service itself.
-	AsBackend bool
-	Holder    string
+	Role    AddrRole
+	// Holder is the service that has Addr in HolderRole; it may be
+	// Service itself.
+	Holder     string
+	HolderRole AddrRole
+}
+
+// Rule says which rule the conflict breaks, for an error message.
+func (e *AddressConflictError) Rule() string {
+	if e.Role.external() || e.HolderRole.external() {
+		other := e.Role
+		if other.external() {
+			other = e.HolderRole
+		}
+		if other == RoleVIP {
+			return "an external or load-balancer IP cannot be a VIP that vipd serves"
+		}
+		return "an external or load-balancer IP cannot be a backend"
+	}
+	return "a VIP that vipd serves cannot be a backend"
 }
 
 func (e *AddressConflictError) Error() string {
-	if e.AsBackend {
-		return fmt.Sprintf("service %s: backend %s is a VIP of service %s; a VIP that vipd serves cannot be a backend", e.Service, e.Addr, e.Holder)
-	}
-	return fmt.Sprintf("service %s: VIP %s is a backend of service %s; a VIP that vipd serves cannot be a backend", e.Service, e.Addr, e.Holder)
+	return fmt.Sprintf("service %s: %s %s is a %s of service %s; %s", e.Service, e.Role, e.Addr, e.HolderRole, e.Holder, e.Rule())
 }
 
 // use returns how the services as t sees them use a.
@@ -67,16 +114,24 @@ type addrCount struct {
 }
 
 // checkAddrs fails with an *AddressConflictError if svc, replacing old
-// (nil: none), adds a backend that is a VIP of any service, or a VIP that
-// is a backend of any service, itself included. What old had is not
-// checked again: no other service can have taken it up since. had and has
-// test membership in old's and svc's backends (backendSet). Otherwise it
-// returns the counts of the addresses svc adds, for stageAddrs, in t's
-// scratch buffer: each address is looked up once.
+// (nil: none), adds a backend that is a VIP or an external or
+// load-balancer IP of any service, a VIP that is a backend or an external
+// or load-balancer IP of any service, or an external or load-balancer IP
+// that is a VIP or a backend of any service, itself included. What old
+// had is not checked again: no other service can have taken it up since.
+// had and has test membership in old's and svc's backends (backendSet).
+// Otherwise it returns the counts of the addresses svc adds, for
+// stageAddrs, in t's scratch buffer: each address is looked up once.
 func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) bool) ([]addrCount, error) {
 	var oldVIPs []netip.Addr
+	oldExternal := func(netip.Addr) bool { return false }
 	if old != nil {
 		oldVIPs = old.VIPs
+		oldExternal = func(a netip.Addr) bool { return isExternal(old, a) }
+	}
+	conflict := func(a netip.Addr, role, holderRole AddrRole) error {
+		holder, holderRole := t.userOf(svc, a, holderRole)
+		return &AddressConflictError{Service: svc.Name, Addr: a, Role: role, Holder: holder, HolderRole: holderRole}
 	}
 	adds := t.scratch[:0]
 	for _, b := range svc.Backends {
@@ -89,7 +144,14 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 			vips-- // old's own, which svc replaces
 		}
 		if (vips > 0 || slices.Contains(svc.VIPs, b.IP)) && !t.legacy(svc.Name, b.IP, true) {
-			return nil, &AddressConflictError{Service: svc.Name, Addr: b.IP, AsBackend: true, Holder: t.userOf(svc, b.IP, true)}
+			return nil, conflict(b.IP, RoleBackend, RoleVIP)
+		}
+		externals := u.externals
+		if oldExternal(b.IP) {
+			externals--
+		}
+		if externals > 0 || isExternal(svc, b.IP) {
+			return nil, conflict(b.IP, RoleBackend, RoleExternalIP)
 		}
 		u.backends++
 		adds = append(adds, addrCount{b.IP, u})
@@ -104,7 +166,16 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 			backends--
 		}
 		if (backends > 0 || has(a)) && !t.legacy(svc.Name, a, false) {
-			return nil, &AddressConflictError{Service: svc.Name, Addr: a, AsBackend: false, Holder: t.userOf(svc, a, false)}
+			return nil, conflict(a, RoleVIP, RoleBackend)
+		}
+		externals := u.externals
+		if oldExternal(a) {
+			externals--
+		}
+		// svc's own external addresses are never its VIPs: the
+		// conversion refuses that.
+		if externals > 0 {
+			return nil, conflict(a, RoleVIP, RoleExternalIP)
 		}
 		if has(a) {
 			// Also a backend of svc, as an old state may have it: if
@@ -116,6 +187,33 @@ func (t *Txn) checkAddrs(old, svc *dataplane.Service, had, has func(netip.Addr) 
 		}
 		u.vips++
 		adds = append(adds, addrCount{a, u})
+	}
+	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, a := range list {
+			if oldExternal(a) {
+				continue
+			}
+			role := externalRole(svc, a)
+			u := t.use(a)
+			vips := u.vips
+			if slices.Contains(oldVIPs, a) {
+				vips--
+			}
+			if vips > 0 {
+				return nil, conflict(a, role, RoleVIP)
+			}
+			backends := u.backends
+			if had(a) {
+				backends--
+			}
+			if backends > 0 || has(a) {
+				return nil, conflict(a, role, RoleBackend)
+			}
+			// The conversion lets no address be in both lists, nor a VIP
+			// of svc, and a backend of svc failed above: a is not in adds.
+			u.externals++
+			adds = append(adds, addrCount{a, u})
+		}
 	}
 	t.scratch = adds
 	return adds, nil
@@ -135,8 +233,10 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 		return
 	}
 	var newVIPs []netip.Addr
+	newExternal := func(netip.Addr) bool { return false }
 	if svc != nil {
 		newVIPs = svc.VIPs
+		newExternal = func(a netip.Addr) bool { return isExternal(svc, a) }
 	}
 	for _, a := range old.VIPs {
 		if !slices.Contains(newVIPs, a) {
@@ -152,6 +252,30 @@ func (t *Txn) stageAddrs(old, svc *dataplane.Service, adds []addrCount, has func
 			t.addrs[keyOf(b.IP)] = u
 		}
 	}
+	for _, list := range [2][]netip.Addr{old.ExternalIPs, old.LoadBalancerIPs} {
+		for _, a := range list {
+			if !newExternal(a) {
+				u := t.use(a)
+				u.externals--
+				t.addrs[keyOf(a)] = u
+			}
+		}
+	}
+}
+
+// isExternal reports whether a is one of s's external or load-balancer
+// IPs.
+func isExternal(s *dataplane.Service, a netip.Addr) bool {
+	return slices.Contains(s.ExternalIPs, a) || slices.Contains(s.LoadBalancerIPs, a)
+}
+
+// externalRole is a's external role in s: RoleExternalIP unless a is one
+// of its load-balancer IPs.
+func externalRole(s *dataplane.Service, a netip.Addr) AddrRole {
+	if slices.Contains(s.LoadBalancerIPs, a) {
+		return RoleLoadBalancerIP
+	}
+	return RoleExternalIP
 }
 
 // legacy reports whether service name had a as a backend (asBackend) or
@@ -173,38 +297,46 @@ func (t *Txn) legacy(name string, a netip.Addr, asBackend bool) bool {
 	return slices.Contains(e.Dataplane.VIPs, a)
 }
 
-// userOf names the service that has a as a VIP (asVIP) or as a backend:
-// svc itself if it does, else the first by name among the services as t
-// sees them, not counting svc's stored version. It reads every service,
-// so it is only for an error.
-func (t *Txn) userOf(svc *dataplane.Service, a netip.Addr, asVIP bool) string {
+// userOf names the service that has a in role (RoleExternalIP: as an
+// external or a load-balancer IP), and returns the role it has it in: svc
+// itself if it does, else the first by name among the services as t sees
+// them, not counting svc's stored version. It reads every service, so it
+// is only for an error.
+func (t *Txn) userOf(svc *dataplane.Service, a netip.Addr, role AddrRole) (string, AddrRole) {
 	uses := func(s *dataplane.Service) bool {
-		if asVIP {
+		switch role {
+		case RoleVIP:
 			return slices.Contains(s.VIPs, a)
+		case RoleBackend:
+			return slices.ContainsFunc(s.Backends, func(b dataplane.Backend) bool { return b.IP == a })
 		}
-		return slices.ContainsFunc(s.Backends, func(b dataplane.Backend) bool { return b.IP == a })
+		return isExternal(s, a)
 	}
+	found, in := "", (*dataplane.Service)(nil)
 	if uses(svc) {
-		return svc.Name
-	}
-	var found string
-	consider := func(name string) {
-		if name == svc.Name || found != "" && name >= found {
-			return
+		found, in = svc.Name, svc
+	} else {
+		consider := func(name string) {
+			if name == svc.Name || found != "" && name >= found {
+				return
+			}
+			if e, ok := t.Get(name); ok && uses(e.Dataplane) {
+				found, in = name, e.Dataplane
+			}
 		}
-		if e, ok := t.Get(name); ok && uses(e.Dataplane) {
-			found = name
+		for x := t; x != nil; x = x.parent {
+			for name := range x.services {
+				consider(name)
+			}
 		}
-	}
-	for x := t; x != nil; x = x.parent {
-		for name := range x.services {
+		for name := range t.base.services.All() {
 			consider(name)
 		}
 	}
-	for name := range t.base.services.All() {
-		consider(name)
+	if role.external() && in != nil {
+		role = externalRole(in, a)
 	}
-	return found
+	return found, role
 }
 
 // backendSet returns a membership test for the IPs of bs: a scan while
@@ -230,6 +362,11 @@ func usesOf(uses []addrEntry, svc *dataplane.Service) []addrEntry {
 	}
 	for _, be := range svc.Backends {
 		uses = append(uses, addrEntry{keyOf(be.IP), addrUse{backends: 1}})
+	}
+	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, a := range list {
+			uses = append(uses, addrEntry{keyOf(a), addrUse{externals: 1}})
+		}
 	}
 	return uses
 }

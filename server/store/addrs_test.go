@@ -51,31 +51,31 @@ func TestVIPIsNeverABackend(t *testing.T) {
 
 	t.Run("a backend that is another service's VIP", func(t *testing.T) {
 		c := addrConflict(t, base.Begin(), with("new", "198.19.0.3", "198.18.3.1", "198.19.0.2"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.19.0.2"), AsBackend: true, Holder: "db"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.19.0.2"), Role: store.RoleBackend, Holder: "db", HolderRole: store.RoleVIP})
 	})
 	t.Run("a backend added to a service that is another's VIP", func(t *testing.T) {
 		c := addrConflict(t, base.Begin(), with("web", "198.19.0.1", "198.18.1.1", "198.19.0.2"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "web", Addr: a("198.19.0.2"), AsBackend: true, Holder: "db"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "web", Addr: a("198.19.0.2"), Role: store.RoleBackend, Holder: "db", HolderRole: store.RoleVIP})
 	})
 	t.Run("a VIP that is another service's backend", func(t *testing.T) {
 		c := addrConflict(t, base.Begin(), with("new", "198.18.1.2"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.18.1.2"), Holder: "web"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.18.1.2"), Role: store.RoleVIP, Holder: "web", HolderRole: store.RoleBackend})
 	})
 	t.Run("a service's own VIP as its backend", func(t *testing.T) {
 		c := addrConflict(t, base.Begin(), with("new", "198.19.0.3", "198.19.0.3"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.19.0.3"), AsBackend: true, Holder: "new"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "new", Addr: a("198.19.0.3"), Role: store.RoleBackend, Holder: "new", HolderRole: store.RoleVIP})
 	})
 	t.Run("a service's own backend as a new VIP", func(t *testing.T) {
 		s := with("web", "198.19.0.1", "198.18.1.1", "198.18.1.2")
 		s.Vips = append(s.Vips, "198.18.1.1")
 		c := addrConflict(t, base.Begin(), s)
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "web", Addr: a("198.18.1.1"), Holder: "web"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "web", Addr: a("198.18.1.1"), Role: store.RoleVIP, Holder: "web", HolderRole: store.RoleBackend})
 	})
 	t.Run("a VIP taken in the same transaction", func(t *testing.T) {
 		tx := base.Begin()
 		put(t, tx, with("new", "198.19.0.3"))
 		c := addrConflict(t, tx, with("other", "198.19.0.4", "198.19.0.3"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "other", Addr: a("198.19.0.3"), AsBackend: true, Holder: "new"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "other", Addr: a("198.19.0.3"), Role: store.RoleBackend, Holder: "new", HolderRole: store.RoleVIP})
 	})
 	t.Run("an address freed by a delete or a change", func(t *testing.T) {
 		tx := base.Begin()
@@ -87,9 +87,9 @@ func TestVIPIsNeverABackend(t *testing.T) {
 		snap := tx.Commit()
 		// The committed index, as a new transaction sees it.
 		c := addrConflict(t, snap.Begin(), with("x", "198.19.0.7", "198.18.1.2"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.1.2"), AsBackend: true, Holder: "new"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.1.2"), Role: store.RoleBackend, Holder: "new", HolderRole: store.RoleVIP})
 		c = addrConflict(t, snap.Begin(), with("x", "198.19.0.2"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.0.2"), Holder: "new"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.0.2"), Role: store.RoleVIP, Holder: "new", HolderRole: store.RoleBackend})
 		put(t, snap.Begin(), with("x", "198.19.0.7", "198.18.1.9"))
 		// The base did not change.
 		addrConflict(t, base.Begin(), with("x", "198.19.0.7", "198.19.0.2"))
@@ -111,7 +111,7 @@ func TestVIPIsNeverABackend(t *testing.T) {
 		put(t, sub, with("new", "198.19.0.3"))
 		sub.Merge()
 		c := addrConflict(t, tx, with("other", "198.19.0.4", "198.19.0.3"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "other", Addr: a("198.19.0.3"), AsBackend: true, Holder: "new"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "other", Addr: a("198.19.0.3"), Role: store.RoleBackend, Holder: "new", HolderRole: store.RoleVIP})
 	})
 	t.Run("an address moves between a service's roles", func(t *testing.T) {
 		tx := base.Begin()
@@ -119,9 +119,9 @@ func TestVIPIsNeverABackend(t *testing.T) {
 		put(t, tx, with("db", "198.18.2.1", "198.18.2.2"))
 		snap := tx.Commit()
 		c := addrConflict(t, snap.Begin(), with("x", "198.19.0.1"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.0.1"), Holder: "web"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.19.0.1"), Role: store.RoleVIP, Holder: "web", HolderRole: store.RoleBackend})
 		c = addrConflict(t, snap.Begin(), with("x", "198.19.0.7", "198.18.2.1"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.2.1"), AsBackend: true, Holder: "db"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.2.1"), Role: store.RoleBackend, Holder: "db", HolderRole: store.RoleVIP})
 		put(t, snap.Begin(), with("x", "198.19.0.7", "198.19.0.1", "198.19.0.2"))
 	})
 	t.Run("a shared backend stays counted until its last service lets go", func(t *testing.T) {
@@ -129,7 +129,7 @@ func TestVIPIsNeverABackend(t *testing.T) {
 		put(t, tx, with("other", "198.19.0.4", "198.18.1.1"))
 		tx.Delete("web")
 		c := addrConflict(t, tx, with("x", "198.18.1.1"))
-		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.1.1"), Holder: "other"})
+		wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: a("198.18.1.1"), Role: store.RoleVIP, Holder: "other", HolderRole: store.RoleBackend})
 		tx.Delete("other")
 		put(t, tx, with("x", "198.18.1.1"))
 	})
@@ -183,21 +183,21 @@ func TestVIPAsBackendInAnOldState(t *testing.T) {
 	other := with("y", "198.19.0.3")
 	other.Ports[0] = tcp(81)
 	c := addrConflict(t, snap.Begin(), other)
-	wantAddrConflict(t, c, store.AddressConflictError{Service: "y", Addr: netip.MustParseAddr("198.19.0.3"), Holder: "self"})
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "y", Addr: netip.MustParseAddr("198.19.0.3"), Role: store.RoleVIP, Holder: "self", HolderRole: store.RoleBackend})
 	put(t, snap.Begin(), with("self", "198.19.0.4", "198.18.1.7"))
 	c = addrConflict(t, snap.Begin(), with("x", "198.19.0.9", "198.19.0.3"))
-	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.3"), AsBackend: true, Holder: "self"})
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.3"), Role: store.RoleBackend, Holder: "self", HolderRole: store.RoleVIP})
 	tx = snap.Begin()
 	tx.Delete("self")
 	put(t, tx, with("x", "198.19.0.9", "198.19.0.3"))
 
 	c = addrConflict(t, old.Begin(), with("x", "198.19.0.9", "198.19.0.1"))
-	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.1"), AsBackend: true, Holder: "web"})
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "x", Addr: netip.MustParseAddr("198.19.0.1"), Role: store.RoleBackend, Holder: "web", HolderRole: store.RoleVIP})
 	// loop's 198.18.1.5 was no VIP in the old state: it may not become one,
 	// even when loop is deleted and stored again in the same transaction.
 	tx = old.Begin()
 	tx.Delete("loop")
 	put(t, tx, with("x", "198.18.1.5"))
 	c = addrConflict(t, tx, with("loop", "198.19.0.2", "198.19.0.1", "198.18.1.5"))
-	wantAddrConflict(t, c, store.AddressConflictError{Service: "loop", Addr: netip.MustParseAddr("198.18.1.5"), AsBackend: true, Holder: "x"})
+	wantAddrConflict(t, c, store.AddressConflictError{Service: "loop", Addr: netip.MustParseAddr("198.18.1.5"), Role: store.RoleBackend, Holder: "x", HolderRole: store.RoleVIP})
 }

@@ -1,7 +1,10 @@
 // Package store holds vipd's desired state: the services, their generations,
-// the index of which service claims each VIP:port/protocol, the count of
-// services using each address as a VIP and as a backend (no address may be
-// both), and the state file that makes it all survive restarts.
+// the index of which service claims each VIP:port/protocol, external or
+// load-balancer IP:port/protocol and node port/protocol (health-check node
+// ports among the TCP ones), the count of services using each address as a
+// VIP, as a backend and as an external or load-balancer IP (no address may
+// have two of these roles), and the state file that makes it all survive
+// restarts.
 //
 // A Snapshot is immutable and safe to share between goroutines. Changes are
 // staged in a Txn on top of a Snapshot and become a new Snapshot on Commit;

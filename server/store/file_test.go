@@ -16,6 +16,7 @@ import (
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 )
@@ -50,9 +51,17 @@ func encodeFile(version uint32, revision, count uint64, payload []byte) []byte {
 // record encodes one payload record: uvarint length, then svc.
 func record(t testing.TB, svc *vipdv1.Service) []byte {
 	t.Helper()
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(svc)
+	// The file's layout: the deterministic encoding without the
+	// generation, then the generation field (a field numbered above it,
+	// such as external_traffic_policy, comes before it).
+	noGen := proto.Clone(svc).(*vipdv1.Service)
+	noGen.Generation = 0
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(noGen)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if svc.Generation != 0 {
+		b = protowire.AppendVarint(protowire.AppendTag(b, 10, protowire.VarintType), svc.Generation)
 	}
 	return append(binary.AppendUvarint(nil, uint64(len(b))), b...)
 }

@@ -55,6 +55,8 @@ func formatServices() []*vipdv1.Service {
 				Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_NONE,
 			},
 			InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+			// Not in the files: today's conversion fills it in.
+			ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
 			LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM,
 			// Control characters, which the admission policy has refused
 			// since 57ec416, and which the versions before it stored.
@@ -80,6 +82,8 @@ func formatServices() []*vipdv1.Service {
 				TimeoutSeconds: 600,
 			},
 			InternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+			// Not in the files: today's conversion fills it in.
+			ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
 			LoadBalancing:         vipdv1.LoadBalancing_LOAD_BALANCING_RANDOM,
 			Labels:                map[string]string{"app": "web"},
 			Generation:            5,

@@ -115,15 +115,37 @@ func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
 // SameEncodedSpec is SameSpec for a service encoded by EncodeSpec.
 func (e *Entry) SameEncodedSpec(spec []byte) bool { return bytes.Equal(spec, e.spec) }
 
-// Claim is one VIP:port/protocol that a service forwards. Two services may
-// not hold the same claim.
+// Claim is one VIP:port/protocol, external or load-balancer IP:port/protocol,
+// or node port/protocol that a service forwards. Two services may not hold
+// the same claim.
 type Claim struct {
+	// VIP is the address; for a ClaimNodePort it is the zero Addr.
 	VIP      netip.Addr
 	Protocol dataplane.Protocol
 	Port     uint16
+	Kind     ClaimKind
 }
 
+// ClaimKind is what a Claim's address is.
+type ClaimKind uint8
+
+// Claim kinds.
+const (
+	// ClaimVIP is a VIP:port/protocol (the zero ClaimKind).
+	ClaimVIP ClaimKind = iota
+	// ClaimExternal is an external or load-balancer IP's port/protocol:
+	// services may share the address on different ports, and no VIP is
+	// one (the address index sees to that), so it is a claim of its own.
+	ClaimExternal
+	// ClaimNodePort is a node port/protocol, on every node-port address.
+	// A health_check_node_port is a TCP one.
+	ClaimNodePort
+)
+
 func (c Claim) String() string {
+	if c.Kind == ClaimNodePort {
+		return fmt.Sprintf("node port %d/%s", c.Port, c.Protocol)
+	}
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(c.VIP, c.Port), c.Protocol)
 }
 
@@ -135,7 +157,47 @@ func claimsOf(svc *dataplane.Service) []Claim {
 			cs = append(cs, Claim{VIP: vip, Protocol: p.Protocol, Port: p.Port})
 		}
 	}
+	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, a := range list {
+			for _, p := range svc.Ports {
+				cs = append(cs, Claim{VIP: a, Protocol: p.Protocol, Port: p.Port, Kind: ClaimExternal})
+			}
+		}
+	}
+	for _, p := range svc.Ports {
+		if p.NodePort != 0 {
+			cs = append(cs, Claim{Protocol: p.Protocol, Port: p.NodePort, Kind: ClaimNodePort})
+		}
+	}
+	if svc.HealthCheckNodePort != 0 {
+		cs = append(cs, Claim{Protocol: dataplane.TCP, Port: svc.HealthCheckNodePort, Kind: ClaimNodePort})
+	}
 	return cs
+}
+
+// claimUse names the field of svc that makes claim c, such as
+// "ports[1].node_port" or "load_balancer_ips[0]", for an error message;
+// "" when svc does not make it.
+func claimUse(svc *dataplane.Service, c Claim) string {
+	switch c.Kind {
+	case ClaimExternal:
+		if i := slices.Index(svc.ExternalIPs, c.VIP); i >= 0 {
+			return fmt.Sprintf("external_ips[%d]", i)
+		}
+		if i := slices.Index(svc.LoadBalancerIPs, c.VIP); i >= 0 {
+			return fmt.Sprintf("load_balancer_ips[%d]", i)
+		}
+	case ClaimNodePort:
+		for i, p := range svc.Ports {
+			if p.NodePort == c.Port && p.Protocol == c.Protocol {
+				return fmt.Sprintf("ports[%d].node_port", i)
+			}
+		}
+		if c.Protocol == dataplane.TCP && svc.HealthCheckNodePort == c.Port {
+			return "health_check_node_port"
+		}
+	}
+	return ""
 }
 
 // Snapshot is an immutable, complete desired state.
@@ -257,16 +319,33 @@ func sorted[V any](m pmap.Map[string, V]) iter.Seq2[string, V] {
 	}
 }
 
-// ConflictError says that a service claims a VIP:port/protocol that another
+// ConflictError says that a service claims a VIP:port/protocol, an
+// external or load-balancer IP:port/protocol or a node port that another
 // service holds already.
 type ConflictError struct {
 	Service string
 	Claim   Claim
 	Holder  string
+	// Use and HolderUse name the fields of Service and Holder that make
+	// the claim (see claimUse), for claims other than a VIP's.
+	Use, HolderUse string
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("service %s: %s is already used by service %s", e.Service, e.Claim, e.Holder)
+	if e.Claim.Kind == ClaimVIP {
+		return fmt.Sprintf("service %s: %s is already used by service %s", e.Service, e.Claim, e.Holder)
+	}
+	return fmt.Sprintf("service %s: %s (its %s) is already used by service %s (its %s)", e.Service, e.Claim, e.Use, e.Holder, e.HolderUse)
+}
+
+// conflict returns the *ConflictError of svc's claim c, which holder holds
+// as t sees it.
+func (t *Txn) conflict(svc *dataplane.Service, c Claim, holder string) *ConflictError {
+	e := &ConflictError{Service: svc.Name, Claim: c, Holder: holder, Use: claimUse(svc, c)}
+	if h, ok := t.Get(holder); ok {
+		e.HolderUse = claimUse(h.Dataplane, c)
+	}
+	return e
 }
 
 // LimitError says that a change would take the store past one of its
@@ -386,8 +465,8 @@ func (t *Txn) holder(c Claim) string {
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
 // It fails, and stages nothing, with a *ConflictError if another service
-// holds one of svc's claims, with an *AddressConflictError if it would add
-// a backend that is a VIP or a VIP that is a backend (see checkAddrs), and
+// holds one of svc's claims (claimsOf), with an *AddressConflictError if it
+// would give an address two roles (see checkAddrs), and
 // with a *LimitError if the store would then hold more services or
 // backends than its limits allow. The totals
 // are checked at each Put, so a change that frees room (SyncServices
@@ -411,7 +490,7 @@ func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 	for _, c := range claimsOf(dp) {
 		if h := t.holder(c); h != "" && h != dp.Name {
-			return nil, &ConflictError{Service: dp.Name, Claim: c, Holder: h}
+			return nil, t.conflict(dp, c, h)
 		}
 	}
 	count, backends := t.count+1, t.backends+len(dp.Backends)
@@ -546,7 +625,7 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	claims := pmap.Map[Claim, string]{}.Builder()
 	n := 0
 	for _, e := range entries {
-		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
+		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends) + len(e.Dataplane.ExternalIPs) + len(e.Dataplane.LoadBalancerIPs)
 	}
 	uses := make([]addrEntry, 0, n)
 	for _, e := range entries {
@@ -559,7 +638,11 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		}
 		for _, c := range claimsOf(e.Dataplane) {
 			if h, taken := claims.Get(c); taken {
-				return nil, &ConflictError{Service: name, Claim: c, Holder: h}
+				ce := &ConflictError{Service: name, Claim: c, Holder: h, Use: claimUse(e.Dataplane, c)}
+				if he, ok := svcs.Get(h); ok {
+					ce.HolderUse = claimUse(he.Dataplane, c)
+				}
+				return nil, ce
 			}
 			claims.Set(c, name)
 		}

@@ -17,7 +17,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-var addrCmp = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
+var addrCmp = cmp.Options{
+	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+}
 
 func tcp(port uint32) *vipdv1.Port {
 	return &vipdv1.Port{Name: fmt.Sprintf("tcp-%d", port), Protocol: vipdv1.Protocol_PROTOCOL_TCP, Port: port}

@@ -25,9 +25,9 @@ import (
 //     65535, a weight above 65535);
 //   - an enum value this vipd does not know;
 //   - a key given twice: a VIP, a protocol and port, a port name, a
-//     backend IP;
-//   - a backend whose family no VIP of the service has, or whose ports name
-//     no port of the service;
+//     backend IP, the external fields' keys (see external.go);
+//   - a backend, external or load-balancer IP whose family no VIP of the
+//     service has, or a backend whose ports name no port of the service;
 //   - a missing name, or a nil port or backend.
 // Each failure is reported as a Violation; nothing is dropped silently.
 // Everything else (lengths, counts, character sets, address classes such as
@@ -37,9 +37,10 @@ import (
 // ConvertService normalizes svc in place and returns its dataplane form:
 // it fills in the defaults (owner DefaultOwner, protocol TCP, target port
 // the port, backend state ready, weight 1, affinity none or its default
-// timeout, traffic policy cluster, load balancing random), writes the
-// addresses in canonical form (an IPv4-mapped IPv6 address as IPv4), and
-// sorts the backends by IP. It leaves the generation alone. svc is named
+// timeout, traffic policies cluster, load balancing random), writes the
+// addresses in canonical form (an IPv4-mapped IPv6 address as IPv4) and
+// the source ranges masked (see convertExternal), and sorts the backends
+// by IP; external and load-balancer IPs keep their order. It leaves the generation alone. svc is named
 // field in the violations. On violations it returns no service, and svc may
 // be left partly normalized.
 func ConvertService(svc *vipdv1.Service, field string) (*dataplane.Service, Violations) {
@@ -72,6 +73,7 @@ func convertService(svc *vipdv1.Service, field string, badVIPs bool) (*dataplane
 	dp.Affinity = affinity(&v, svc, field)
 	dp.TrafficPolicy = trafficPolicy(&v, svc, field)
 	dp.LoadBalancing = loadBalancing(&v, svc, field)
+	convertExternal(&v, svc, dp, field, badVIPs)
 	if len(v) > 0 {
 		return nil, v
 	}
@@ -128,6 +130,7 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 		port  uint32
 	}
 	seen := map[key]int{}
+	nodePorts := map[key]int{}
 	names := map[string]int{}
 	var res []dataplane.Port
 	for i, p := range svc.Ports {
@@ -164,6 +167,10 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 			v.add(f+".target_port", "%d is out of range; 1 to 65535 are allowed, or 0 for the same as port", p.TargetPort)
 			ok = false
 		}
+		if p.NodePort > 65535 {
+			v.add(f+".node_port", "%d is out of range; 1 to 65535 are allowed, or 0 for none", p.NodePort)
+			ok = false
+		}
 		if !ok {
 			continue
 		}
@@ -173,7 +180,15 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 			continue
 		}
 		seen[k] = i
-		res = append(res, dataplane.Port{Name: p.Name, Protocol: proto, Port: uint16(p.Port), TargetPort: uint16(p.TargetPort)})
+		if p.NodePort != 0 {
+			nk := key{proto, p.NodePort}
+			if j, dup := nodePorts[nk]; dup {
+				v.add(f+".node_port", "%d/%s is also the node_port of ports[%d]; each protocol and node port may appear once", p.NodePort, proto, j)
+				continue
+			}
+			nodePorts[nk] = i
+		}
+		res = append(res, dataplane.Port{Name: p.Name, Protocol: proto, Port: uint16(p.Port), TargetPort: uint16(p.TargetPort), NodePort: uint16(p.NodePort)})
 	}
 	return res
 }

@@ -174,6 +174,7 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	affinityPolicy(&v, in, field)
 	labels(&v, in, field)
 	healthCheck(&v, in, field)
+	externalPolicy(&v, in, field)
 
 	dp, cv := convertService(in, field, badVIPs)
 	v = v.withConversion(cv)

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 2
+#define LAYOUT_VERSION 3
 
 union addr {
 	__u32 w[4];
@@ -23,6 +23,19 @@ union addr {
 #define SVC_F_MAGLEV 2   /* pick by Maglev table, not at random */
 #define SVC_F_WEIGHTED 4 /* slots carry cumulative weights */
 #define SVC_F_DRAINING 8 /* deleted: tracked flows finish, nothing new is translated */
+#define SVC_F_SNAT 16       /* external scope, policy Cluster: masquerade to the node's address */
+#define SVC_F_DROP_EMPTY 32 /* external scope, policy Local: no backend drops instead of rejecting */
+#define SVC_F_SRC_RANGES 64 /* load-balancer IP with source ranges (vipd_src_ranges) */
+
+/*
+ * svc_key.scope: which traffic a frontend serves. Cluster frontends serve
+ * VIPs, and node ports, external and load-balancer IPs for pods and the
+ * node's own processes (cluster semantics); external ones serve node ports,
+ * external and load-balancer IPs for packets entering on an external
+ * interface (vipd_from_ext), under the external traffic policy.
+ */
+#define SCOPE_CLUSTER 0
+#define SCOPE_EXTERNAL 1
 
 /*
  * One frontend is (VIP, port, protocol). Slot 0 is its master entry; slots
@@ -32,7 +45,7 @@ struct svc_key {
 	union addr addr;
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 scope; /* SCOPE_* */
 	__u32 slot;
 };
 
@@ -67,7 +80,7 @@ struct rev_nat {
 	union addr addr;
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 scope; /* the frontend's svc_key.scope */
 	__u32 pad2;
 };
 
@@ -87,6 +100,7 @@ struct ct_key {
 #define CT_F_HAIRPIN 1 /* client is its own backend: source NATed to the VIP */
 #define CT_F_CLOSING 2 /* TCP FIN or RST seen */
 #define CT_F_SEEN_REPLY 4
+#define CT_F_SNAT 8 /* external, policy Cluster: source NATed to a node address (snat_addr) */
 
 /* ct_entry.ev_flags, set atomically (each event is sent once). */
 #define CT_EV_CLOSED 1 /* forward: the flow's CLOSED event was sent (or lost) */
@@ -106,7 +120,14 @@ struct ct_entry {
 	__u64 flow_id;       /* the same in both entries and in the flow's events */
 	__u64 start_ns;      /* bpf_ktime_get_ns() of the first packet */
 	__u32 ev_flags;      /* CT_EV_* */
-	__u32 pad;
+	/* CT_F_SNAT: forward: the node address and port the client's source
+	 * became; reply: the client's address and port. The reply entry's key
+	 * (backend -> node address:port) is the NAT table's entry: its port is
+	 * unique per backend and node address because it is inserted with
+	 * BPF_NOEXIST. */
+	__be16 snat_port;
+	__u16 pad;
+	union addr snat_addr;
 };
 
 /*
@@ -208,6 +229,33 @@ struct config {
 	__u32 ct_tcp_established; /* TCP, answered */
 	__u32 ct_tcp_close;       /* TCP, FIN or RST seen */
 	__u32 ct_other;           /* UDP, SCTP */
+	/* The source ports SNAT hands out (host order, inclusive); 0 takes
+	 * the SNAT_PORT_* default. */
+	__u16 snat_port_min;
+	__u16 snat_port_max;
+};
+
+/*
+ * SNAT ports: outside Linux's default ip_local_port_range (32768-60999),
+ * so the node's own connections do not pick them; a port a local socket
+ * uses for the same peer is skipped all the same (bpf_sk_lookup).
+ */
+#define SNAT_PORT_MIN 61000
+#define SNAT_PORT_MAX 65535
+/* How many ports a new SNAT flow tries before it is dropped. */
+#define SNAT_TRIES 16
+
+/* load_balancer_source_ranges: the sources allowed to a frontend. */
+struct src_range_key {
+	__u32 prefixlen; /* 32 (rev_nat_id) + 128 bits of address at most */
+	__u32 rev_nat_id;
+	union addr addr;
+};
+
+/* An external interface: the node addresses SNAT uses on it. */
+struct ext_iface {
+	union addr addr4; /* zero: none */
+	union addr addr6;
 };
 
 struct {
@@ -293,6 +341,24 @@ struct {
 	__type(value, struct sock_udp_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_sock_udp SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_src_ranges SEC(".maps");
+
+/* The external interfaces, by ifindex. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct ext_iface);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_ext_ifaces SEC(".maps");
 
 /* The next backend ID (0) and reverse-NAT ID (1) vipd will hand out. IDs
  * only grow, across restarts too: a conntrack or affinity entry that names

@@ -6,6 +6,14 @@
  *                  tracked flows to a backend; hairpin replies; rejects.
  *   vipd_to_pod    tc egress of a pod's host-side veth: reverse NAT of
  *                  replies, so the client only ever sees the VIP.
+ *   vipd_from_ext  tc ingress of the node's external interfaces: node ports,
+ *                  external and load-balancer IPs for traffic from outside
+ *                  the node, under the external traffic policy (Cluster:
+ *                  DNAT and SNAT to the node's address; Local: DNAT to a
+ *                  node-local backend, or a drop); source ranges; reverse
+ *                  translation of SNATed replies from remote backends.
+ *   vipd_to_ext    tc egress of the external interfaces: reverse NAT of
+ *                  replies of Local flows (client address kept).
  *   vipd_sock_*    cgroup sock_addr hooks: socket-level balancing for
  *                  processes of the node itself (connect, sendmsg, recvmsg,
  *                  getpeername), so no packet needs translating at all.
@@ -49,6 +57,9 @@ struct icmphdr {
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
+
+#define AF_INET 2
+#define AF_INET6 10
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -570,16 +581,59 @@ static __always_inline __u8 tcp_close_reason(const struct pkt *p)
 	return p->tcp_flags & TCP_FLAG_RST ? FLOW_CLOSE_RST : FLOW_CLOSE_FIN;
 }
 
-static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, const union addr *backend,
-				      __be16 backend_port, int hairpin)
+/* reply_key is the key of the reply entry of the flow whose forward entry
+ * e the packet at p (before NAT) belongs to. */
+static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, const struct ct_entry *e)
 {
 	__builtin_memset(rk, 0, sizeof(*rk));
-	rk->src = *backend;
-	rk->sport = backend_port;
-	rk->dst = hairpin ? p->dst : p->src; /* p: the forward packet before NAT */
-	rk->dport = p->sport;
+	rk->src = e->nat_addr;
+	rk->sport = e->nat_port;
+	if (e->flags & CT_F_SNAT) {
+		rk->dst = e->snat_addr;
+		rk->dport = e->snat_port;
+	} else {
+		rk->dst = (e->flags & CT_F_HAIRPIN) ? p->dst : p->src;
+		rk->dport = p->sport;
+	}
 	rk->proto = p->proto;
 	rk->dir = CT_DIR_REPLY;
+}
+
+/*
+ * local_socket reports whether a socket of the node would take a packet
+ * from src:sport to dst:dport (an established socket or a listener), so
+ * that SNAT never hands out a port whose replies belong to a local socket.
+ */
+static __always_inline int local_socket(struct __sk_buff *skb, const struct pkt *p, const union addr *src,
+					__be16 sport, const union addr *dst, __be16 dport)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 len;
+
+	if (!p->is6) {
+		t.ipv4.saddr = src->w[3];
+		t.ipv4.daddr = dst->w[3];
+		t.ipv4.sport = sport;
+		t.ipv4.dport = dport;
+		len = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, src->w, 16);
+		__builtin_memcpy(t.ipv6.daddr, dst->w, 16);
+		t.ipv6.sport = sport;
+		t.ipv6.dport = dport;
+		len = sizeof(t.ipv6);
+	}
+	if (p->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else if (p->proto == IPPROTO_UDP)
+		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else
+		return 0;
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
 }
 
 /*
@@ -590,7 +644,8 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
  * be stored: no flow is ever half-tracked (fail closed).
  */
 static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key *fk, const struct pkt *p,
-				     const struct backend *b, __u32 backend_id, __u32 rev_nat_id)
+				     const struct backend *b, __u32 backend_id, __u32 rev_nat_id,
+				     const union addr *snat, __be16 *snat_port)
 {
 	/* Looked up again rather than passed: that keeps vipd_from_pod's
 	 * stack (near the verifier's 512 bytes) smaller. */
@@ -618,9 +673,45 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	e.start_ns = bpf_ktime_get_ns();
 	e.nat_addr = p->dst;
 	e.nat_port = p->dport;
-	reply_key(&rk, p, &b->addr, b->port, hairpin);
-	if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0)
+	__builtin_memset(&rk, 0, sizeof(rk));
+	rk.src = b->addr;
+	rk.sport = b->port;
+	rk.dst = hairpin ? p->dst : p->src;
+	rk.dport = p->sport;
+	rk.proto = p->proto;
+	rk.dir = CT_DIR_REPLY;
+	if (snat) {
+		/* The NAT table is the reply entries: a port is taken when its
+		 * entry (backend -> node address:port) is inserted, atomically
+		 * (BPF_NOEXIST), and is free again when the entry goes. */
+		__u32 lo = cfg_or(cfg, snat_port_min, SNAT_PORT_MIN);
+		__u32 hi = cfg_or(cfg, snat_port_max, SNAT_PORT_MAX);
+		__u32 n = hi >= lo ? hi - lo + 1 : 1;
+		int i, ok = 0;
+
+		e.flags = CT_F_SNAT;
+		e.snat_addr = p->src;
+		e.snat_port = p->sport;
+		rk.dst = *snat;
+		for (i = 0; i < SNAT_TRIES; i++) {
+			__be16 port = bpf_htons((__u16)(lo + bpf_get_prandom_u32() % n));
+
+			if (local_socket(skb, p, &b->addr, b->port, snat, port))
+				continue;
+			rk.dport = port;
+			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0) {
+				ok = 1;
+				break;
+			}
+		}
+		if (!ok)
+			return -1;
+		*snat_port = rk.dport;
+		e.snat_addr = *snat;
+		e.snat_port = rk.dport;
+	} else if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0) {
 		return -1;
+	}
 
 	e.nat_addr = b->addr;
 	e.nat_port = b->port;
@@ -677,16 +768,78 @@ static __always_inline __u32 flow_hash(const struct pkt *p)
 	return mix32(h ^ ((__u32)p->sport << 16 | p->dport) ^ p->proto);
 }
 
+/*
+ * fib_redirect sends the (rewritten) packet at p where the node's routes
+ * take it, straight out of the egress interface: a packet whose source is
+ * now a node address must not go through the routing input path, which
+ * drops it as a martian (as Cilium does for node-port replies).
+ */
+static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	fib.l4_protocol = p->proto;
+	fib.sport = p->sport;
+	fib.dport = p->dport;
+	if (!p->is6) {
+		fib.family = AF_INET;
+		fib.ipv4_src = p->src.w[3];
+		fib.ipv4_dst = p->dst.w[3];
+	} else {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, p->src.w, 16);
+		__builtin_memcpy(fib.ipv6_dst, p->dst.w, 16);
+	}
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	return TC_ACT_SHOT;
+}
+
+/* src_allowed reports whether src is in a frontend's source ranges. */
+static __always_inline int src_allowed(__u32 rev_nat_id, const union addr *src)
+{
+	struct src_range_key k = {.prefixlen = 32 + 128, .rev_nat_id = rev_nat_id};
+
+	k.addr = *src;
+	return bpf_map_lookup_elem(&vipd_src_ranges, &k) != NULL;
+}
+
+/* snat_addr returns the node address SNAT uses on the interface a packet
+ * entered, of the packet's family, or NULL. */
+static __always_inline const union addr *snat_addr(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 idx = skb->ifindex;
+	struct ext_iface *x = bpf_map_lookup_elem(&vipd_ext_ifaces, &idx);
+	const union addr *a;
+
+	if (!x)
+		return NULL;
+	a = p->is6 ? &x->addr6 : &x->addr4;
+	if (!a->w[0] && !a->w[1] && !a->w[2] && !a->w[3])
+		return NULL;
+	return a;
+}
+
 /* forward handles a packet to a frontend: tracked, new, or refused. */
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const struct svc_key *sk,
-				   const struct svc_val *svc)
+				   const struct svc_val *svc, const int ext)
 {
 	const struct config *cfg = config();
 	struct ct_key fk = {};
 	struct ct_entry *e;
 	struct backend b;
+	union addr snat = {};
+	__be16 snat_port = 0;
 	__u32 now = now_sec(), id;
-	int hairpin;
+	int hairpin, snatted = 0;
 
 	fk.src = p->src;
 	fk.dst = p->dst;
@@ -701,10 +854,15 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 		b.addr = e->nat_addr;
 		b.port = e->nat_port;
 		hairpin = e->flags & CT_F_HAIRPIN;
+		if (e->flags & CT_F_SNAT) {
+			snatted = 1;
+			snat = e->snat_addr;
+			snat_port = e->snat_port;
+		}
 		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) {
 			struct ct_key rk;
 
-			reply_key(&rk, p, &b.addr, b.port, hairpin);
+			reply_key(&rk, p, e);
 			flow_closed(tcp_close_reason(p), &fk, e, &rk);
 		}
 	} else {
@@ -715,14 +873,14 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			 * to close already), and its reply entry goes with it. */
 			struct ct_key rk;
 
-			reply_key(&rk, p, &e->nat_addr, e->nat_port, e->flags & CT_F_HAIRPIN);
+			reply_key(&rk, p, e);
 			flow_closed(replaced_reason(e, now), &fk, e, &rk);
 			bpf_map_delete_elem(&vipd_ct, &rk);
 		}
 		if (svc->flags & SVC_F_DRAINING)
 			return TC_ACT_OK; /* a deleted service: as if there were none */
 		if (svc->count == 0)
-			return reject(skb, p);
+			return svc->flags & SVC_F_DROP_EMPTY ? TC_ACT_SHOT : reject(skb, p);
 		if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
 			/* A mid-stream segment of a flow that is not tracked
 			 * (never seen, or idle past its lifetime): refuse it
@@ -735,8 +893,24 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			return TC_ACT_SHOT;
 		b = *bp;
 		hairpin = addr_eq(&b.addr, &p->src);
-		if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id) < 0)
+		if (ext && (svc->flags & SVC_F_SNAT)) {
+			const union addr *a = snat_addr(skb, p);
+
+			if (!a)
+				return TC_ACT_SHOT;
+			snat = *a;
+			snatted = 1;
+			hairpin = 0;
+			if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, &snat, &snat_port) < 0)
+				return TC_ACT_SHOT;
+		} else if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, NULL, NULL) < 0) {
 			return TC_ACT_SHOT;
+		}
+	}
+	if (ext && snatted) {
+		if (rewrite(skb, p, SIDE_DST, &b.addr, b.port) < 0 || rewrite(skb, p, SIDE_SRC, &snat, snat_port) < 0)
+			return TC_ACT_SHOT;
+		return fib_redirect(skb, p);
 	}
 	if (hairpin) {
 		union addr vip = p->dst;
@@ -751,12 +925,21 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 	return TC_ACT_OK;
 }
 
+/* What reverse translates: replies of plain flows, hairpin flows, and SNAT
+ * flows. */
+#define REV_PLAIN 1
+#define REV_HAIRPIN 2
+#define REV_SNAT 4
+
 /*
- * reverse translates a reply of a tracked flow back to the VIP. Hairpin
- * replies are translated only on the way in (hairpin_only), where they are
- * also sent straight back to the pod; others on the way out to the client.
+ * reverse translates a reply of a tracked flow back to the VIP, if it is
+ * of a kind in accept. Hairpin replies are translated on the way in, where
+ * they are also sent straight back to the pod; SNAT replies on the way in
+ * (from a local backend's pod interface or, from a remote one, the
+ * external interface), where they are sent straight out to the client;
+ * others on the way out to the client.
  */
-static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hairpin_only, int *done)
+static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const int accept, int *done)
 {
 	const struct config *cfg;
 	struct ct_key rk = {};
@@ -764,7 +947,7 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 	__u32 now = now_sec();
 	union addr vip;
 	__be16 vport;
-	int hairpin;
+	int hairpin, snatted, kind;
 
 	*done = 0;
 	rk.src = p->src;
@@ -777,7 +960,9 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 	if (!e)
 		return TC_ACT_OK;
 	hairpin = e->flags & CT_F_HAIRPIN;
-	if (hairpin_only && !hairpin)
+	snatted = e->flags & CT_F_SNAT;
+	kind = snatted ? REV_SNAT : hairpin ? REV_HAIRPIN : REV_PLAIN;
+	if (!(accept & kind))
 		return TC_ACT_OK;
 	/* An expired entry not yet collected must not capture a new flow
 	 * that reuses the tuple (say, a direct connection from the same
@@ -795,8 +980,12 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 		struct ct_entry *f;
 
 		fk.src = hairpin ? p->src : p->dst;
-		fk.dst = vip;
 		fk.sport = p->dport;
+		if (snatted) {
+			fk.src = e->snat_addr;
+			fk.sport = e->snat_port;
+		}
+		fk.dst = vip;
 		fk.dport = vport;
 		fk.proto = p->proto;
 		fk.dir = CT_DIR_FORWARD;
@@ -819,6 +1008,14 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, int hai
 		}
 	}
 	*done = 1;
+	if (snatted) {
+		union addr client = e->snat_addr;
+		__be16 cport = e->snat_port;
+
+		if (rewrite(skb, p, SIDE_SRC, &vip, vport) < 0 || rewrite(skb, p, SIDE_DST, &client, cport) < 0)
+			return TC_ACT_SHOT;
+		return fib_redirect(skb, p);
+	}
 	if (hairpin) {
 		union addr client = p->src;
 
@@ -841,7 +1038,7 @@ int vipd_from_pod(struct __sk_buff *skb)
 
 	if (parse(skb, &p) < 0)
 		return TC_ACT_OK;
-	ret = reverse(skb, &p, 1, &done);
+	ret = reverse(skb, &p, REV_HAIRPIN | REV_SNAT, &done);
 	if (done)
 		return ret;
 	sk.addr = p.dst;
@@ -850,7 +1047,9 @@ int vipd_from_pod(struct __sk_buff *skb)
 	svc = bpf_map_lookup_elem(&vipd_services, &sk);
 	if (!svc)
 		return TC_ACT_OK;
-	return forward(skb, &p, &sk, svc);
+	if ((svc->flags & SVC_F_SRC_RANGES) && !src_allowed(svc->rev_nat_id, &p.src))
+		return TC_ACT_SHOT;
+	return forward(skb, &p, &sk, svc, 0);
 }
 
 SEC("tc")
@@ -861,7 +1060,43 @@ int vipd_to_pod(struct __sk_buff *skb)
 
 	if (parse(skb, &p) < 0)
 		return TC_ACT_OK;
-	return reverse(skb, &p, 0, &done);
+	return reverse(skb, &p, REV_PLAIN | REV_HAIRPIN, &done);
+}
+
+SEC("tc")
+int vipd_from_ext(struct __sk_buff *skb)
+{
+	struct svc_key sk = {};
+	struct svc_val *svc;
+	struct pkt p = {};
+	int ret, done;
+
+	if (parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	ret = reverse(skb, &p, REV_SNAT, &done);
+	if (done)
+		return ret;
+	sk.addr = p.dst;
+	sk.port = p.dport;
+	sk.proto = p.proto;
+	sk.scope = SCOPE_EXTERNAL;
+	svc = bpf_map_lookup_elem(&vipd_services, &sk);
+	if (!svc)
+		return TC_ACT_OK;
+	if ((svc->flags & SVC_F_SRC_RANGES) && !src_allowed(svc->rev_nat_id, &p.src))
+		return TC_ACT_SHOT;
+	return forward(skb, &p, &sk, svc, 1);
+}
+
+SEC("tc")
+int vipd_to_ext(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	int done;
+
+	if (parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	return reverse(skb, &p, REV_PLAIN, &done);
 }
 
 /* ---- socket-level load balancing for the node's own processes ---- */

@@ -19,11 +19,13 @@ type Hook int
 
 // Hooks a traced packet can enter at.
 const (
-	// HookPrerouting is a packet from a pod or another host: nat PREROUTING,
-	// filter FORWARD (a VIP is no local address), nat POSTROUTING.
+	// HookPrerouting is a packet from a pod or another host, in through
+	// Packet.In: nat PREROUTING, filter FORWARD (a VIP is no local address;
+	// INPUT, for a node's own address, has the same vipd hook), nat
+	// POSTROUTING.
 	HookPrerouting Hook = iota
 	// HookOutput is a packet from a local process: nat OUTPUT, filter OUTPUT,
-	// nat POSTROUTING.
+	// nat POSTROUTING. It has no in-interface (Packet.In must be empty).
 	HookOutput
 )
 
@@ -48,6 +50,9 @@ type Packet struct {
 	Src, Dst netip.Addr
 	Protocol dataplane.Protocol
 	DstPort  uint16
+	// In is the interface a HookPrerouting packet came in through, which
+	// `-i` matches; empty matches no `-i`.
+	In string
 	// Affinity, when valid, is the backend the client holds a live
 	// session-affinity entry for: a `recent --rcheck` matches when its list is
 	// the one set by the chain that DNATs to Affinity. When Affinity is not
@@ -66,10 +71,12 @@ const (
 	DNAT
 	// Reject means the packet is refused with an ICMP port unreachable.
 	Reject
+	// Drop means the packet is dropped without an answer.
+	Drop
 )
 
 func (v Verdict) String() string {
-	return [...]string{NoMatch: "no match", DNAT: "DNAT", Reject: "REJECT"}[v]
+	return [...]string{NoMatch: "no match", DNAT: "DNAT", Reject: "REJECT", Drop: "DROP"}[v]
 }
 
 // Destination is one backend a packet may be DNATed to.
@@ -77,7 +84,8 @@ type Destination struct {
 	Addr        netip.AddrPort
 	Probability float64
 	// Masquerade is whether the walk of nat POSTROUTING, with the packet as
-	// DNAT left it, reaches MASQUERADE (hairpin traffic).
+	// DNAT left it, reaches MASQUERADE (hairpin traffic, or external
+	// traffic that got iptables.MasqueradeMark).
 	Masquerade bool
 }
 
@@ -281,11 +289,14 @@ func (t *Tracer) Trace(p Packet) (Outcome, error) {
 	if p.Hook < 0 || int(p.Hook) >= len(hookPath) {
 		return Outcome{}, fmt.Errorf("trace: unknown hook %d", p.Hook)
 	}
+	if p.Hook == HookOutput && p.In != "" {
+		return Outcome{}, errors.New("trace: a local process's packet has no in-interface")
+	}
 	live := []branch{{prob: 1, dst: p.Dst, dport: p.DstPort}}
 	for _, hc := range hookPath[p.Hook] {
 		var next []branch
 		for _, b := range live {
-			if b.reject {
+			if b.reject || b.drop {
 				next = append(next, b)
 				continue
 			}
@@ -308,8 +319,11 @@ type branch struct {
 	dport              uint16
 	rules              int
 	dnat, masq, reject bool
+	drop               bool
 	// marked is set by vipd's CONNMARK rule (see iptables.FlowMark).
 	marked bool
+	// masqMark is set by vipd's MARK rule (see iptables.MasqueradeMark).
+	masqMark bool
 	// stop is set by a target that ends the traversal of the current table.
 	stop bool
 }
@@ -353,6 +367,9 @@ func (t *Tracer) walk(hook builtin, chain string, b branch, p *Packet, depth int
 			case "CONNMARK":
 				b.marked = true
 				next = append(next, b)
+			case "MARK":
+				b.masqMark = true
+				next = append(next, b)
 			case "RETURN":
 				out = append(out, b)
 			case "ACCEPT":
@@ -372,6 +389,9 @@ func (t *Tracer) walk(hook builtin, chain string, b branch, p *Packet, depth int
 				out = append(out, b)
 			case "REJECT":
 				b.reject, b.stop = true, true
+				out = append(out, b)
+			case "DROP":
+				b.drop, b.stop = true, true
 				out = append(out, b)
 			default:
 				sub, err := t.walk(hook, r.jump, b, p, depth+1)
@@ -402,6 +422,8 @@ func (t *Tracer) match(r *rule, b *branch, p *Packet) (float64, error) {
 		r.dst.IsValid() && !r.dst.Contains(b.dst),
 		r.proto != 0 && r.proto != p.Protocol,
 		r.dport >= 0 && r.dport != int(b.dport),
+		r.in != "" && r.in != p.In,
+		r.markMatch && !b.masqMark,
 		r.ctDNAT && !b.dnat:
 		return 0, nil
 	}
@@ -466,6 +488,8 @@ func outcome(paths []branch) (Outcome, error) {
 		switch {
 		case b.reject:
 			v = Reject
+		case b.drop:
+			v = Drop
 		case b.dnat:
 			v = DNAT
 			dests[dest{netip.AddrPortFrom(b.dst, b.dport), b.masq}] += b.prob
@@ -506,9 +530,12 @@ type rule struct {
 	rcheck   string  // recent list that must hold the source
 	rset     string  // recent list the source is added to
 	ctDNAT   bool    // --ctstate DNAT: the connection's destination was translated
-	target   string  // "" when the rule has none
-	jump     string  // user chain, when target is one
-	dnat     netip.AddrPort
+	in       string  // -i: the interface the packet came in through
+	// markMatch is -m mark --mark MasqueradeMark/MasqueradeMark.
+	markMatch bool
+	target    string // "" when the rule has none
+	jump      string // user chain, when target is one
+	dnat      netip.AddrPort
 }
 
 // Options of the matches and targets the tracer models, and whether each
@@ -522,12 +549,15 @@ var (
 		"statistic": {"--mode": true, "--probability": true},
 		"recent":    {"--name": true, "--mask": true, "--rsource": false, "--rcheck": false, "--set": false, "--seconds": true, "--reap": false},
 		"conntrack": {"--ctstate": true},
+		"mark":      {"--mark": true},
 	}
 	targetOptions = map[string]map[string]bool{
 		"DNAT":       {"--to-destination": true},
 		"MASQUERADE": {"--random-fully": false},
 		"REJECT":     {"--reject-with": true},
 		"CONNMARK":   {"--set-xmark": true},
+		"MARK":       {"--set-xmark": true},
+		"DROP":       {},
 		"RETURN":     {},
 		"ACCEPT":     {},
 	}
@@ -556,6 +586,8 @@ func parseRule(f iptables.Family, tab iptables.Table, args []string) (*rule, err
 			} else {
 				r.dst = p
 			}
+		case "-i":
+			r.in = v
 		case "-p":
 			if r.proto = protocols[v]; r.proto == 0 {
 				err = fmt.Errorf("unknown protocol %s", v)
@@ -653,6 +685,11 @@ func (r *rule) setMatch(f iptables.Family, module string, o map[string]string) e
 		default:
 			r.rset = o["--name"]
 		}
+	case "mark":
+		if o["--mark"] != masqMark() {
+			return fmt.Errorf("only vipd's masquerade mark: --mark %s", masqMark())
+		}
+		r.markMatch = true
 	case "conntrack":
 		switch o["--ctstate"] {
 		case "NEW":
@@ -691,6 +728,14 @@ func (r *rule) setTarget(f iptables.Family, tab iptables.Table, o map[string]str
 	case "CONNMARK":
 		if tab != iptables.NAT || o["--set-xmark"] != fmt.Sprintf("%#x/%#x", iptables.FlowMark, iptables.FlowMarkMask) {
 			return fmt.Errorf("only vipd's flow mark in the nat table: --set-xmark %#x/%#x", iptables.FlowMark, iptables.FlowMarkMask)
+		}
+	case "MARK":
+		if tab != iptables.NAT || o["--set-xmark"] != masqMark() {
+			return fmt.Errorf("only vipd's masquerade mark in the nat table: --set-xmark %s", masqMark())
+		}
+	case "DROP":
+		if tab != iptables.Filter {
+			return errors.New("DROP outside the filter table")
 		}
 	case "RETURN", "ACCEPT":
 	default:
@@ -733,4 +778,10 @@ func tokenize(s string) ([]string, error) {
 		out = append(out, cur.String())
 	}
 	return out, nil
+}
+
+// masqMark is iptables.MasqueradeMark as value/mask, the only mark the
+// tracer models.
+func masqMark() string {
+	return fmt.Sprintf("%#x/%#x", iptables.MasqueradeMark, iptables.MasqueradeMark)
 }

@@ -27,6 +27,9 @@ type Spec struct {
 	// Nodes lists the nodes: Nodes[0] becomes node 1. No nodes means one
 	// node without pods.
 	Nodes []NodeSpec
+	// ExternalHosts names the external hosts to create behind the upstream
+	// router, in order; see Lab.AddExternalHost.
+	ExternalHosts []string
 }
 
 // NodeSpec describes one node of a lab.
@@ -54,11 +57,19 @@ func (s Spec) validate() error {
 			}
 		}
 	}
+	if len(s.ExternalHosts) > MaxExternalHosts {
+		return fmt.Errorf("invalid spec: %d external hosts, at most %d", len(s.ExternalHosts), MaxExternalHosts)
+	}
+	for _, h := range s.ExternalHosts {
+		if err := validPodName(h); err != nil {
+			return fmt.Errorf("invalid spec: external host: %w", err)
+		}
+	}
 	return nil
 }
 
 // Lab is a built test network: an upstream router namespace, node
-// namespaces and pod namespaces. Close removes all of it. A Lab is safe for
+// namespaces, pod namespaces and external host namespaces. Close removes all of it. A Lab is safe for
 // concurrent use.
 type Lab struct {
 	log    hclog.Logger
@@ -69,6 +80,10 @@ type Lab struct {
 	closed   bool
 	upstream *NS
 	nodes    []*Node
+	// externals are the external hosts; nextExternal is the number the
+	// next one gets (numbers are never reused).
+	externals    []*ExternalHost
+	nextExternal int
 }
 
 // New builds the lab spec for a test and removes it when the test and its
@@ -120,7 +135,7 @@ func Build(ctx context.Context, spec Spec, log hclog.Logger) (_ *Lab, err error)
 		return nil, err
 	}
 	start := time.Now()
-	l := &Lab{log: log.With("lab", prefix), prefix: prefix}
+	l := &Lab{log: log.With("lab", prefix), prefix: prefix, nextExternal: 1}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, l.Close())
@@ -149,7 +164,12 @@ func Build(ctx context.Context, spec Spec, log hclog.Logger) (_ *Lab, err error)
 			}
 		}
 	}
-	l.log.Info("built lab", "nodes", len(l.nodes), "elapsed", time.Since(start))
+	for _, h := range spec.ExternalHosts {
+		if _, err := l.AddExternalHost(ctx, h); err != nil {
+			return nil, fmt.Errorf("build lab: %w", err)
+		}
+	}
+	l.log.Info("built lab", "nodes", len(l.nodes), "external_hosts", len(l.externals), "elapsed", time.Since(start))
 	return l, nil
 }
 
@@ -190,6 +210,10 @@ func (l *Lab) Close() error {
 	}
 	l.closed = true
 	var errs []error
+	for _, h := range l.externals {
+		errs = append(errs, h.teardown())
+	}
+	l.externals = nil
 	for _, n := range l.nodes {
 		errs = append(errs, n.teardown())
 	}
@@ -243,7 +267,7 @@ func (l *Lab) Upstream() *NS {
 }
 
 // Namespaces returns the names of all the lab's namespaces: upstream, then
-// each node followed by its pods.
+// each node followed by its pods, then the external hosts.
 func (l *Lab) Namespaces() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -256,6 +280,9 @@ func (l *Lab) Namespaces() []string {
 		for _, p := range n.pods {
 			names = append(names, p.NS.name)
 		}
+	}
+	for _, h := range l.externals {
+		names = append(names, h.NS.name)
 	}
 	return names
 }

@@ -16,8 +16,9 @@ type Node struct {
 	index int
 
 	// Guarded by lab.mu.
-	pods     []*Pod
-	nextHost int
+	pods      []*Pod
+	nextHost  int
+	secondary bool // AddSecondaryAddresses has added them
 }
 
 // Index returns k, the node's number: node k is Lab.Node(k), its namespace
@@ -124,7 +125,7 @@ func (n *Node) wire(ctx context.Context) error {
 	if err := n.enableForwarding(); err != nil {
 		return err
 	}
-	fabric := fmt.Sprintf("node%d", k)
+	fabric := n.routerLink()
 	if err := n.addVeth(uplinkName, nodeIndexBase, up, fabric); err != nil {
 		return err
 	}

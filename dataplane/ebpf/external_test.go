@@ -1,0 +1,393 @@
+package ebpf
+
+// External traffic on real packets: the lab's upstream router is the
+// client from outside the node; it reaches the node's uplink (eth0, the
+// external interface) at node ports, external IPs and load-balancer IPs.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/internal/nsdo"
+	"github.com/vipd/vipd/internal/testkit/cgroup2test"
+	"github.com/vipd/vipd/internal/testkit/netlab"
+)
+
+const extNodePort = 30080
+
+var (
+	extIP = netip.MustParseAddr("198.19.0.20") // an external IP
+	extLB = netip.MustParseAddr("198.19.0.21") // a load-balancer IP
+)
+
+// extEnv is a dpEnv whose node's uplink is its external interface, and
+// whose upstream router routes extIP and extLB to the node.
+type extEnv struct {
+	*dpEnv
+	nodeNet dataplane.Node
+}
+
+func newExtEnv(t *testing.T, pods []string) *extEnv {
+	t.Helper()
+	return newExtEnvWith(t, newDPEnv(t, pods, dpSmallMaps))
+}
+
+// newExtEnvRemote is newExtEnv with a second node whose pods remote (those
+// named be* with an echo server) are backends on another node.
+func newExtEnvRemote(t *testing.T, pods, remote []string) *extEnv {
+	t.Helper()
+	netlab.RequireRoot(t)
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: pods}, {Pods: remote}}})
+	for k, names := range [][]string{pods, remote} {
+		for _, p := range names {
+			if strings.HasPrefix(p, "be") {
+				if _, err := lab.Node(k + 1).Pod(p).StartEcho(p, dpTargetPort); err != nil {
+					t.Fatalf("start echo: %v", err)
+				}
+			}
+		}
+	}
+	cg := cgroup2test.New(t)
+	bpffs := filepath.Join(t.TempDir(), "bpf")
+	node := lab.Node(1)
+	e := &dpEnv{
+		t: t, lab: lab, node: node, cgroup: cg, bpffs: bpffs,
+		cfg: Config{
+			NetNS: node.Path(), BPFFS: bpffs, CgroupPath: cg,
+			PodInterfaces: []string{"veth*"}, Maps: dpSmallMaps, GCInterval: time.Hour,
+		},
+	}
+	t.Cleanup(e.cleanup)
+	return newExtEnvWith(t, e)
+}
+
+func newExtEnvWith(t *testing.T, dp *dpEnv) *extEnv {
+	t.Helper()
+	e := &extEnv{dpEnv: dp}
+	var idx int
+	err := e.node.Do(func() error {
+		l, err := netlink.LinkByName(e.node.Uplink())
+		if err == nil {
+			idx = l.Attrs().Index
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("uplink: %v", err)
+	}
+	addrs := []netip.Addr{e.node.IPv4(), e.node.IPv6()}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	e.nodeNet = dataplane.Node{
+		NodePortAddresses: addrs,
+		Interfaces:        []dataplane.Interface{{Name: e.node.Uplink(), Index: idx, Addrs: addrs, External: true}},
+	}
+	err = nsdo.Do(e.lab.Upstream().Path(), func() error {
+		for _, a := range []netip.Addr{extIP, extLB} {
+			r := &netlink.Route{
+				Dst: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)},
+				Gw:  e.node.IPv4().AsSlice(),
+			}
+			if err := netlink.RouteAdd(r); err != nil {
+				return fmt.Errorf("route %s: %w", a, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("route external addresses on the upstream router: %v", err)
+	}
+	return e
+}
+
+// state is a State of svcs on the env's node.
+func (e *extEnv) state(gen uint64, svcs ...*dataplane.Service) *dataplane.State {
+	s := dpState(gen, nil, svcs...)
+	s.Node = e.nodeNet
+	return s
+}
+
+// extService is a TCP or UDP service on dpVIPA:80 with node port
+// extNodePort, the given external traffic policy, and the backends pods
+// (node-local when local).
+func (e *extEnv) extService(proto dataplane.Protocol, policy dataplane.TrafficPolicy, local bool, pods ...string) *dataplane.Service {
+	var bes []dpBE
+	for _, p := range pods {
+		bes = append(bes, dpReady(p))
+	}
+	svc := e.service("ext", dpVIPA, proto, bes...)
+	svc.Ports[0].NodePort = extNodePort
+	svc.ExternalTrafficPolicy = policy
+	// IPv6 too: the node port is served on both of the node's addresses.
+	for _, p := range pods {
+		svc.Backends = append(svc.Backends, dataplane.Backend{IP: e.pod(p).IPv6(), State: dataplane.BackendReady, Weight: 1})
+	}
+	for i := range svc.Backends {
+		svc.Backends[i].NodeLocal = local
+	}
+	sortBackends(svc)
+	return svc
+}
+
+// outside makes one request from the upstream router (outside the node).
+func (e *extEnv) outside(network string, to netip.AddrPort, timeout time.Duration) (netlab.Reply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return e.lab.Upstream().Request(ctx, network, to.String())
+}
+
+// upstreamAddr is the router's address on the node's fabric link: the
+// outside client's address.
+func (e *extEnv) upstreamAddr() netip.Addr {
+	a := e.node.IPv4().As4()
+	a[3]--
+	return netip.AddrFrom4(a)
+}
+
+// upstreamAddrOf is upstreamAddr of the family of node address a.
+func (e *extEnv) upstreamAddrOf(a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return e.upstreamAddr()
+	}
+	b := a.As16()
+	b[15]-- // fd00:198:0:k::2 is the node's, ::1 the router's
+	return netip.AddrFrom16(b)
+}
+
+// nodeAddrs are the node's addresses, IPv4 then IPv6.
+func (e *extEnv) nodeAddrs() []netip.Addr { return []netip.Addr{e.node.IPv4(), e.node.IPv6()} }
+
+// podAddrOf is the address of pod of the family of a.
+func (e *extEnv) podAddrOf(pod string, a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return e.pod(pod).IPv4()
+	}
+	return e.pod(pod).IPv6()
+}
+
+func protoNet(p dataplane.Protocol) string {
+	if p == dataplane.UDP {
+		return "udp"
+	}
+	return "tcp"
+}
+
+// TestExternalNodePortCluster: a node port under policy Cluster, reached
+// from outside the node, masquerades the client to the node's address
+// (the backend sees the node), and the reply reaches the client from the
+// node port; a pod reaching the same node port gets cluster semantics
+// (its own address kept).
+func TestExternalNodePortCluster(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnv(t, []string{"client", "be1"})
+			e.open(nil)
+			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyCluster, true, "be1")))
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				for i := range 3 {
+					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+					if err != nil {
+						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+					}
+					if r.Backend != "be1" || r.Peer.Addr() != na || r.Remote != np {
+						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the node's address %s, from %s",
+							i, np, r.Backend, r.Peer, r.Remote, na, np)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+				defer cancel()
+				r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+				if err != nil {
+					t.Fatalf("request from a pod to node port %s: %v", np, err)
+				}
+				if want := e.podAddrOf("client", na); r.Backend != "be1" || r.Peer.Addr() != want || r.Remote != np {
+					t.Fatalf("request from a pod to %s: backend %s saw client %s, reply from %s; want be1, the pod's address %s, from %s",
+						np, r.Backend, r.Peer, r.Remote, want, np)
+				}
+			}
+		})
+	}
+}
+
+// expectDropped checks that a request from outside to to gets no answer
+// at all: a timeout, not a refusal (an ICMP error or a RST would fail the
+// request at once).
+func (e *extEnv) expectDropped(network string, to netip.AddrPort, what string) {
+	e.t.Helper()
+	r, err := e.outside(network, to, dpDeadTimeout)
+	if err == nil {
+		e.t.Fatalf("%s: request to %s answered by %s, want it dropped", what, to, r.Backend)
+	}
+	if !netlab.IsTimeout(err) {
+		e.t.Fatalf("%s: request to %s failed with %v, want a timeout (dropped, not refused)", what, to, err)
+	}
+}
+
+// TestExternalNodePortLocal: under policy Local, traffic from outside goes
+// to node-local backends only, with the client's address kept; with none
+// it is dropped (not refused), while pods still reach the cluster's
+// backends.
+func TestExternalNodePortLocal(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnv(t, []string{"client", "be1"})
+			e.open(nil)
+			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyLocal, true, "be1")))
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				client := e.upstreamAddrOf(na)
+				for i := range 3 {
+					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+					if err != nil {
+						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+					}
+					if r.Backend != "be1" || r.Peer.Addr() != client || r.Remote != np {
+						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the client's address %s, from %s",
+							i, np, r.Backend, r.Peer, r.Remote, client, np)
+					}
+				}
+			}
+			// The only backend is not node-local any more.
+			e.apply(e.state(2, e.extService(proto, dataplane.TrafficPolicyLocal, false, "be1")))
+			for _, na := range e.nodeAddrs() {
+				np := netip.AddrPortFrom(na, extNodePort)
+				e.expectDropped(protoNet(proto), np, "no node-local backend")
+				ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+				r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+				cancel()
+				if err != nil || r.Backend != "be1" {
+					t.Fatalf("request from a pod to node port %s with no node-local backend: %v, %v; want be1 (cluster semantics)", np, r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestExternalIPsAndLoadBalancerSourceRanges: external IPs and
+// load-balancer IPs are served on the service port from outside; with
+// source ranges that leave the client out, its packets to the
+// load-balancer IP are dropped (the external IP still works), and with a
+// range that holds it they pass again.
+func TestExternalIPsAndLoadBalancerSourceRanges(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.open(nil)
+	svc := func(ranges ...string) *dataplane.Service {
+		s := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+		s.ExternalIPs = []netip.Addr{extIP}
+		s.LoadBalancerIPs = []netip.Addr{extLB}
+		for _, r := range ranges {
+			s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	ext, lb := netip.AddrPortFrom(extIP, 80), netip.AddrPortFrom(extLB, 80)
+	works := func(to netip.AddrPort, what string) {
+		t.Helper()
+		r, err := e.outside("tcp", to, dpReplyTimeout)
+		if err != nil {
+			t.Fatalf("%s: request from outside to %s: %v", what, to, err)
+		}
+		if r.Backend != "be1" || r.Peer.Addr() != e.node.IPv4() || r.Remote != to {
+			t.Fatalf("%s: request to %s: backend %s saw %s, reply from %s; want be1, the node's address, from %s",
+				what, to, r.Backend, r.Peer, r.Remote, to)
+		}
+	}
+	e.apply(e.state(1, svc()))
+	works(ext, "external IP")
+	works(lb, "load-balancer IP without source ranges")
+
+	e.apply(e.state(2, svc("203.0.113.0/24", "fd00:198:ffff::/48")))
+	e.expectDropped("tcp", lb, "client outside load_balancer_source_ranges")
+	works(ext, "external IP, source ranges set (they are for load-balancer IPs only)")
+	// A pod outside the ranges is dropped too, whatever its origin.
+	ctx, cancel := context.WithTimeout(context.Background(), dpDeadTimeout)
+	defer cancel()
+	if r, err := e.pod("client").Request(ctx, "tcp", lb.String()); err == nil {
+		t.Fatalf("pod outside load_balancer_source_ranges reached %s through %s", r.Backend, lb)
+	}
+
+	e.apply(e.state(3, svc("203.0.113.0/24", netip.PrefixFrom(e.upstreamAddr(), 31).Masked().String())))
+	works(lb, "client inside load_balancer_source_ranges")
+}
+
+// TestExternalFlowSurvivesRestart: an established external connection
+// (SNAT through the node port) keeps working while vipd is down and after
+// a new vipd took over the pinned maps.
+func TestExternalFlowSurvivesRestart(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1", "be2"})
+	e.open(nil)
+	s := e.state(1, e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1", "be2"))
+	e.apply(s)
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+	defer cancel()
+	c, err := e.lab.Upstream().Dial(ctx, "tcp", np.String())
+	if err != nil {
+		t.Fatalf("dial %s from outside: %v", np, err)
+	}
+	defer c.Close()
+	first := connRequest(t, c, "before the restart")
+	e.close()
+	if got := connRequest(t, c, "while vipd is down"); got != first {
+		t.Fatalf("connection answered by %s while vipd is down, want %s", got, first)
+	}
+	e.open(nil)
+	e.apply(s)
+	if got := connRequest(t, c, "after the restart"); got != first {
+		t.Fatalf("connection answered by %s after the restart, want %s", got, first)
+	}
+	if _, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
+		t.Fatalf("new connection after the restart: %v", err)
+	}
+}
+
+// TestExternalNodePortRemoteBackend: under policy Cluster, a node port
+// whose backend runs on another node sends the client's packets on,
+// masqueraded to the node's address, so that the backend's replies come
+// back through this node, which sends them to the client from the node
+// port; a pod of this node reaching the node port keeps its address.
+func TestExternalNodePortRemoteBackend(t *testing.T) {
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		t.Run(protoNet(proto), func(t *testing.T) {
+			e := newExtEnvRemote(t, []string{"client"}, []string{"berem"})
+			e.open(nil)
+			svc := e.service("ext", dpVIPA, proto)
+			svc.Ports[0].NodePort = extNodePort
+			svc.ExternalTrafficPolicy = dataplane.TrafficPolicyCluster
+			remote := e.lab.Pod("berem")
+			svc.Backends = []dataplane.Backend{{IP: remote.IPv4(), State: dataplane.BackendReady, Weight: 1}}
+			e.apply(e.state(1, svc))
+			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+			for i := range 3 {
+				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
+				if err != nil {
+					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
+				}
+				if r.Backend != "berem" || r.Peer.Addr() != e.node.IPv4() || r.Remote != np {
+					t.Fatalf("request %d to %s: backend %s saw client %s, reply from %s; want berem, the node's address %s, from %s",
+						i, np, r.Backend, r.Peer, r.Remote, e.node.IPv4(), np)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+			defer cancel()
+			r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
+			if err != nil {
+				t.Fatalf("request from a pod to node port %s: %v", np, err)
+			}
+			if r.Backend != "berem" || r.Peer.Addr() != e.pod("client").IPv4() || r.Remote != np {
+				t.Fatalf("request from a pod to %s: backend %s saw %s, reply from %s; want berem, the pod's address, from %s",
+					np, r.Backend, r.Peer, r.Remote, np)
+			}
+		})
+	}
+}
