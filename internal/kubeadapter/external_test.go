@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/vipd/vipd/client"
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/dataplane/fake"
 	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -308,16 +308,17 @@ func TestExternalConflictKeepsClusterIP(t *testing.T) {
 	if _, err := e.vipd.UpsertService(context.Background(), nomad, 0); err != nil {
 		t.Fatal(err)
 	}
-	var vipd *conflicting
-	e.wrap = func(c *client.Client) kubeadapter.VIPD {
-		vipd = &conflicting{Client: c, nodePorts: map[uint32]bool{30081: true}}
-		return vipd
-	}
 	a := e.start(kubeadapter.WithFullSyncPeriod(0))
 	e.waitState(map[string]string{"shop/np": "vips=198.19.0.10 ports=/TCP:80 backends=[]"})
 	e.waitExternal(map[string]string{"shop/np": ""})
 	waitMetric(t, a.reg, 1, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonConflict)
 
+	// Taken after the full sync: vipd refuses the write.
+	nomad2 := nomadService("nomad/api", "198.19.0.51")
+	nomad2.Ports[0].NodePort = 30081
+	if _, err := e.vipd.UpsertService(context.Background(), nomad2, 0); err != nil {
+		t.Fatal(err)
+	}
 	e.createService(nodePortService("shop", "np2", "198.19.0.11", 30081))
 	e.createService(nodePortService("shop", "np3", "198.19.0.12", 30082))
 	e.waitState(map[string]string{
@@ -328,87 +329,77 @@ func TestExternalConflictKeepsClusterIP(t *testing.T) {
 	e.waitExternal(map[string]string{"shop/np": "", "shop/np2": "", "shop/np3": "nodeport=30082/TCP"})
 	waitMetric(t, a.reg, 2, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonConflict)
 	waitMetric(t, a.reg, 0, "vipd_k8s_services_left_out", "reason", kubeadapter.ReasonConflict)
+
+	// The Service moves to a free node port: programmed whole.
+	e.updateService(nodePortService("shop", "np2", "198.19.0.11", 30083))
+	e.waitExternal(map[string]string{"shop/np": "", "shop/np2": "nodeport=30083/TCP", "shop/np3": "nodeport=30082/TCP"})
+	waitMetric(t, a.reg, 1, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonConflict)
 }
 
-// conflicting is vipd with node ports that another service holds: writes
-// with them are refused with AlreadyExists, as vipd refuses a node port
-// that is taken.
-type conflicting struct {
-	*client.Client
-	mu        sync.Mutex
-	nodePorts map[uint32]bool
-}
-
-func (c *conflicting) check(s *vipdv1.Service) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range s.Ports {
-		if c.nodePorts[p.NodePort] {
-			return status.Errorf(codes.AlreadyExists, "node port %d/TCP is held by service other/x", p.NodePort)
-		}
-	}
-	return nil
-}
-
-func (c *conflicting) UpsertService(ctx context.Context, svc *vipdv1.Service, gen uint64) (*vipdv1.Service, error) {
-	if err := c.check(svc); err != nil {
-		return nil, err
-	}
-	return c.Client.UpsertService(ctx, svc, gen)
-}
-
-func (c *conflicting) CreateService(ctx context.Context, svc *vipdv1.Service) (*vipdv1.Service, error) {
-	if err := c.check(svc); err != nil {
-		return nil, err
-	}
-	return c.Client.CreateService(ctx, svc)
-}
-
-// invalidExternal is vipd refusing, as invalid, every external IP in
-// bad: a SyncServices names the field, services[i].external_ips[j].
-type invalidExternal struct {
-	*client.Client
-	bad string
-}
-
-func (v *invalidExternal) SyncServices(ctx context.Context, owner string, svcs []*vipdv1.Service) (*vipdv1.SyncServicesResponse, error) {
-	var violations []*errdetails.BadRequest_FieldViolation
-	for i, s := range svcs {
-		for j, ip := range s.ExternalIps {
-			if ip == v.bad {
-				violations = append(violations, &errdetails.BadRequest_FieldViolation{
-					Field: fmt.Sprintf("services[%d].external_ips[%d]", i, j), Description: ip + " is a backend of service other/x",
-				})
-			}
-		}
-	}
-	if len(violations) > 0 {
-		st, err := status.New(codes.InvalidArgument, "invalid services").WithDetails(&errdetails.BadRequest{FieldViolations: violations})
-		if err != nil {
-			return nil, err
-		}
-		return nil, st.Err()
-	}
-	return v.Client.SyncServices(ctx, owner, svcs)
-}
-
-// TestExternalInvalidKeepsClusterIP: a SyncServices refused for a field of
-// a service's external part programs that service without it (and the
-// others whole); a fault outside the external part still leaves the
+// TestExternalInvalidKeepsClusterIP: a service refused as invalid for a
+// field of its external part alone (an external IP that is another
+// service's backend) is programmed without that part, and the others
+// whole: in the full sync (SyncServices names the field) and in a
+// per-service pass. A fault outside the external part still leaves the
 // service out whole.
 func TestExternalInvalidKeepsClusterIP(t *testing.T) {
 	bad := service("shop", "bad", []string{"198.19.0.10"}, svcPort("", corev1.ProtocolTCP, 80, 8080))
-	bad.Spec.ExternalIPs = []string{"198.19.2.66"}
+	bad.Spec.ExternalIPs = []string{"198.18.9.1"} // nomad/web's backend
 	good := service("shop", "good", []string{"198.19.0.11"}, svcPort("", corev1.ProtocolTCP, 80, 8080))
 	good.Spec.ExternalIPs = []string{"198.19.2.1"}
 	e := newEnv(t, bad, good)
-	e.wrap = func(c *client.Client) kubeadapter.VIPD { return &invalidExternal{Client: c, bad: "198.19.2.66"} }
+	if _, err := e.vipd.UpsertService(context.Background(), nomadService("nomad/web", "198.19.0.50"), 0); err != nil {
+		t.Fatal(err)
+	}
 	a := e.start(kubeadapter.WithFullSyncPeriod(0))
-	e.waitExternal(map[string]string{"shop/bad": "", "shop/good": "ext=198.19.2.1"})
 	e.waitState(map[string]string{
 		"shop/bad":  "vips=198.19.0.10 ports=/TCP:80 backends=[]",
 		"shop/good": "vips=198.19.0.11 ports=/TCP:80 backends=[]",
 	})
+	e.waitExternal(map[string]string{"shop/bad": "", "shop/good": "ext=198.19.2.1"})
 	waitMetric(t, a.reg, 1, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonInvalid)
 	waitMetric(t, a.reg, 0, "vipd_k8s_services_left_out", "reason", kubeadapter.ReasonInvalid)
+	if n := e.calls.get("SyncServices"); n != 2 {
+		t.Errorf("%d SyncServices; want 2 (one refused naming the external IP, one without it)", n)
+	}
+
+	// Per service: the same fault in a new Service.
+	bad2 := service("shop", "bad2", []string{"198.19.0.12"}, svcPort("", corev1.ProtocolTCP, 80, 8080))
+	bad2.Spec.ExternalIPs = []string{"198.18.9.1"}
+	e.createService(bad2)
+	// A fault in the cluster IP part: the service is left out whole.
+	worse := service("shop", "worse", []string{"198.18.9.1"}, svcPort("", corev1.ProtocolTCP, 80, 8080))
+	worse.Spec.ExternalIPs = []string{"198.19.2.3"}
+	e.createService(worse)
+	e.settle()
+	e.waitExternal(map[string]string{"shop/bad": "", "shop/good": "ext=198.19.2.1", "shop/bad2": ""})
+	waitMetric(t, a.reg, 2, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonInvalid)
+	waitMetric(t, a.reg, 1, "vipd_k8s_services_left_out", "reason", kubeadapter.ReasonInvalid)
+}
+
+// TestExternalUnsupportedByDataplane: the same on vipd itself, over a
+// dataplane whose capabilities lack external traffic: vipd refuses the
+// external part (FailedPrecondition), and every Service keeps its
+// cluster IP, in the full sync and in a per-service pass.
+func TestExternalUnsupportedByDataplane(t *testing.T) {
+	dp := fake.New(fake.WithCapabilities(dataplane.Capabilities{
+		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom},
+		Protocols:     []dataplane.Protocol{dataplane.TCP, dataplane.UDP},
+	}))
+	var objs []runtime.Object
+	objs = append(objs, simple("shop", "plain", "198.19.0.9", "198.18.1.9")...)
+	objs = append(objs, lbService("shop", "lb", "198.19.0.11", 30081, "198.19.1.1"))
+	e := newEnv(t, objs...)
+	e.setServer(testserver.Start(t, testserver.WithDataplane(dp)))
+	a := e.start(kubeadapter.WithFullSyncPeriod(0))
+	e.createService(nodePortService("shop", "np", "198.19.0.10", 30080))
+	e.settle()
+	e.waitState(map[string]string{
+		"shop/plain": simpleSummary("198.19.0.9", "198.18.1.9"),
+		"shop/np":    "vips=198.19.0.10 ports=/TCP:80 backends=[]",
+		"shop/lb":    "vips=198.19.0.11 ports=/TCP:80 backends=[]",
+	})
+	e.waitExternal(map[string]string{"shop/plain": "", "shop/np": "", "shop/lb": ""})
+	waitMetric(t, a.reg, 2, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonUnsupported)
+	waitMetric(t, a.reg, 0, "vipd_k8s_services_left_out", "reason", kubeadapter.ReasonUnsupported)
 }
