@@ -21,6 +21,7 @@
 // their events), queue.go (the dirty set and the loop that takes it),
 // fullsync.go and servicepass.go (the two kinds of pass), write.go (one
 // service's write that survives another writer), leftout.go and claims.go
-// (what vipd refused, and why), vipdhealth.go, healthz.go, metrics.go and
-// serve.go.
+// (what vipd refused, and why), external.go (a Service whose node ports,
+// external or load-balancer IPs vipd refuses keeps its cluster IPs),
+// vipdhealth.go, healthz.go, metrics.go and serve.go.
 package kubeadapter
