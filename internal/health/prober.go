@@ -126,8 +126,9 @@ type Transition struct {
 	Service string
 	// Backend is the probed address and port.
 	Backend netip.AddrPort
-	// Health is the backend's health after the transition; its
-	// SinceUnixMs is when the transition happened.
+	// Time is when the transition happened.
+	Time time.Time
+	// Health is the backend's health after the transition.
 	Health *vipdv1.BackendHealth
 }
 

@@ -2,9 +2,11 @@ package health_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +50,22 @@ type lab struct {
 	snap atomic.Pointer[store.Snapshot]
 	sub  *submitter
 	p    *health.Prober
+
+	mu          sync.Mutex
+	transitions []health.Transition
+}
+
+// transitionsSeen is the transitions so far, as "service backend state
+// (last error, consecutive)".
+func (l *lab) transitionsSeen() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, tr := range l.transitions {
+		out = append(out, fmt.Sprintf("%s %s %s (%s, %d)", tr.Service, tr.Backend, strings.ToLower(strings.TrimPrefix(tr.Health.State.String(), "HEALTH_STATE_")),
+			tr.Health.LastError, tr.Health.Consecutive))
+	}
+	return out
 }
 
 func (l *lab) put(t *testing.T, svc *vipdv1.Service) {
@@ -72,7 +90,12 @@ func start(t *testing.T, svc *vipdv1.Service) *lab {
 	l := &lab{sub: &submitter{failing: map[string]bool{}}}
 	l.snap.Store(store.Empty())
 	l.put(t, svc)
-	l.p = health.New(hclog.NewNullLogger(), l.snap.Load, l.sub, health.WithSyncPeriod(20*time.Millisecond))
+	l.p = health.New(hclog.NewNullLogger(), l.snap.Load, l.sub, health.WithSyncPeriod(20*time.Millisecond),
+		health.WithTransitions(func(tr health.Transition) {
+			l.mu.Lock()
+			l.transitions = append(l.transitions, tr)
+			l.mu.Unlock()
+		}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); l.p.Run(ctx) }()
@@ -163,6 +186,13 @@ func TestTCPFailsAndComesBack(t *testing.T) {
 	}()
 	eventually(t, "passing again", stateIs(l, vipdv1.HealthState_HEALTH_STATE_PASSING))
 	eventually(t, "lifted", func() bool { return !l.sub.isFailing("web/127.0.0.2") })
+	// Transitions: to failing and back; the first pass (unknown to
+	// passing) is none.
+	want := []string{"web " + addr.String() + " failing (connection refused, 3)", "web " + addr.String() + " passing (connection refused, 2)"}
+	eventually(t, "two transitions", func() bool { return len(l.transitionsSeen()) >= 2 })
+	if got := l.transitionsSeen(); !slices.Equal(got, want) {
+		t.Errorf("transitions %q, want %q", got, want)
+	}
 }
 
 // TestHTTP500Fails: an HTTP check passes on 2xx and 3xx and fails on 500.
@@ -227,6 +257,10 @@ func TestControlPlaneNotServingNotProbed(t *testing.T) {
 	svc := service("127.0.0.5", 1, &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP, IntervalMs: 50, UnhealthyThreshold: 1})
 	l := start(t, svc) // nothing listens on port 1: refused
 	eventually(t, "submitted as failing", func() bool { return l.sub.isFailing("web/127.0.0.5") })
+	// Unknown to failing is a transition.
+	if got, want := l.transitionsSeen(), []string{"web 127.0.0.5:1 failing (connection refused, 1)"}; !slices.Equal(got, want) {
+		t.Errorf("transitions %q, want %q", got, want)
+	}
 	svc.Backends[0].State = vipdv1.BackendState_BACKEND_STATE_NOT_SERVING
 	l.put(t, svc)
 	eventually(t, "lifted", func() bool { return !l.sub.isFailing("web/127.0.0.5") })

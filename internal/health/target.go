@@ -71,8 +71,8 @@ func (t *target) begin() bool {
 }
 
 // complete takes the result of the check begin started: it records it,
-// reports a change of the backend's effective health to the submitter and
-// a transition to the prober's listener, and schedules the next check,
+// tells the prober's listener of a transition and then the submitter of a
+// change of the backend's effective health, and schedules the next check,
 // one interval (5% either side) from now.
 func (t *target) complete(err error) {
 	t.mu.Lock()
@@ -89,10 +89,10 @@ func (t *target) complete(err error) {
 	failing := t.state == vipdv1.HealthState_HEALTH_STATE_FAILING
 	t.mu.Unlock()
 
-	t.p.report(t, failing)
 	if tr != nil && t.p.events != nil {
 		t.p.events(*tr)
 	}
+	t.p.report(t, failing)
 	iv := t.interval()
 	t.p.sched.add(t, time.Now().Add(iv-iv/20+rand.N(iv/10+1)))
 }
@@ -141,7 +141,7 @@ func (t *target) record(err error) *Transition {
 	if prev == vipdv1.HealthState_HEALTH_STATE_UNKNOWN && t.state == vipdv1.HealthState_HEALTH_STATE_PASSING {
 		return nil
 	}
-	return &Transition{Service: t.key.service, Backend: t.spec.addr, Health: t.viewLocked()}
+	return &Transition{Service: t.key.service, Backend: t.spec.addr, Time: t.since, Health: t.viewLocked()}
 }
 
 func (t *target) view() *vipdv1.BackendHealth {
