@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/internal/daemon"
@@ -147,6 +148,8 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			interval := time.Duration(d.IntervalMs) * time.Millisecond
 			reaches("be1", 10*time.Second)
 			reaches("be2", 10*time.Second)
+			// A WatchFlows stream of be1's health transitions.
+			transitions := watchHealth(t, r.local, "web", be1.IPv4().String())
 
 			echo1.Close()
 			stopped := time.Now()
@@ -200,6 +203,9 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 				}
 			}
 
+			be1Probed := netip.AddrPortFrom(be1.IPv4(), 8080).String()
+			nextTransition(t, transitions, "web "+be1Probed+" failing: connection refused", 5*time.Second)
+
 			// It comes back when its server does.
 			if echo1, err = be1.StartEcho("", 8080); err != nil {
 				t.Fatal(err)
@@ -207,6 +213,7 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			back := time.Now()
 			reaches("be1", interval*time.Duration(d.HealthyThreshold+2)+time.Second)
 			t.Logf("%s: back after %v", dp, time.Since(back).Round(time.Millisecond))
+			nextTransition(t, transitions, "web "+be1Probed+" passing", 5*time.Second)
 		})
 	}
 
@@ -369,6 +376,63 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 	}
 	if !strings.Contains(r.log.String(), "backend health changed") {
 		t.Errorf("no health transition logged:\n%s", r.log)
+	}
+}
+
+// watchHealth opens a WatchFlows stream of the health transitions of
+// backend ip of service, and returns them as "service ip:port state" or
+// "service ip:port failing: last error", until the test ends.
+func watchHealth(t *testing.T, c *client.Client, service, ip string) <-chan string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.WatchFlows(ctx, &vipdv1.WatchFlowsRequest{
+		Types:  []vipdv1.FlowEventType{vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH},
+		Filter: &vipdv1.FlowFilter{Service: service, Backend: ip}})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	out := make(chan string, 16)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ev := m.GetFlow()
+			if ev.GetType() != vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH {
+				out <- fmt.Sprintf("unexpected event %v", m)
+				continue
+			}
+			h := ev.GetHealth()
+			line := fmt.Sprintf("%s %s:%d %s", ev.GetService(), ev.GetBackend().GetIp(), ev.GetBackend().GetPort(),
+				strings.ToLower(strings.TrimPrefix(h.GetState().String(), "HEALTH_STATE_")))
+			if h.GetState() == vipdv1.HealthState_HEALTH_STATE_FAILING {
+				line += ": " + h.GetLastError()
+			}
+			select {
+			case out <- line:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// nextTransition waits for the next line of watchHealth and checks it.
+func nextTransition(t *testing.T, c <-chan string, want string, within time.Duration) {
+	t.Helper()
+	select {
+	case got := <-c:
+		if got != want {
+			t.Errorf("health transition %q, want %q", got, want)
+		}
+	case <-time.After(within):
+		t.Errorf("no health transition %q on WatchFlows within %v", want, within)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,21 +14,26 @@ import (
 // tcpChecker runs TCP checks on raw non-blocking sockets, without the Go
 // runtime's poller, timers or a goroutine per check:
 //
-//   - the scheduler's goroutine takes a socket (made in the namespace, in
-//     batches: nsSockets), and connects it;
+//   - the scheduler's goroutine takes a socket from a pool (new ones are
+//     made in the namespace, in batches: nsSockets) and connects it;
 //   - a second connect(2) says at once whether the handshake is already
 //     over (0: connected; an error such as ECONNREFUSED: failed), which on
 //     a fast link it often is by the time the first one returns;
-//   - otherwise the socket is handed to one waiter goroutine, which owns an
+//   - otherwise the socket goes to one waiter goroutine, which owns an
 //     epoll instance and waits for all pending checks at once (EPOLLOUT,
-//     one-shot), reading the result with SO_ERROR, and times them out;
-//   - a connected socket is closed with a reset (SO_LINGER 0): no FIN
-//     exchange and no TIME_WAIT socket, which at thousands of checks a
-//     second to the same few addresses would fill the ephemeral port range
-//     and make every connect search it.
+//     one-shot, re-armed per check), reads the result with connect again,
+//     and times them out;
+//   - then the socket is disconnected (connect to AF_UNSPEC), which resets
+//     an established connection (no FIN exchange, no TIME_WAIT socket,
+//     which at thousands of checks a second to the same few addresses
+//     would fill the ephemeral port range and make every connect search
+//     it), frees its port, and leaves the socket ready for the next check:
+//     no socket is made, registered with epoll or closed per check.
 //
-// Per check that is connect, connect (or epoll_ctl and getsockopt),
-// setsockopt and close, and no allocation but the pending entry.
+// Per check that is connect, connect and the disconnect, and when the
+// handshake is not over at once an epoll_ctl and a share of an
+// epoll_wait; the pool holds at most as many sockets as checks were in
+// flight at once.
 type tcpChecker struct {
 	newSocket func(ctx context.Context, family int) (int, error)
 
@@ -35,6 +41,7 @@ type tcpChecker struct {
 	done       chan struct{}
 
 	mu      sync.Mutex
+	pool    map[int][]*tcpSocket // by family: idle, disconnected sockets
 	pending map[int32]*pendingConn
 	stop    bool
 	// wakeAt is when the waiter's epoll_wait returns at the latest; zero
@@ -43,10 +50,18 @@ type tcpChecker struct {
 	wakeAt time.Time
 }
 
+// tcpSocket is a socket of the pool.
+type tcpSocket struct {
+	fd, family int
+	// registered: the socket is in the epoll set (armed or not).
+	registered bool
+}
+
 // pendingConn is a check waiting for its connect to finish; done is
 // called once, from the waiter's goroutine, with the check's result.
 type pendingConn struct {
-	fd       int
+	s        *tcpSocket
+	sa       unix.Sockaddr
 	deadline time.Time
 	done     func(error)
 }
@@ -72,19 +87,28 @@ func newTCPChecker(newSocket func(ctx context.Context, family int) (int, error))
 		unix.Close(evfd)
 		return nil, fmt.Errorf("epoll_ctl: %w", err)
 	}
-	c := &tcpChecker{newSocket: newSocket, epfd: epfd, evfd: evfd, done: make(chan struct{}), pending: map[int32]*pendingConn{}}
+	c := &tcpChecker{newSocket: newSocket, epfd: epfd, evfd: evfd, done: make(chan struct{}),
+		pool: map[int][]*tcpSocket{}, pending: map[int32]*pendingConn{}}
 	go c.wait()
 	return c, nil
 }
 
-// close stops the waiter and fails the checks still pending with
-// context.Canceled.
+// close stops the waiter, fails the checks still pending with
+// context.Canceled, and closes the sockets.
 func (c *tcpChecker) close() {
 	c.mu.Lock()
 	c.stop = true
 	c.mu.Unlock()
 	c.signal()
 	<-c.done
+	c.mu.Lock()
+	for f, socks := range c.pool {
+		for _, s := range socks {
+			unix.Close(s.fd)
+		}
+		delete(c.pool, f)
+	}
+	c.mu.Unlock()
 	unix.Close(c.epfd)
 	unix.Close(c.evfd)
 }
@@ -95,62 +119,87 @@ func (c *tcpChecker) signal() {
 	unix.Write(c.evfd, one[:])
 }
 
+// socket takes a socket of family from the pool, or makes one.
+func (c *tcpChecker) socket(ctx context.Context, family int) (*tcpSocket, error) {
+	c.mu.Lock()
+	if socks := c.pool[family]; len(socks) > 0 {
+		s := socks[len(socks)-1]
+		c.pool[family] = socks[:len(socks)-1]
+		c.mu.Unlock()
+		return s, nil
+	}
+	c.mu.Unlock()
+	fd, err := c.newSocket(ctx, family)
+	if err != nil {
+		return nil, err
+	}
+	return &tcpSocket{fd: fd, family: family}, nil
+}
+
 // check starts a check of addr. When it finishes at once it returns true
 // and its result; otherwise done gets the result later (by timeout at the
 // latest), from the waiter's goroutine, and check returns false.
 func (c *tcpChecker) check(ctx context.Context, addr netip.AddrPort, timeout time.Duration, done func(error)) (bool, error) {
 	family, sa := sockaddr(addr)
-	fd, err := c.newSocket(ctx, family)
+	s, err := c.socket(ctx, family)
 	if err != nil {
 		return true, err
 	}
-	err = unix.Connect(fd, sa)
+	err = unix.Connect(s.fd, sa)
 	if err == unix.EINPROGRESS {
 		// Has the handshake finished meanwhile? connect on a connecting
 		// socket says so: 0 (or EISCONN), the error that ended it, or
 		// EALREADY while it goes on.
-		err = unix.Connect(fd, sa)
+		err = unix.Connect(s.fd, sa)
 		if err == unix.EALREADY {
-			c.await(fd, timeout, done)
+			c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done})
 			return false, nil
 		}
-		if err == unix.EISCONN {
-			err = nil
-		}
 	}
-	return true, finish(fd, err)
+	return true, c.finish(s, err)
 }
 
-// await hands fd to the waiter, which calls done; at once when the waiter
-// has stopped.
-func (c *tcpChecker) await(fd int, timeout time.Duration, done func(error)) {
+// await hands pc to the waiter, which calls its done; at once when the
+// waiter has stopped.
+func (c *tcpChecker) await(pc *pendingConn) {
 	c.mu.Lock()
 	if c.stop {
 		c.mu.Unlock()
-		unix.Close(fd)
-		done(context.Canceled)
+		unix.Close(pc.s.fd)
+		pc.done(context.Canceled)
 		return
 	}
-	deadline := time.Now().Add(timeout)
-	c.pending[int32(fd)] = &pendingConn{fd: fd, deadline: deadline, done: done}
-	wake := c.wakeAt.IsZero() || deadline.Before(c.wakeAt)
+	// Armed under the lock: the waiter takes no event for pc before it
+	// is pending, and none of an earlier arming after.
+	if err := c.arm(pc.s); err != nil {
+		c.mu.Unlock()
+		unix.Close(pc.s.fd)
+		pc.done(fmt.Errorf("epoll_ctl: %w", err))
+		return
+	}
+	c.pending[int32(pc.s.fd)] = pc
+	wake := c.wakeAt.IsZero() || pc.deadline.Before(c.wakeAt)
 	if wake {
-		c.wakeAt = deadline
+		c.wakeAt = pc.deadline
 	}
 	c.mu.Unlock()
 	if wake {
 		c.signal()
 	}
-	if err := unix.EpollCtl(c.epfd, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}); err != nil {
-		c.mu.Lock()
-		pc, ok := c.pending[int32(fd)]
-		delete(c.pending, int32(fd))
-		c.mu.Unlock()
-		if ok {
-			unix.Close(fd)
-			pc.done(fmt.Errorf("epoll_ctl: %w", err))
-		}
+}
+
+// arm has the waiter's epoll report s once when it is writable: the
+// connect finished, one way or the other.
+func (c *tcpChecker) arm(s *tcpSocket) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(s.fd)}
+	if s.registered {
+		return unix.EpollCtl(c.epfd, unix.EPOLL_CTL_MOD, s.fd, &ev)
 	}
+	if err := unix.EpollCtl(c.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
+		return err
+	}
+	s.registered = true
+	return nil
 }
 
 // wait is the waiter's loop.
@@ -165,7 +214,7 @@ func (c *tcpChecker) wait() {
 			c.pending = map[int32]*pendingConn{}
 			c.mu.Unlock()
 			for _, pc := range pending {
-				unix.Close(pc.fd)
+				unix.Close(pc.s.fd)
 				pc.done(context.Canceled)
 			}
 			return
@@ -202,6 +251,8 @@ func (c *tcpChecker) wait() {
 				unix.Read(c.evfd, buf[:])
 				continue
 			}
+			// An event for a socket that no check waits for is left
+			// over from a check that timed out: its one-shot is spent.
 			if pc, ok := c.pending[ev.Fd]; ok {
 				delete(c.pending, ev.Fd)
 				ready = append(ready, pc)
@@ -217,28 +268,50 @@ func (c *tcpChecker) wait() {
 		}
 		c.mu.Unlock()
 		for _, pc := range ready {
-			v, err := unix.GetsockoptInt(pc.fd, unix.SOL_SOCKET, unix.SO_ERROR)
-			if err == nil && v != 0 {
-				err = unix.Errno(v)
+			err := unix.Connect(pc.s.fd, pc.sa)
+			if err == unix.EALREADY {
+				// Left over from an earlier check of this socket: wait on.
+				c.await(pc)
+				continue
 			}
-			pc.done(finish(pc.fd, err))
+			pc.done(c.finish(pc.s, err))
 		}
 		for _, pc := range expired {
-			unix.Close(pc.fd)
+			c.finish(pc.s, nil)
 			pc.done(errTimeout)
 		}
 	}
 }
 
-// finish closes fd, with a reset when its connect succeeded, and returns
-// the check's result.
-func finish(fd int, err error) error {
+// finish disconnects s, with a reset when it is connected, and puts it
+// back in the pool (or closes it, when that fails); it returns the
+// result of a check whose connect returned err.
+func (c *tcpChecker) finish(s *tcpSocket, err error) error {
+	if err == unix.EISCONN {
+		err = nil
+	}
+	if derr := disconnect(s.fd); derr != nil {
+		unix.Close(s.fd)
+	} else {
+		c.mu.Lock()
+		c.pool[s.family] = append(c.pool[s.family], s)
+		c.mu.Unlock()
+	}
 	if err != nil {
-		unix.Close(fd)
 		return fmt.Errorf("connect: %w", err)
 	}
-	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	unix.Close(fd)
+	return nil
+}
+
+// disconnect is connect(2) to AF_UNSPEC: it aborts the connection of a
+// TCP socket (a reset when it is established), releases its port, and
+// makes it ready for another connect.
+func disconnect(fd int) error {
+	sa := unix.RawSockaddr{Family: unix.AF_UNSPEC}
+	_, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
+	if errno != 0 {
+		return errno
+	}
 	return nil
 }
 

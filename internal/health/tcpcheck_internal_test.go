@@ -2,7 +2,10 @@ package health
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,5 +77,68 @@ func TestTCPCheckerWaits(t *testing.T) {
 	}
 	if err := <-res; err != context.Canceled {
 		t.Errorf("pending check after close: %v, want context.Canceled", err)
+	}
+}
+
+// TestTCPCheckerReusesSockets: checks that pass and fail in turn all get
+// their own result from the few sockets of the pool, and a passed check
+// leaves the server a reset connection (no FIN: no TIME_WAIT).
+func TestTCPCheckerReusesSockets(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.8:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	resets := make(chan error, 1000)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, err = conn.Read(make([]byte, 1))
+			conn.Close()
+			resets <- err
+		}
+	}()
+	tc, err := newTCPChecker(ownSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.close()
+	up := netip.MustParseAddrPort(ln.Addr().String())
+	down := netip.AddrPortFrom(up.Addr(), 1)
+	check := func(addr netip.AddrPort) error {
+		res := make(chan error, 1)
+		done, err := tc.check(context.Background(), addr, time.Second, func(err error) { res <- err })
+		if done {
+			return err
+		}
+		return <-res
+	}
+	const n = 200
+	for i := range n {
+		if err := check(up); err != nil {
+			t.Fatalf("check %d of a listener: %v", i, err)
+		}
+		if err := describe(check(down)); err == nil || err.Error() != "connection refused" {
+			t.Fatalf("check %d of a closed port: %v", i, err)
+		}
+	}
+	tc.mu.Lock()
+	pooled := len(tc.pool[unix.AF_INET])
+	tc.mu.Unlock()
+	if pooled != 1 {
+		t.Errorf("%d sockets pooled after %d checks one at a time, want 1", pooled, 2*n)
+	}
+	for i := range n {
+		select {
+		case err := <-resets:
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("connection %d ended with %v, want a reset", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %d connections reached the server", i)
+		}
 	}
 }
