@@ -192,6 +192,21 @@ func BenchmarkHealthChecks(b *testing.B) {
 		time.Sleep(5 * time.Second)
 		busy := measure(b, cmd.Process.Pid, window)
 		d := busy.sub(idle)
+		if out := os.Getenv("VIPD_BENCH_PERF"); out != "" {
+			// A profile of vipd with the checks on, after the measurement:
+			// where its CPU goes, user space and kernel.
+			data := filepath.Join(b.TempDir(), "perf.data")
+			if o, err := exec.Command("perf", "record", "-g", "-o", data, "-p", strconv.Itoa(cmd.Process.Pid), "--", "sleep", "10").CombinedOutput(); err != nil {
+				b.Fatalf("perf record: %v\n%s", err, o)
+			}
+			rep, err := exec.Command("perf", "report", "-i", data, "--stdio", "--no-children", "--sort", "sym", "--percent-limit", "0.5", "-g", "none").Output()
+			if err != nil {
+				b.Fatalf("perf report: %v", err)
+			}
+			if err := os.WriteFile(out+"-"+setup+".txt", rep, 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
 		b.ReportMetric(100*d.vipdUser, "%vipd-user-"+setup)
 		b.ReportMetric(100*d.vipdSys, "%vipd-kernel-"+setup)
 		b.ReportMetric(100*(d.vipdUser+d.vipdSys), "%vipd-"+setup)

@@ -16,10 +16,8 @@ type target struct {
 	key     key
 	spec    spec
 	checker *checker // HTTP and gRPC; nil for TCP
-
-	// due and index are the scheduler's, under its lock.
-	due   time.Time
-	index int
+	// tcpDone takes a TCP check's result: complete, made once.
+	tcpDone func(error)
 
 	mu          sync.Mutex
 	state       vipdv1.HealthState
@@ -37,7 +35,8 @@ type target struct {
 }
 
 func newTarget(p *Prober, k key, s spec) *target {
-	t := &target{p: p, key: k, spec: s, index: -1, state: vipdv1.HealthState_HEALTH_STATE_UNKNOWN, since: time.Now()}
+	t := &target{p: p, key: k, spec: s, state: vipdv1.HealthState_HEALTH_STATE_UNKNOWN, since: time.Now()}
+	t.tcpDone = func(err error) { t.complete(describe(err)) }
 	if s.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP || s.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_GRPC {
 		t.checker = newChecker(s, p.dial)
 	}
@@ -53,7 +52,7 @@ func (t *target) stop() {
 	t.stopped = true
 	closeChecker := !t.inFlight && t.checker != nil
 	t.mu.Unlock()
-	t.p.sched.remove(t)
+	// The scheduler drops t when it is due (begin).
 	if closeChecker {
 		t.checker.close()
 	}
@@ -94,7 +93,7 @@ func (t *target) complete(err error) {
 	}
 	t.p.report(t, failing)
 	iv := t.interval()
-	t.p.sched.add(t, time.Now().Add(iv-iv/20+rand.N(iv/10+1)))
+	t.p.sched.add(t, iv-iv/20+rand.N(iv/10+1))
 }
 
 // record takes one check's result; t.mu is held. It returns the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -12,17 +11,18 @@ import (
 )
 
 // tcpChecker runs TCP checks on raw non-blocking sockets, without the Go
-// runtime's poller, timers or a goroutine per check:
+// runtime's poller, timers or a goroutine per check. It belongs to one
+// goroutine, the prober's scheduler loop, which starts checks (check) and
+// collects their results (poll) on each of its wake-ups:
 //
-//   - the scheduler's goroutine takes a socket from a pool (new ones are
-//     made in the namespace, in batches: nsSockets) and connects it;
+//   - a check takes a socket from a pool (new ones are made in the
+//     namespace, in batches: nsSockets) and connects it;
 //   - a second connect(2) says at once whether the handshake is already
 //     over (0: connected; an error such as ECONNREFUSED: failed), which on
 //     a fast link it often is by the time the first one returns;
-//   - otherwise the socket goes to one waiter goroutine, which owns an
-//     epoll instance and waits for all pending checks at once (EPOLLOUT,
-//     one-shot, re-armed per check), reads the result with connect again,
-//     and times them out;
+//   - otherwise the socket is armed in an epoll set (EPOLLOUT, one-shot),
+//     and poll, with one epoll_wait for every check in flight, reads each
+//     ready one's result with connect again, and times out the others;
 //   - then the socket is disconnected (connect to AF_UNSPEC), which resets
 //     an established connection (no FIN exchange, no TIME_WAIT socket,
 //     which at thousands of checks a second to the same few addresses
@@ -36,18 +36,10 @@ import (
 // flight at once.
 type tcpChecker struct {
 	newSocket func(ctx context.Context, family int) (int, error)
-
-	epfd, evfd int
-	done       chan struct{}
-
-	mu      sync.Mutex
-	pool    map[int][]*tcpSocket // by family: idle, disconnected sockets
-	pending map[int32]*pendingConn
-	stop    bool
-	// wakeAt is when the waiter's epoll_wait returns at the latest; zero
-	// while it waits for events only. A check with an earlier deadline
-	// wakes it through evfd.
-	wakeAt time.Time
+	epfd      int
+	events    []unix.EpollEvent
+	pool      map[int][]*tcpSocket // by family: idle, disconnected sockets
+	pending   map[int32]*pendingConn
 }
 
 // tcpSocket is a socket of the pool.
@@ -57,8 +49,7 @@ type tcpSocket struct {
 	registered bool
 }
 
-// pendingConn is a check waiting for its connect to finish; done is
-// called once, from the waiter's goroutine, with the check's result.
+// pendingConn is a check waiting for its connect to finish.
 type pendingConn struct {
 	s        *tcpSocket
 	sa       unix.Sockaddr
@@ -70,65 +61,56 @@ type pendingConn struct {
 // describe shows it as "timeout".
 var errTimeout = fmt.Errorf("connect: %w", context.DeadlineExceeded)
 
-// newTCPChecker starts the waiter. newSocket returns a new non-blocking
-// TCP socket of a family, owned by the caller.
+// newTCPChecker returns a checker whose new sockets come from newSocket,
+// which returns a non-blocking TCP socket of a family, owned by the
+// caller.
 func newTCPChecker(newSocket func(ctx context.Context, family int) (int, error)) (*tcpChecker, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, fmt.Errorf("eventfd: %w", err)
-	}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}); err != nil {
-		unix.Close(epfd)
-		unix.Close(evfd)
-		return nil, fmt.Errorf("epoll_ctl: %w", err)
-	}
-	c := &tcpChecker{newSocket: newSocket, epfd: epfd, evfd: evfd, done: make(chan struct{}),
-		pool: map[int][]*tcpSocket{}, pending: map[int32]*pendingConn{}}
-	go c.wait()
-	return c, nil
+	return &tcpChecker{newSocket: newSocket, epfd: epfd, events: make([]unix.EpollEvent, 256),
+		pool: map[int][]*tcpSocket{}, pending: map[int32]*pendingConn{}}, nil
 }
 
-// close stops the waiter, fails the checks still pending with
-// context.Canceled, and closes the sockets.
+// close fails the checks in flight with context.Canceled and closes the
+// sockets.
 func (c *tcpChecker) close() {
-	c.mu.Lock()
-	c.stop = true
-	c.mu.Unlock()
-	c.signal()
-	<-c.done
-	c.mu.Lock()
+	for fd, pc := range c.pending {
+		delete(c.pending, fd)
+		unix.Close(pc.s.fd)
+		pc.done(context.Canceled)
+	}
 	for f, socks := range c.pool {
 		for _, s := range socks {
 			unix.Close(s.fd)
 		}
 		delete(c.pool, f)
 	}
-	c.mu.Unlock()
 	unix.Close(c.epfd)
-	unix.Close(c.evfd)
 }
 
-// signal wakes the waiter.
-func (c *tcpChecker) signal() {
-	one := [8]byte{1}
-	unix.Write(c.evfd, one[:])
+// inFlight is the number of checks waiting for their connect.
+func (c *tcpChecker) inFlight() int { return len(c.pending) }
+
+// nextDeadline is the earliest deadline of the checks in flight; ok is
+// false when there is none.
+func (c *tcpChecker) nextDeadline() (at time.Time, ok bool) {
+	for _, pc := range c.pending {
+		if !ok || pc.deadline.Before(at) {
+			at, ok = pc.deadline, true
+		}
+	}
+	return at, ok
 }
 
 // socket takes a socket of family from the pool, or makes one.
 func (c *tcpChecker) socket(ctx context.Context, family int) (*tcpSocket, error) {
-	c.mu.Lock()
 	if socks := c.pool[family]; len(socks) > 0 {
 		s := socks[len(socks)-1]
 		c.pool[family] = socks[:len(socks)-1]
-		c.mu.Unlock()
 		return s, nil
 	}
-	c.mu.Unlock()
 	fd, err := c.newSocket(ctx, family)
 	if err != nil {
 		return nil, err
@@ -137,8 +119,8 @@ func (c *tcpChecker) socket(ctx context.Context, family int) (*tcpSocket, error)
 }
 
 // check starts a check of addr. When it finishes at once it returns true
-// and its result; otherwise done gets the result later (by timeout at the
-// latest), from the waiter's goroutine, and check returns false.
+// and its result; otherwise a later poll calls done with the result (by
+// the timeout at the latest), and check returns false.
 func (c *tcpChecker) check(ctx context.Context, addr netip.AddrPort, timeout time.Duration, done func(error)) (bool, error) {
 	family, sa := sockaddr(addr)
 	s, err := c.socket(ctx, family)
@@ -152,131 +134,68 @@ func (c *tcpChecker) check(ctx context.Context, addr netip.AddrPort, timeout tim
 		// EALREADY while it goes on.
 		err = unix.Connect(s.fd, sa)
 		if err == unix.EALREADY {
-			c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done})
+			if err := c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done}); err != nil {
+				return true, err
+			}
 			return false, nil
 		}
 	}
 	return true, c.finish(s, err)
 }
 
-// await hands pc to the waiter, which calls its done; at once when the
-// waiter has stopped.
-func (c *tcpChecker) await(pc *pendingConn) {
-	c.mu.Lock()
-	if c.stop {
-		c.mu.Unlock()
-		unix.Close(pc.s.fd)
-		pc.done(context.Canceled)
-		return
+// await arms pc's socket and makes pc pending.
+func (c *tcpChecker) await(pc *pendingConn) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(pc.s.fd)}
+	op := unix.EPOLL_CTL_ADD
+	if pc.s.registered {
+		op = unix.EPOLL_CTL_MOD
 	}
-	// Armed under the lock: the waiter takes no event for pc before it
-	// is pending, and none of an earlier arming after.
-	if err := c.arm(pc.s); err != nil {
-		c.mu.Unlock()
+	if err := unix.EpollCtl(c.epfd, op, pc.s.fd, &ev); err != nil {
 		unix.Close(pc.s.fd)
-		pc.done(fmt.Errorf("epoll_ctl: %w", err))
-		return
+		return fmt.Errorf("epoll_ctl: %w", err)
 	}
+	pc.s.registered = true
 	c.pending[int32(pc.s.fd)] = pc
-	wake := c.wakeAt.IsZero() || pc.deadline.Before(c.wakeAt)
-	if wake {
-		c.wakeAt = pc.deadline
-	}
-	c.mu.Unlock()
-	if wake {
-		c.signal()
-	}
-}
-
-// arm has the waiter's epoll report s once when it is writable: the
-// connect finished, one way or the other.
-func (c *tcpChecker) arm(s *tcpSocket) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(s.fd)}
-	if s.registered {
-		return unix.EpollCtl(c.epfd, unix.EPOLL_CTL_MOD, s.fd, &ev)
-	}
-	if err := unix.EpollCtl(c.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
-		return err
-	}
-	s.registered = true
 	return nil
 }
 
-// wait is the waiter's loop.
-func (c *tcpChecker) wait() {
-	defer close(c.done)
-	events := make([]unix.EpollEvent, 128)
-	var ready []*pendingConn
-	for {
-		c.mu.Lock()
-		if c.stop {
-			pending := c.pending
-			c.pending = map[int32]*pendingConn{}
-			c.mu.Unlock()
-			for _, pc := range pending {
-				unix.Close(pc.s.fd)
-				pc.done(context.Canceled)
-			}
-			return
-		}
-		timeout := -1
-		c.wakeAt = time.Time{}
-		if len(c.pending) > 0 {
-			// The earliest deadline, rounded up to the millisecond: no
-			// finer timer is needed for timeouts of whole milliseconds.
-			now := time.Now()
-			c.wakeAt = now.Add(time.Second)
-			for _, pc := range c.pending {
-				if pc.deadline.Before(c.wakeAt) {
-					c.wakeAt = pc.deadline
-				}
-			}
-			timeout = max(int((c.wakeAt.Sub(now)+time.Millisecond-1)/time.Millisecond), 0)
-		}
-		c.mu.Unlock()
-		n, err := unix.EpollWait(c.epfd, events, timeout)
-		if err != nil && err != unix.EINTR {
-			// Cannot happen with a valid epoll fd and buffer; fail what
-			// is pending rather than spin.
-			c.mu.Lock()
-			c.stop = true
-			c.mu.Unlock()
+// poll waits up to timeout (0: not at all, below 0: until one is ready)
+// for checks in flight, and finishes those that are over or past their
+// deadline, calling their done.
+func (c *tcpChecker) poll(timeout time.Duration) {
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	n, err := unix.EpollWait(c.epfd, c.events, ms)
+	if err != nil && err != unix.EINTR {
+		n = 0
+	}
+	for _, ev := range c.events[:max(n, 0)] {
+		pc, ok := c.pending[ev.Fd]
+		if !ok {
+			// Left over from a check that timed out: its one-shot is
+			// spent.
 			continue
 		}
-		ready = ready[:0]
-		c.mu.Lock()
-		for _, ev := range events[:max(n, 0)] {
-			if int(ev.Fd) == c.evfd {
-				var buf [8]byte
-				unix.Read(c.evfd, buf[:])
-				continue
+		delete(c.pending, ev.Fd)
+		err := unix.Connect(pc.s.fd, pc.sa)
+		if err == unix.EALREADY {
+			// Left over from an earlier check of this socket: wait on.
+			if err := c.await(pc); err != nil {
+				pc.done(err)
 			}
-			// An event for a socket that no check waits for is left
-			// over from a check that timed out: its one-shot is spent.
-			if pc, ok := c.pending[ev.Fd]; ok {
-				delete(c.pending, ev.Fd)
-				ready = append(ready, pc)
-			}
+			continue
 		}
-		now := time.Now()
-		var expired []*pendingConn
-		for fd, pc := range c.pending {
-			if !now.Before(pc.deadline) {
-				delete(c.pending, fd)
-				expired = append(expired, pc)
-			}
-		}
-		c.mu.Unlock()
-		for _, pc := range ready {
-			err := unix.Connect(pc.s.fd, pc.sa)
-			if err == unix.EALREADY {
-				// Left over from an earlier check of this socket: wait on.
-				c.await(pc)
-				continue
-			}
-			pc.done(c.finish(pc.s, err))
-		}
-		for _, pc := range expired {
+		pc.done(c.finish(pc.s, err))
+	}
+	if len(c.pending) == 0 {
+		return
+	}
+	now := time.Now()
+	for fd, pc := range c.pending {
+		if !now.Before(pc.deadline) {
+			delete(c.pending, fd)
 			c.finish(pc.s, nil)
 			pc.done(errTimeout)
 		}
@@ -293,9 +212,7 @@ func (c *tcpChecker) finish(s *tcpSocket, err error) error {
 	if derr := disconnect(s.fd); derr != nil {
 		unix.Close(s.fd)
 	} else {
-		c.mu.Lock()
 		c.pool[s.family] = append(c.pool[s.family], s)
-		c.mu.Unlock()
 	}
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
