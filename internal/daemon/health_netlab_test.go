@@ -204,7 +204,8 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			}
 
 			be1Probed := netip.AddrPortFrom(be1.IPv4(), 8080).String()
-			nextTransition(t, transitions, "web "+be1Probed+" failing: connection refused", 5*time.Second)
+			failing := "web " + be1Probed + " failing: connection refused"
+			nextTransition(t, transitions, "", failing, 5*time.Second, r.log)
 
 			// It comes back when its server does.
 			if echo1, err = be1.StartEcho("", 8080); err != nil {
@@ -213,7 +214,7 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			back := time.Now()
 			reaches("be1", interval*time.Duration(d.HealthyThreshold+2)+time.Second)
 			t.Logf("%s: back after %v", dp, time.Since(back).Round(time.Millisecond))
-			nextTransition(t, transitions, "web "+be1Probed+" passing", 5*time.Second)
+			nextTransition(t, transitions, failing, "web "+be1Probed+" passing", 5*time.Second, r.log)
 		})
 	}
 
@@ -423,16 +424,27 @@ func watchHealth(t *testing.T, c *client.Client, service, ip string) <-chan stri
 	return out
 }
 
-// nextTransition waits for the next line of watchHealth and checks it.
-func nextTransition(t *testing.T, c <-chan string, want string, within time.Duration) {
+// nextTransition waits for the transition want on c. A repeat of the
+// transition before it (prev) may come first: for up to one sync period
+// after a change of the health check, the check of the old settings runs
+// beside the new one, and each reports what it sees.
+func nextTransition(t *testing.T, c <-chan string, prev, want string, within time.Duration, log fmt.Stringer) {
 	t.Helper()
-	select {
-	case got := <-c:
-		if got != want {
-			t.Errorf("health transition %q, want %q", got, want)
+	timeout := time.After(within)
+	for {
+		select {
+		case got := <-c:
+			if got == want {
+				return
+			}
+			if got != prev {
+				t.Errorf("health transition %q, want %q\nlog:\n%s", got, want, log)
+				return
+			}
+		case <-timeout:
+			t.Errorf("no health transition %q on WatchFlows within %v\nlog:\n%s", want, within, log)
+			return
 		}
-	case <-time.After(within):
-		t.Errorf("no health transition %q on WatchFlows within %v", want, within)
 	}
 }
 
