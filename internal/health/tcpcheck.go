@@ -17,12 +17,10 @@ import (
 //
 //   - a check takes a socket from a pool (new ones are made in the
 //     namespace, in batches: nsSockets) and connects it;
-//   - a second connect(2) says at once whether the handshake is already
-//     over (0: connected; an error such as ECONNREFUSED: failed), which on
-//     a fast link it often is by the time the first one returns;
-//   - otherwise the socket is armed in an epoll set (EPOLLOUT, one-shot),
-//     and poll, with one epoll_wait for every check in flight, reads each
-//     ready one's result with connect again, and times out the others;
+//   - the socket is armed in an epoll set (EPOLLOUT, one-shot), and poll,
+//     with one epoll_wait for every check in flight, takes each ready
+//     one's result (writable: connected; an error: connect again says
+//     which), and times out the others;
 //   - then the socket is disconnected (connect to AF_UNSPEC), which resets
 //     an established connection (no FIN exchange, no TIME_WAIT socket,
 //     which at thousands of checks a second to the same few addresses
@@ -30,9 +28,9 @@ import (
 //     it), frees its port, and leaves the socket ready for the next check:
 //     no socket is made, registered with epoll or closed per check.
 //
-// Per check that is connect, connect and the disconnect, and when the
-// handshake is not over at once an epoll_ctl and a share of an
-// epoll_wait; the pool holds at most as many sockets as checks were in
+// Per check that is connect, an epoll_ctl, a share of an epoll_wait and
+// the disconnect (and a second connect when the check fails); the pool
+// holds at most as many sockets as checks were in
 // flight at once.
 type tcpChecker struct {
 	newSocket func(ctx context.Context, family int) (int, error)
@@ -129,16 +127,14 @@ func (c *tcpChecker) check(ctx context.Context, addr netip.AddrPort, timeout tim
 	}
 	err = unix.Connect(s.fd, sa)
 	if err == unix.EINPROGRESS {
-		// Has the handshake finished meanwhile? connect on a connecting
-		// socket says so: 0 (or EISCONN), the error that ended it, or
-		// EALREADY while it goes on.
-		err = unix.Connect(s.fd, sa)
-		if err == unix.EALREADY {
-			if err := c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done}); err != nil {
-				return true, err
-			}
-			return false, nil
+		// The handshake goes on; poll collects the result. (Asking at once
+		// with a second connect pays on veth, where the handshake is often
+		// over by now, and costs a syscall on a real network, where it
+		// never is.)
+		if err := c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done}); err != nil {
+			return true, err
 		}
+		return false, nil
 	}
 	return true, c.finish(s, err)
 }
@@ -179,6 +175,14 @@ func (c *tcpChecker) poll(timeout time.Duration) {
 			continue
 		}
 		delete(c.pending, ev.Fd)
+		if ev.Events&(unix.EPOLLERR|unix.EPOLLHUP) == 0 && ev.Events&unix.EPOLLOUT != 0 {
+			// Writable without an error: connected. (No event is left
+			// over from an earlier check: a check that times out takes
+			// its socket out of the epoll set.)
+			pc.done(c.finish(pc.s, nil))
+			continue
+		}
+		// connect again says how the handshake ended.
 		err := unix.Connect(pc.s.fd, pc.sa)
 		if err == unix.EALREADY {
 			// Left over from an earlier check of this socket: wait on.
@@ -196,6 +200,10 @@ func (c *tcpChecker) poll(timeout time.Duration) {
 	for fd, pc := range c.pending {
 		if !now.Before(pc.deadline) {
 			delete(c.pending, fd)
+			// Its one-shot is still armed: out of the set, so that no
+			// event of this check reaches the socket's next one.
+			unix.EpollCtl(c.epfd, unix.EPOLL_CTL_DEL, pc.s.fd, nil)
+			pc.s.registered = false
 			c.finish(pc.s, nil)
 			pc.done(errTimeout)
 		}
