@@ -268,6 +268,9 @@ func (p *Prober) sync(snap *store.Snapshot) {
 		p.obs.DeleteBackendHealth(t.key.service, t.key.ip.String())
 		p.retire(t)
 	}
+	if len(stopped) > 0 {
+		p.sched.compact(len(want))
+	}
 	for _, t := range started {
 		p.obs.SetBackendHealth(t.key.service, t.key.ip.String(), 1)
 		// Jitter: the first check somewhere in the first interval, and

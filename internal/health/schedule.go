@@ -89,6 +89,28 @@ func (s *scheduler) sleepUntil(bound int64, waiting bool) int64 {
 	return next
 }
 
+// compact drops the stopped targets from the heap when they make up most
+// of it: removal is lazy, and a stopped target with a long interval would
+// otherwise stay until it is due (up to an hour).
+func (s *scheduler) compact(live int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.h) <= 2*live+1024 {
+		return
+	}
+	kept := s.h[:0]
+	for _, d := range s.h {
+		if !d.t.isStopped() {
+			kept = append(kept, d)
+		}
+	}
+	clear(s.h[len(kept):])
+	s.h = kept
+	for i := len(s.h)/2 - 1; i >= 0; i-- {
+		s.down(i)
+	}
+}
+
 func (s *scheduler) push(d due) {
 	s.h = append(s.h, d)
 	i := len(s.h) - 1
@@ -108,7 +130,12 @@ func (s *scheduler) pop() due {
 	s.h[0] = s.h[last]
 	s.h[last] = due{}
 	s.h = s.h[:last]
-	i := 0
+	s.down(0)
+	return top
+}
+
+// down sifts the entry at i down to its place.
+func (s *scheduler) down(i int) {
 	for {
 		l, r, m := 2*i+1, 2*i+2, i
 		if l < len(s.h) && s.h[l].at < s.h[m].at {
@@ -118,7 +145,7 @@ func (s *scheduler) pop() due {
 			m = r
 		}
 		if m == i {
-			return top
+			return
 		}
 		s.h[i], s.h[m] = s.h[m], s.h[i]
 		i = m

@@ -58,6 +58,12 @@ func (t *target) stop() {
 	}
 }
 
+func (t *target) isStopped() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stopped
+}
+
 // begin marks a check started; false when t is stopped.
 func (t *target) begin() bool {
 	t.mu.Lock()
