@@ -29,11 +29,16 @@ import (
 type submitter struct {
 	mu      sync.Mutex
 	failing map[string]bool // "service/ip"
+	calls   int
+	// delay makes each SetHealth take this long, as an apply does.
+	delay time.Duration
 }
 
 func (s *submitter) SetHealth(_ context.Context, changes []reconcile.HealthChange) error {
+	time.Sleep(s.delay)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.calls++
 	for _, c := range changes {
 		s.failing[c.Service+"/"+c.Backend.String()] = c.Failing
 	}
@@ -87,7 +92,12 @@ func (l *lab) put(t *testing.T, svc *vipdv1.Service) {
 
 func start(t *testing.T, svc *vipdv1.Service) *lab {
 	t.Helper()
-	l := &lab{sub: &submitter{failing: map[string]bool{}}}
+	return startWith(t, svc, &submitter{failing: map[string]bool{}})
+}
+
+func startWith(t *testing.T, svc *vipdv1.Service, sub *submitter) *lab {
+	t.Helper()
+	l := &lab{sub: sub}
 	l.snap.Store(store.Empty())
 	l.put(t, svc)
 	l.p = health.New(hclog.NewNullLogger(), l.snap.Load, l.sub, health.WithSyncPeriod(20*time.Millisecond),
@@ -275,4 +285,35 @@ func TestControlPlaneNotServingNotProbed(t *testing.T) {
 	if h := l.p.Health("web"); len(h) != 0 || l.sub.isFailing("web/127.0.0.5") {
 		t.Errorf("probed without a health_check: %v", h)
 	}
+}
+
+// TestChangesSubmittedInBatches: while the reconciler applies one batch,
+// the changes of other backends gather and go in the next: 100 backends
+// that fail at about the same time take far fewer SetHealth calls.
+func TestChangesSubmittedInBatches(t *testing.T) {
+	svc := service("127.0.1.1", 1, &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP,
+		IntervalMs: 100, UnhealthyThreshold: 1})
+	svc.Backends = nil
+	const n = 100
+	for i := range n {
+		svc.Backends = append(svc.Backends, &vipdv1.Backend{Ip: fmt.Sprintf("127.0.1.%d", i+1)}) // port 1: refused
+	}
+	sub := &submitter{failing: map[string]bool{}, delay: 20 * time.Millisecond}
+	l := startWith(t, svc, sub)
+	eventually(t, "every backend submitted as failing", func() bool {
+		for i := range n {
+			if !l.sub.isFailing(fmt.Sprintf("web/127.0.1.%d", i+1)) {
+				return false
+			}
+		}
+		return true
+	})
+	sub.mu.Lock()
+	calls := sub.calls
+	sub.mu.Unlock()
+	// The first checks spread over 100 ms, and a call takes 20 ms.
+	if calls > n/4 {
+		t.Errorf("%d SetHealth calls for %d backends, want batches", calls, n)
+	}
+	t.Logf("%d backends failing in %d SetHealth calls", n, calls)
 }
