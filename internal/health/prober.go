@@ -41,7 +41,8 @@ func (nopObserver) ObserveCheck(string)                      {}
 func (nopObserver) SetBackendHealth(string, string, float64) {}
 func (nopObserver) DeleteBackendHealth(string, string)       {}
 
-// DefaultConcurrency bounds the checks in flight at once.
+// DefaultConcurrency bounds the TCP checks in flight at once, and the
+// HTTP and gRPC checks in flight at once.
 const DefaultConcurrency = 256
 
 // Option configures a Prober.
@@ -51,7 +52,8 @@ type Option func(*Prober)
 // (vipd's --netns); empty is the process's own.
 func WithNetNS(path string) Option { return func(p *Prober) { p.netns = path } }
 
-// WithConcurrency bounds the checks in flight at once; n < 1 means
+// WithConcurrency bounds the TCP checks in flight at once, and the HTTP
+// and gRPC checks in flight at once, to n each; n < 1 means
 // DefaultConcurrency.
 func WithConcurrency(n int) Option {
 	return func(p *Prober) {
