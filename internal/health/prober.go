@@ -403,4 +403,3 @@ func (p *Prober) Explain(service string, ip netip.Addr) (string, bool) {
 	v := t.view()
 	return v.Detail, v.State == vipdv1.HealthState_HEALTH_STATE_FAILING
 }
-
