@@ -19,8 +19,8 @@ import (
 //     namespace, in batches: nsSockets) and connects it;
 //   - the socket is armed in an epoll set (EPOLLOUT, one-shot), and poll,
 //     with one epoll_wait for every check in flight, takes each ready
-//     one's result (writable: connected; an error: connect again says
-//     which), and times out the others;
+//     one's result (writable and not hung up: connected; otherwise
+//     connect again says how it ended), and times out the others;
 //   - then the socket is disconnected (connect to AF_UNSPEC), which resets
 //     an established connection (no FIN exchange, no TIME_WAIT socket,
 //     which at thousands of checks a second to the same few addresses
@@ -175,10 +175,13 @@ func (c *tcpChecker) poll(timeout time.Duration) {
 			continue
 		}
 		delete(c.pending, ev.Fd)
-		if ev.Events&(unix.EPOLLERR|unix.EPOLLHUP) == 0 && ev.Events&unix.EPOLLOUT != 0 {
-			// Writable without an error: connected. (No event is left
-			// over from an earlier check: a check that times out takes
-			// its socket out of the epoll set.)
+		if ev.Events&unix.EPOLLOUT != 0 && ev.Events&unix.EPOLLHUP == 0 {
+			// Writable and not hung up: connected. A connect that failed
+			// closed the socket, which reports EPOLLHUP; EPOLLERR alone
+			// is left over from the disconnect that ended the socket's
+			// previous check (it sets ECONNRESET, which nothing reads).
+			// No event is left over from an earlier check: a check that
+			// times out takes its socket out of the epoll set.
 			pc.done(c.finish(pc.s, nil))
 			continue
 		}
