@@ -30,8 +30,7 @@ import (
 //
 // Per check that is connect, an epoll_ctl, a share of an epoll_wait and
 // the disconnect (and a second connect when the check fails); the pool
-// holds at most as many sockets as checks were in
-// flight at once.
+// holds at most as many sockets as checks were in flight at once.
 type tcpChecker struct {
 	newSocket func(ctx context.Context, family int) (int, error)
 	epfd      int
