@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vipd/vipd/dataplane"
@@ -79,7 +80,7 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 		return a.noFlows()
 	}
 	f, v := validation.FlowFilter(req.Filter, "filter")
-	live, existing, watch, vt := validation.FlowTypes(req.Types, "types")
+	live, existing, watch, vt := flowTypes(req.Types)
 	if v = append(v, vt...); len(v) > 0 {
 		return toStatus(v)
 	}
@@ -130,6 +131,33 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 	}
 }
 
+// flowTypes is validation.FlowTypes with FLOW_EVENT_TYPE_HEALTH, which
+// selects the hub's flowhub.HealthTransition events: empty types select
+// every live type, health transitions included. Violations name the
+// index in types as given.
+func flowTypes(types []vipdv1.FlowEventType) (live []dataplane.FlowEventType, existing, watch bool, v validation.Violations) {
+	var health, newAsked bool
+	// HEALTH is validated as NEW, in its place, so that the indexes of the
+	// other types stay as the caller wrote them.
+	in := slices.Clone(types)
+	for i, t := range in {
+		switch t {
+		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH:
+			health, in[i] = true, vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW
+		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW:
+			newAsked = true
+		}
+	}
+	live, existing, watch, v = validation.FlowTypes(in, "types")
+	if health {
+		if !newAsked {
+			live = slices.DeleteFunc(live, func(t dataplane.FlowEventType) bool { return t == dataplane.FlowNew })
+		}
+		live = append(live, flowhub.HealthTransition)
+	}
+	return live, existing, watch, v
+}
+
 // ListFlows implements vipdv1.FlowServiceServer.
 func (a *API) ListFlows(ctx context.Context, req *vipdv1.ListFlowsRequest) (*vipdv1.ListFlowsResponse, error) {
 	if a.flows == nil {
@@ -169,8 +197,42 @@ func watchResponse(m *flowhub.Message) *vipdv1.WatchFlowsResponse {
 		t = vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW
 	case dataplane.FlowClosed:
 		t = vipdv1.FlowEventType_FLOW_EVENT_TYPE_CLOSED
+	case flowhub.HealthTransition:
+		return &vipdv1.WatchFlowsResponse{Event: &vipdv1.WatchFlowsResponse_Flow{Flow: healthEvent(&m.Event)}}
 	}
 	return &vipdv1.WatchFlowsResponse{Event: &vipdv1.WatchFlowsResponse_Flow{Flow: flowEvent(t, m.Event.Time, &m.Event.Flow)}}
+}
+
+// healthEvent is a health transition as a FLOW_EVENT_TYPE_HEALTH event:
+// time, service, backend and health, nothing else.
+func healthEvent(e *flowhub.Event) *vipdv1.FlowEvent {
+	h := e.Health
+	if h == nil {
+		h = &flowhub.Health{}
+	}
+	ev := &vipdv1.FlowEvent{
+		Type:    vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH,
+		Service: e.Flow.Service,
+		Backend: endpoint(e.Flow.Backend),
+		Health: &vipdv1.BackendHealth{
+			Ip:          e.Flow.Backend.Addr().Unmap().String(),
+			State:       healthStateToProto[h.State],
+			SinceUnixMs: h.Since.UnixMilli(),
+			LastError:   h.LastError,
+			Consecutive: h.Consecutive,
+			Detail:      h.Detail,
+		},
+	}
+	if !e.Time.IsZero() {
+		ev.Time = timestamppb.New(e.Time)
+	}
+	return ev
+}
+
+var healthStateToProto = map[flowhub.HealthState]vipdv1.HealthState{
+	flowhub.HealthUnknown: vipdv1.HealthState_HEALTH_STATE_UNKNOWN,
+	flowhub.HealthPassing: vipdv1.HealthState_HEALTH_STATE_PASSING,
+	flowhub.HealthFailing: vipdv1.HealthState_HEALTH_STATE_FAILING,
 }
 
 // flowEvent is f as an event of type t at time at. An EXISTING flow's

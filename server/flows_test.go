@@ -15,6 +15,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/flowhub"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -825,5 +826,78 @@ func TestExplainErrors(t *testing.T) {
 				t.Errorf("violations (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestWatchFlowsHealthEvents: a backend's health transition, published on
+// the flow hub as the prober does, reaches the WatchFlows streams whose
+// types and filter select it (types empty or with HEALTH; filter service
+// or backend, with or without its probed port) as a FLOW_EVENT_TYPE_HEALTH
+// event with time, service, backend and health only, and no stream whose
+// types leave it out or whose filter sets a VIP, client or protocol.
+func TestWatchFlowsHealthEvents(t *testing.T) {
+	env := startFlows(t)
+	types := func(ts ...vipdv1.FlowEventType) []vipdv1.FlowEventType { return ts }
+	const (
+		health   = vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH
+		newT     = vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW
+		closed   = vipdv1.FlowEventType_FLOW_EVENT_TYPE_CLOSED
+		existing = vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING
+	)
+	cases := []struct {
+		name  string
+		req   *vipdv1.WatchFlowsRequest
+		wants []string
+	}{
+		{"all", &vipdv1.WatchFlowsRequest{}, []string{"HEALTH", "NEW 1"}},
+		{"types HEALTH", &vipdv1.WatchFlowsRequest{Types: types(health)}, []string{"HEALTH"}},
+		{"types HEALTH CLOSED", &vipdv1.WatchFlowsRequest{Types: types(closed, health)}, []string{"HEALTH"}},
+		{"types HEALTH NEW", &vipdv1.WatchFlowsRequest{Types: types(health, newT)}, []string{"HEALTH", "NEW 1"}},
+		{"types EXISTING HEALTH", &vipdv1.WatchFlowsRequest{Types: types(existing, health)}, []string{"HEALTH"}},
+		{"types NEW", &vipdv1.WatchFlowsRequest{Types: types(newT)}, []string{"NEW 1"}},
+		{"service", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Service: "default/web"}}, []string{"HEALTH", "NEW 1"}},
+		{"other service", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Service: "kube-system/dns"}}, nil},
+		{"backend", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Backend: "198.18.1.10"}}, []string{"HEALTH", "NEW 1"}},
+		{"backend and port", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Backend: "198.18.1.10:8080"}}, []string{"HEALTH", "NEW 1"}},
+		{"backend, other port", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Backend: "198.18.1.10:9090"}}, nil},
+		{"service and vip", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Service: "default/web", Vip: "198.19.0.10"}}, []string{"NEW 1"}},
+		{"client", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Client: "10.0.0.0/16"}}, []string{"NEW 1"}},
+		{"protocol", &vipdv1.WatchFlowsRequest{Filter: &vipdv1.FlowFilter{Protocol: vipdv1.Protocol_PROTOCOL_TCP}}, []string{"NEW 1"}},
+	}
+	streams := make([]vipdv1.FlowService_WatchFlowsClient, len(cases))
+	for i, tc := range cases {
+		streams[i] = env.watch(t, env.flows, tc.req)
+	}
+	since := t0.Add(3 * time.Second)
+	env.srv.Flows().PublishHealth("default/web", webBE, flowhub.Health{State: flowhub.HealthFailing, Since: since,
+		LastError: "connection refused", Consecutive: 3, Detail: "failing health check (connection refused, 3 in a row)"})
+	env.srv.Dataplane().Emit(dataplane.FlowEvent{Type: dataplane.FlowNew, Time: t0, Flow: webFlow(1)})
+	// A kernel loss marks the end of the events on every stream.
+	env.srv.Dataplane().Lose(1)
+	wantHealth := &vipdv1.FlowEvent{
+		Type: vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH, Time: timestamppb.New(since), Service: "default/web",
+		Backend: &vipdv1.Endpoint{Ip: "198.18.1.10", Port: 8080},
+		Health: &vipdv1.BackendHealth{Ip: "198.18.1.10", State: vipdv1.HealthState_HEALTH_STATE_FAILING, SinceUnixMs: since.UnixMilli(),
+			LastError: "connection refused", Consecutive: 3, Detail: "failing health check (connection refused, 3 in a row)"},
+	}
+	for i, tc := range cases {
+		var got []string
+		for {
+			m := recv(t, streams[i])
+			if m.GetLost() != nil {
+				break
+			}
+			if m.GetFlow().GetType() == vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH {
+				if diff := cmp.Diff(wantHealth, m.GetFlow(), protocmp.Transform()); diff != "" {
+					t.Errorf("%s: HEALTH event (-want +got):\n%s", tc.name, diff)
+				}
+				got = append(got, "HEALTH")
+				continue
+			}
+			got = append(got, describe(m))
+		}
+		if diff := cmp.Diff(tc.wants, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, diff)
+		}
 	}
 }

@@ -40,7 +40,12 @@ happen, until interrupted.
 
 One line per event: time, event (NEW, CLOSED, or EXISTING for a live flow,
 with the time it began), protocol, client → VIP → backend, and the
-service:port. CLOSED lines add the close reason, the packets and bytes each
+service:port. With --follow, a backend's health-check transition (passing to
+failing or back) is a HEALTH line: time, service, the probed backend
+address, and its health, such as
+"HEALTH    default/web 198.18.1.10:8080 failing: connection refused (3 in a row)";
+--service and --backend select them, --vip, --client and --protocol leave
+them out. CLOSED lines add the close reason, the packets and bytes each
 way and the duration; EXISTING lines the TCP state as conntrack names it
 (ESTABLISHED, TIME_WAIT, ...; "-" for UDP and SCTP, or where the dataplane
 does not know), the packets and bytes each way and the flow's age.
@@ -54,7 +59,8 @@ the kernel dropped are reported the same way.
 {"lost": {...}} for lost events.`,
 		Example: `  vipctl flows --service default/web
   vipctl flows -f --client 10.0.0.0/8 --protocol udp
-  vipctl flows -f --existing --types closed -o json`,
+  vipctl flows -f --existing --types closed -o json
+  vipctl flows -f --types health --service default/web`,
 		Args: cobra.NoArgs,
 		RunE: a.run(func(ctx context.Context, _ []string) error {
 			if a.output == outputYAML {
@@ -91,7 +97,7 @@ the kernel dropped are reported the same way.
 	fl := cmd.Flags()
 	filter.add(cmd)
 	fl.BoolVarP(&follow, "follow", "f", false, "stream events as they happen, until interrupted")
-	fl.StringSliceVar(&types, "types", nil, "with --follow: the event types to show, of new, closed, existing (default new,closed)")
+	fl.StringSliceVar(&types, "types", nil, "with --follow: the event types to show, of new, closed, health, existing (default new,closed,health)")
 	fl.BoolVar(&existing, "existing", false, "with --follow: first show the flows live now, as EXISTING")
 	fl.Uint32Var(&limit, "limit", 0, "without --follow: show at most this many flows, oldest first (0: vipd's maximum)")
 	return cmd
@@ -255,6 +261,9 @@ func flowLine(ev *vipdv1.FlowEvent) string {
 	if ts != nil {
 		at = ts.AsTime().UTC().Format(flowTimeFormat)
 	}
+	if ev.GetType() == vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH {
+		return fmt.Sprintf("%s  %-8s  %s %s %s", at, "HEALTH", ev.GetService(), endpointString(ev.GetBackend()), healthString(ev.GetHealth()))
+	}
 	svc := ev.GetService()
 	if svc != "" && ev.GetPortName() != "" {
 		svc += ":" + ev.GetPortName()
@@ -280,6 +289,16 @@ func flowLine(ev *vipdv1.FlowEvent) string {
 		}
 	}
 	return line
+}
+
+// healthString is a backend's health after a transition: "failing:
+// connection refused (3 in a row)" or "passing (2 in a row)".
+func healthString(h *vipdv1.BackendHealth) string {
+	state := strings.ToLower(strings.TrimPrefix(h.GetState().String(), "HEALTH_STATE_"))
+	if h.GetState() == vipdv1.HealthState_HEALTH_STATE_FAILING && h.GetLastError() != "" {
+		state += ": " + h.GetLastError()
+	}
+	return fmt.Sprintf("%s (%d in a row)", state, h.GetConsecutive())
 }
 
 // tcpStateString is s as conntrack -L spells it (ESTABLISHED, SYN_SENT), or

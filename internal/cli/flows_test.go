@@ -12,6 +12,7 @@ import (
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/flowhub"
 )
 
 const flowServices = `
@@ -178,6 +179,33 @@ func TestFlowsFollow(t *testing.T) {
 `, "", ExitOK)
 }
 
+// TestFlowsFollowHealth: health transitions are HEALTH lines, in the
+// table and in JSON; --types health shows them alone, and a filter on a
+// VIP leaves them out.
+func TestFlowsFollowHealth(t *testing.T) {
+	vipd := testserver.Start(t)
+	sock := vipd.Socket()
+	vipctl(t, sock, "", "apply", "-f", writeFile(t, "svc.yaml", flowServices)).checkCode(t, ExitOK)
+	be := netip.MustParseAddrPort("10.0.1.6:9090")
+	emit := func() {
+		vipd.Flows().PublishHealth("default/web", be, flowhub.Health{State: flowhub.HealthFailing, Since: flowT0,
+			LastError: "connection refused", Consecutive: 3, Detail: "failing health check (connection refused, 3 in a row)"})
+		vipd.Dataplane().Emit(dataplane.FlowEvent{Type: dataplane.FlowNew, Time: flowT0.Add(time.Second), Flow: webFlows()[0]})
+		vipd.Flows().PublishHealth("default/web", be, flowhub.Health{State: flowhub.HealthPassing, Since: flowT0.Add(2 * time.Second),
+			LastError: "connection refused", Consecutive: 2, Detail: "passing health check (2 in a row)"})
+	}
+	follow(t, vipd, 3, emit).check(t, `2026-01-02T03:04:05.250Z  HEALTH    default/web 10.0.1.6:9090 failing: connection refused (3 in a row)
+2026-01-02T03:04:06.250Z  NEW       TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http
+2026-01-02T03:04:07.250Z  HEALTH    default/web 10.0.1.6:9090 passing (2 in a row)
+`, "", ExitOK)
+	follow(t, vipd, 2, emit, "--types", "health", "-o", "json").check(t,
+		`{"flow":{"type":"FLOW_EVENT_TYPE_HEALTH","time":"2026-01-02T03:04:05.250Z","service":"default/web","backend":{"ip":"10.0.1.6","port":9090},"health":{"ip":"10.0.1.6","state":"HEALTH_STATE_FAILING","sinceUnixMs":"1767323045250","lastError":"connection refused","consecutive":3,"detail":"failing health check (connection refused, 3 in a row)"}}}
+{"flow":{"type":"FLOW_EVENT_TYPE_HEALTH","time":"2026-01-02T03:04:07.250Z","service":"default/web","backend":{"ip":"10.0.1.6","port":9090},"health":{"ip":"10.0.1.6","state":"HEALTH_STATE_PASSING","sinceUnixMs":"1767323047250","lastError":"connection refused","consecutive":2,"detail":"passing health check (2 in a row)"}}}
+`, "", ExitOK)
+	follow(t, vipd, 1, emit, "--vip", "10.96.0.10").check(t,
+		"2026-01-02T03:04:06.250Z  NEW       TCP   10.0.0.9:43512 → 10.96.0.10:80 → 10.0.1.6:9090  default/web:http\n", "", ExitOK)
+}
+
 func TestLostLine(t *testing.T) {
 	for _, tc := range []struct {
 		lost *vipdv1.LostEvents
@@ -202,7 +230,7 @@ func TestFlowsUsageErrors(t *testing.T) {
 		{[]string{"flows", "--types", "new"}, "Error: --types needs --follow\nRun 'vipctl flows --help' for usage.\n"},
 		{[]string{"flows", "--existing"}, "Error: --existing needs --follow\nRun 'vipctl flows --help' for usage.\n"},
 		{[]string{"flows", "-f", "--limit", "3"}, "Error: --limit applies without --follow only\nRun 'vipctl flows --help' for usage.\n"},
-		{[]string{"flows", "-f", "--types", "opened"}, "Error: --types: unknown value \"opened\" (want new, closed, existing)\nRun 'vipctl flows --help' for usage.\n"},
+		{[]string{"flows", "-f", "--types", "opened"}, "Error: --types: unknown value \"opened\" (want new, closed, existing, health)\nRun 'vipctl flows --help' for usage.\n"},
 		{[]string{"flows", "--protocol", "icmp"}, "Error: --protocol: unknown value \"icmp\" (want tcp, udp, sctp)\nRun 'vipctl flows --help' for usage.\n"},
 		{[]string{"flows", "-o", "yaml"}, "Error: flows prints -o table or -o json\nRun 'vipctl flows --help' for usage.\n"},
 		{[]string{"explain", "10.0.0.9"}, "Error: accepts 2 arg(s), received 1\nRun 'vipctl explain --help' for usage.\n"},

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/internal/daemon"
@@ -147,6 +148,8 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			interval := time.Duration(d.IntervalMs) * time.Millisecond
 			reaches("be1", 10*time.Second)
 			reaches("be2", 10*time.Second)
+			// A WatchFlows stream of be1's health transitions.
+			transitions := watchHealth(t, r.local, "web", be1.IPv4().String())
 
 			echo1.Close()
 			stopped := time.Now()
@@ -200,6 +203,10 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 				}
 			}
 
+			be1Probed := netip.AddrPortFrom(be1.IPv4(), 8080).String()
+			failing := "web " + be1Probed + " failing: connection refused"
+			nextTransition(t, transitions, "", failing, 5*time.Second, r.log)
+
 			// It comes back when its server does.
 			if echo1, err = be1.StartEcho("", 8080); err != nil {
 				t.Fatal(err)
@@ -207,6 +214,7 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 			back := time.Now()
 			reaches("be1", interval*time.Duration(d.HealthyThreshold+2)+time.Second)
 			t.Logf("%s: back after %v", dp, time.Since(back).Round(time.Millisecond))
+			nextTransition(t, transitions, failing, "web "+be1Probed+" passing", 5*time.Second, r.log)
 		})
 	}
 
@@ -369,6 +377,74 @@ func testHealthChecksRealTraffic(t *testing.T, dp string) {
 	}
 	if !strings.Contains(r.log.String(), "backend health changed") {
 		t.Errorf("no health transition logged:\n%s", r.log)
+	}
+}
+
+// watchHealth opens a WatchFlows stream of the health transitions of
+// backend ip of service, and returns them as "service ip:port state" or
+// "service ip:port failing: last error", until the test ends.
+func watchHealth(t *testing.T, c *client.Client, service, ip string) <-chan string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.WatchFlows(ctx, &vipdv1.WatchFlowsRequest{
+		Types:  []vipdv1.FlowEventType{vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH},
+		Filter: &vipdv1.FlowFilter{Service: service, Backend: ip}})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	out := make(chan string, 16)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ev := m.GetFlow()
+			if ev.GetType() != vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH {
+				out <- fmt.Sprintf("unexpected event %v", m)
+				continue
+			}
+			h := ev.GetHealth()
+			line := fmt.Sprintf("%s %s:%d %s", ev.GetService(), ev.GetBackend().GetIp(), ev.GetBackend().GetPort(),
+				strings.ToLower(strings.TrimPrefix(h.GetState().String(), "HEALTH_STATE_")))
+			if h.GetState() == vipdv1.HealthState_HEALTH_STATE_FAILING {
+				line += ": " + h.GetLastError()
+			}
+			select {
+			case out <- line:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// nextTransition waits for the transition want on c. A repeat of the
+// transition before it (prev) may come first: for up to one sync period
+// after a change of the health check, the check of the old settings runs
+// beside the new one, and each reports what it sees.
+func nextTransition(t *testing.T, c <-chan string, prev, want string, within time.Duration, log fmt.Stringer) {
+	t.Helper()
+	timeout := time.After(within)
+	for {
+		select {
+		case got := <-c:
+			if got == want {
+				return
+			}
+			if got != prev {
+				t.Errorf("health transition %q, want %q\nlog:\n%s", got, want, log)
+				return
+			}
+		case <-timeout:
+			t.Errorf("no health transition %q on WatchFlows within %v\nlog:\n%s", want, within, log)
+			return
+		}
 	}
 }
 

@@ -254,7 +254,11 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 		apiOpts = append(apiOpts, server.WithExplainer(ex))
 	}
 	if !o.noHealth {
-		n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, health.WithNetNS(cfg.NetNS), health.WithObserver(m))
+		hopts := []health.Option{health.WithNetNS(cfg.NetNS), health.WithObserver(m)}
+		if n.hub != nil {
+			hopts = append(hopts, health.WithTransitions(publishHealth(n.hub)))
+		}
+		n.prober = health.New(log.Named("health"), n.rec.Snapshot, n.rec, hopts...)
 		apiOpts = append(apiOpts, server.WithBackendHealth(n.prober))
 	}
 	if n.checker = newNodeCheck(log.Named("nodecheck"), cfg, n.dp.Name()); n.checker != nil {
@@ -273,6 +277,20 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	}
 	n.dirWatcher, err = servicesdir.New(log.Named("servicesdir"), servicesdir.Config{Dir: cfg.ServicesDir, NodeName: nodeName(cfg.NodeName)}, n.api, m)
 	return err
+}
+
+// publishHealth hands the prober's health transitions to the flow hub, as
+// FLOW_EVENT_TYPE_HEALTH events of WatchFlows.
+func publishHealth(hub *flowhub.Hub) func(health.Transition) {
+	states := map[vipdv1.HealthState]flowhub.HealthState{
+		vipdv1.HealthState_HEALTH_STATE_PASSING: flowhub.HealthPassing,
+		vipdv1.HealthState_HEALTH_STATE_FAILING: flowhub.HealthFailing,
+	}
+	return func(tr health.Transition) {
+		h := tr.Health
+		hub.PublishHealth(tr.Service, tr.Backend, flowhub.Health{State: states[h.State], Since: tr.Time,
+			LastError: h.LastError, Consecutive: h.Consecutive, Detail: h.Detail})
+	}
 }
 
 // nodeName is name, or else the host name in lower case, as the kubelet

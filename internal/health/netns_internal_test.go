@@ -59,10 +59,6 @@ func TestNSSocketsDial(t *testing.T) {
 
 // checkNow runs one TCP check of addr and waits for its result.
 func checkNow(tc *tcpChecker, addr string) error {
-	res := make(chan error, 1)
-	done, err := tc.check(context.Background(), netip.MustParseAddrPort(addr), time.Second, func(err error) { res <- err })
-	if done {
-		return err
-	}
-	return <-res
+	err, _ := runCheck(tc, netip.MustParseAddrPort(addr), time.Second)
+	return err
 }

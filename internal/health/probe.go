@@ -40,7 +40,7 @@ func (d dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return d.ns.dialTCP(ctx, addr)
 }
 
-// checker runs the checks of one target. It is used by one goroutine.
+// checker runs the HTTP or gRPC checks of one target, one at a time.
 type checker struct {
 	spec spec
 	d    dialer
@@ -105,21 +105,8 @@ func (c *checker) check(ctx context.Context) error {
 		}
 		return nil
 	default:
-		// The prober runs TCP checks on tcpChecker; this is the same
-		// check over a net.Conn.
-		conn, err := c.d.dial(ctx, addr)
-		if err != nil {
-			return describe(err)
-		}
-		// Close with a reset, not a FIN: a check leaves no TIME_WAIT
-		// socket behind. Thousands of checks a second to the same few
-		// addresses would otherwise fill the ephemeral port range, and
-		// every connect would search it.
-		if tc, ok := conn.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
-		conn.Close()
-		return nil
+		// TCP checks run on tcpChecker.
+		return fmt.Errorf("no checker for %v", c.spec.protocol)
 	}
 }
 

@@ -41,7 +41,8 @@ func (nopObserver) ObserveCheck(string)                      {}
 func (nopObserver) SetBackendHealth(string, string, float64) {}
 func (nopObserver) DeleteBackendHealth(string, string)       {}
 
-// DefaultConcurrency bounds the checks in flight at once.
+// DefaultConcurrency bounds the TCP checks in flight at once, and the
+// HTTP and gRPC checks in flight at once.
 const DefaultConcurrency = 256
 
 // Option configures a Prober.
@@ -51,7 +52,8 @@ type Option func(*Prober)
 // (vipd's --netns); empty is the process's own.
 func WithNetNS(path string) Option { return func(p *Prober) { p.netns = path } }
 
-// WithConcurrency bounds the checks in flight at once; n < 1 means
+// WithConcurrency bounds the TCP checks in flight at once, and the HTTP
+// and gRPC checks in flight at once, to n each; n < 1 means
 // DefaultConcurrency.
 func WithConcurrency(n int) Option {
 	return func(p *Prober) {
@@ -72,10 +74,11 @@ func WithSyncPeriod(d time.Duration) Option { return func(p *Prober) { p.syncEve
 // run it with Run; Health and Explain are safe to call at any time.
 //
 // One scheduler goroutine starts every check when it is due (see
-// scheduler); TCP checks run on raw sockets without a goroutine each (see
-// tcpChecker), HTTP and gRPC checks on a goroutine each; at most the
-// concurrency bound of checks wait for an answer at once. Changes of
-// health go to the reconciler in batches from one submitter goroutine.
+// scheduler and schedule); TCP checks run on raw sockets from that same
+// goroutine (see tcpChecker), HTTP and gRPC checks on a goroutine each; at
+// most the concurrency bound of TCP checks, and as many HTTP and gRPC
+// checks, wait for an answer at once. Changes of health go to the
+// reconciler in batches from one submitter goroutine.
 type Prober struct {
 	log       hclog.Logger
 	snapshot  func() *store.Snapshot
@@ -126,8 +129,9 @@ type Transition struct {
 	Service string
 	// Backend is the probed address and port.
 	Backend netip.AddrPort
-	// Health is the backend's health after the transition; its
-	// SinceUnixMs is when the transition happened.
+	// Time is when the transition happened.
+	Time time.Time
+	// Health is the backend's health after the transition.
 	Health *vipdv1.BackendHealth
 }
 
@@ -167,14 +171,14 @@ func (p *Prober) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	p.runCtx = ctx
 	var bg sync.WaitGroup
-	bg.Go(func() { p.sched.run(ctx, func(t *target) { p.dispatch(ctx, t) }) })
+	bg.Go(func() { p.schedule(ctx) })
 	bg.Go(func() { p.submit(ctx) })
 	defer func() {
 		cancel()
+		// The scheduler loop closes the TCP checker on its way out.
 		bg.Wait()
 		// No check starts any more; the ones in flight end with ctx.
 		p.workers.Wait()
-		tcp.close()
 		p.mu.Lock()
 		targets := p.targets
 		p.targets = map[key]*target{}
@@ -266,46 +270,89 @@ func (p *Prober) sync(snap *store.Snapshot) {
 		p.obs.DeleteBackendHealth(t.key.service, t.key.ip.String())
 		p.retire(t)
 	}
-	now := time.Now()
+	if len(stopped) > 0 {
+		p.sched.compact(len(want))
+	}
 	for _, t := range started {
 		p.obs.SetBackendHealth(t.key.service, t.key.ip.String(), 1)
 		// Jitter: the first check somewhere in the first interval, and
 		// every later one 5% either side of the interval (see complete),
 		// so that checks of many backends spread out and stay spread.
-		p.sched.add(t, now.Add(rand.N(t.interval())))
+		p.sched.add(t, rand.N(t.interval()))
 	}
 }
 
-// dispatch starts t's check; the scheduler's goroutine. It waits while
-// the concurrency bound of checks are in flight.
+// pollEvery is how often the scheduler loop collects the results of TCP
+// checks in flight: results wait up to this long, so that one wake-up
+// collects many.
+const pollEvery = 10 * time.Millisecond
+
+// schedule is the scheduler loop: on each wake-up it collects the results
+// of the TCP checks in flight, starts the checks that are due (TCP checks
+// here, each HTTP and gRPC check on a goroutine of its own), and sleeps
+// until the next is due, or pollEvery while TCP checks are in flight. At
+// most cap(p.sem) TCP checks are in flight; checks due meanwhile wait.
+func (p *Prober) schedule(ctx context.Context) {
+	defer p.tcp.close()
+	limit := cap(p.sem)
+	more := func() bool { return p.tcp.inFlight() < limit }
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var due []*target
+	for {
+		if p.tcp.inFlight() > 0 {
+			p.tcp.poll(0)
+		}
+		now := p.sched.now()
+		due = p.sched.popDue(now, due[:0], more)
+		for i, t := range due {
+			p.dispatch(ctx, t)
+			due[i] = nil
+		}
+		bound := now + int64(time.Hour)
+		n := p.tcp.inFlight()
+		if n > 0 {
+			bound = now + int64(pollEvery)
+			if at, ok := p.tcp.nextDeadline(); ok {
+				bound = min(bound, now+int64(time.Until(at)))
+			}
+		}
+		// With the bound reached, checks wait for a free place: the next
+		// poll makes some.
+		wait := max(time.Duration(p.sched.sleepUntil(bound, n >= limit)-p.sched.now()), 0)
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-p.sched.wake:
+		}
+	}
+}
+
+// dispatch starts t's check; the scheduler loop's goroutine.
 func (p *Prober) dispatch(ctx context.Context, t *target) {
 	if !t.begin() {
 		return
 	}
-	select {
-	case p.sem <- struct{}{}:
-	case <-ctx.Done():
-		t.complete(context.Canceled)
-		return
-	}
 	timeout := time.Duration(t.spec.timeout) * time.Millisecond
-	if t.spec.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP || t.spec.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_UNSPECIFIED {
+	if t.checker == nil { // TCP
 		if !t.spec.addr.IsValid() {
-			<-p.sem
 			t.complete(errors.New("no port to probe"))
 			return
 		}
-		done, err := p.tcp.check(ctx, t.spec.addr, timeout, func(err error) {
-			<-p.sem
-			t.complete(describe(err))
-		})
-		if done {
-			<-p.sem
-			t.complete(describe(err))
+		if done, err := p.tcp.check(ctx, t.spec.addr, timeout, t.tcpDone); done {
+			t.tcpDone(err)
 		}
 		return
 	}
 	p.workers.Go(func() {
+		select {
+		case p.sem <- struct{}{}:
+		case <-ctx.Done():
+			t.complete(context.Canceled)
+			return
+		}
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		err := t.checker.check(cctx)
 		cancel()
@@ -356,4 +403,3 @@ func (p *Prober) Explain(service string, ip netip.Addr) (string, bool) {
 	v := t.view()
 	return v.Detail, v.State == vipdv1.HealthState_HEALTH_STATE_FAILING
 }
-

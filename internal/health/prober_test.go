@@ -2,9 +2,11 @@ package health_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,11 +29,16 @@ import (
 type submitter struct {
 	mu      sync.Mutex
 	failing map[string]bool // "service/ip"
+	calls   int
+	// delay makes each SetHealth take this long, as an apply does.
+	delay time.Duration
 }
 
 func (s *submitter) SetHealth(_ context.Context, changes []reconcile.HealthChange) error {
+	time.Sleep(s.delay)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.calls++
 	for _, c := range changes {
 		s.failing[c.Service+"/"+c.Backend.String()] = c.Failing
 	}
@@ -48,6 +55,22 @@ type lab struct {
 	snap atomic.Pointer[store.Snapshot]
 	sub  *submitter
 	p    *health.Prober
+
+	mu          sync.Mutex
+	transitions []health.Transition
+}
+
+// transitionsSeen is the transitions so far, as "service backend state
+// (last error, consecutive)".
+func (l *lab) transitionsSeen() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, tr := range l.transitions {
+		out = append(out, fmt.Sprintf("%s %s %s (%s, %d)", tr.Service, tr.Backend, strings.ToLower(strings.TrimPrefix(tr.Health.State.String(), "HEALTH_STATE_")),
+			tr.Health.LastError, tr.Health.Consecutive))
+	}
+	return out
 }
 
 func (l *lab) put(t *testing.T, svc *vipdv1.Service) {
@@ -69,10 +92,20 @@ func (l *lab) put(t *testing.T, svc *vipdv1.Service) {
 
 func start(t *testing.T, svc *vipdv1.Service) *lab {
 	t.Helper()
-	l := &lab{sub: &submitter{failing: map[string]bool{}}}
+	return startWith(t, svc, &submitter{failing: map[string]bool{}})
+}
+
+func startWith(t *testing.T, svc *vipdv1.Service, sub *submitter) *lab {
+	t.Helper()
+	l := &lab{sub: sub}
 	l.snap.Store(store.Empty())
 	l.put(t, svc)
-	l.p = health.New(hclog.NewNullLogger(), l.snap.Load, l.sub, health.WithSyncPeriod(20*time.Millisecond))
+	l.p = health.New(hclog.NewNullLogger(), l.snap.Load, l.sub, health.WithSyncPeriod(20*time.Millisecond),
+		health.WithTransitions(func(tr health.Transition) {
+			l.mu.Lock()
+			l.transitions = append(l.transitions, tr)
+			l.mu.Unlock()
+		}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); l.p.Run(ctx) }()
@@ -163,6 +196,13 @@ func TestTCPFailsAndComesBack(t *testing.T) {
 	}()
 	eventually(t, "passing again", stateIs(l, vipdv1.HealthState_HEALTH_STATE_PASSING))
 	eventually(t, "lifted", func() bool { return !l.sub.isFailing("web/127.0.0.2") })
+	// Transitions: to failing and back; the first pass (unknown to
+	// passing) is none.
+	want := []string{"web " + addr.String() + " failing (connection refused, 3)", "web " + addr.String() + " passing (connection refused, 2)"}
+	eventually(t, "two transitions", func() bool { return len(l.transitionsSeen()) >= 2 })
+	if got := l.transitionsSeen(); !slices.Equal(got, want) {
+		t.Errorf("transitions %q, want %q", got, want)
+	}
 }
 
 // TestHTTP500Fails: an HTTP check passes on 2xx and 3xx and fails on 500.
@@ -227,6 +267,10 @@ func TestControlPlaneNotServingNotProbed(t *testing.T) {
 	svc := service("127.0.0.5", 1, &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP, IntervalMs: 50, UnhealthyThreshold: 1})
 	l := start(t, svc) // nothing listens on port 1: refused
 	eventually(t, "submitted as failing", func() bool { return l.sub.isFailing("web/127.0.0.5") })
+	// Unknown to failing is a transition.
+	if got, want := l.transitionsSeen(), []string{"web 127.0.0.5:1 failing (connection refused, 1)"}; !slices.Equal(got, want) {
+		t.Errorf("transitions %q, want %q", got, want)
+	}
 	svc.Backends[0].State = vipdv1.BackendState_BACKEND_STATE_NOT_SERVING
 	l.put(t, svc)
 	eventually(t, "lifted", func() bool { return !l.sub.isFailing("web/127.0.0.5") })
@@ -241,4 +285,35 @@ func TestControlPlaneNotServingNotProbed(t *testing.T) {
 	if h := l.p.Health("web"); len(h) != 0 || l.sub.isFailing("web/127.0.0.5") {
 		t.Errorf("probed without a health_check: %v", h)
 	}
+}
+
+// TestChangesSubmittedInBatches: while the reconciler applies one batch,
+// the changes of other backends gather and go in the next: 100 backends
+// that fail at about the same time take far fewer SetHealth calls.
+func TestChangesSubmittedInBatches(t *testing.T) {
+	svc := service("127.0.1.1", 1, &vipdv1.HealthCheck{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP,
+		IntervalMs: 100, UnhealthyThreshold: 1})
+	svc.Backends = nil
+	const n = 100
+	for i := range n {
+		svc.Backends = append(svc.Backends, &vipdv1.Backend{Ip: fmt.Sprintf("127.0.1.%d", i+1)}) // port 1: refused
+	}
+	sub := &submitter{failing: map[string]bool{}, delay: 20 * time.Millisecond}
+	l := startWith(t, svc, sub)
+	eventually(t, "every backend submitted as failing", func() bool {
+		for i := range n {
+			if !l.sub.isFailing(fmt.Sprintf("web/127.0.1.%d", i+1)) {
+				return false
+			}
+		}
+		return true
+	})
+	sub.mu.Lock()
+	calls := sub.calls
+	sub.mu.Unlock()
+	// The first checks spread over 100 ms, and a call takes 20 ms.
+	if calls > n/4 {
+		t.Errorf("%d SetHealth calls for %d backends, want batches", calls, n)
+	}
+	t.Logf("%d backends failing in %d SetHealth calls", n, calls)
 }

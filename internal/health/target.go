@@ -16,10 +16,8 @@ type target struct {
 	key     key
 	spec    spec
 	checker *checker // HTTP and gRPC; nil for TCP
-
-	// due and index are the scheduler's, under its lock.
-	due   time.Time
-	index int
+	// tcpDone takes a TCP check's result: complete, made once.
+	tcpDone func(error)
 
 	mu          sync.Mutex
 	state       vipdv1.HealthState
@@ -37,7 +35,8 @@ type target struct {
 }
 
 func newTarget(p *Prober, k key, s spec) *target {
-	t := &target{p: p, key: k, spec: s, index: -1, state: vipdv1.HealthState_HEALTH_STATE_UNKNOWN, since: time.Now()}
+	t := &target{p: p, key: k, spec: s, state: vipdv1.HealthState_HEALTH_STATE_UNKNOWN, since: time.Now()}
+	t.tcpDone = func(err error) { t.complete(describe(err)) }
 	if s.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP || s.protocol == vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_GRPC {
 		t.checker = newChecker(s, p.dial)
 	}
@@ -53,10 +52,16 @@ func (t *target) stop() {
 	t.stopped = true
 	closeChecker := !t.inFlight && t.checker != nil
 	t.mu.Unlock()
-	t.p.sched.remove(t)
+	// The scheduler drops t when it is due (begin).
 	if closeChecker {
 		t.checker.close()
 	}
+}
+
+func (t *target) isStopped() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stopped
 }
 
 // begin marks a check started; false when t is stopped.
@@ -71,8 +76,8 @@ func (t *target) begin() bool {
 }
 
 // complete takes the result of the check begin started: it records it,
-// reports a change of the backend's effective health to the submitter and
-// a transition to the prober's listener, and schedules the next check,
+// tells the prober's listener of a transition and then the submitter of a
+// change of the backend's effective health, and schedules the next check,
 // one interval (5% either side) from now.
 func (t *target) complete(err error) {
 	t.mu.Lock()
@@ -89,12 +94,12 @@ func (t *target) complete(err error) {
 	failing := t.state == vipdv1.HealthState_HEALTH_STATE_FAILING
 	t.mu.Unlock()
 
-	t.p.report(t, failing)
 	if tr != nil && t.p.events != nil {
 		t.p.events(*tr)
 	}
+	t.p.report(t, failing)
 	iv := t.interval()
-	t.p.sched.add(t, time.Now().Add(iv-iv/20+rand.N(iv/10+1)))
+	t.p.sched.add(t, iv-iv/20+rand.N(iv/10+1))
 }
 
 // record takes one check's result; t.mu is held. It returns the
@@ -141,7 +146,7 @@ func (t *target) record(err error) *Transition {
 	if prev == vipdv1.HealthState_HEALTH_STATE_UNKNOWN && t.state == vipdv1.HealthState_HEALTH_STATE_PASSING {
 		return nil
 	}
-	return &Transition{Service: t.key.service, Backend: t.spec.addr, Health: t.viewLocked()}
+	return &Transition{Service: t.key.service, Backend: t.spec.addr, Time: t.since, Health: t.viewLocked()}
 }
 
 func (t *target) view() *vipdv1.BackendHealth {

@@ -4,49 +4,52 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // tcpChecker runs TCP checks on raw non-blocking sockets, without the Go
-// runtime's poller, timers or a goroutine per check:
+// runtime's poller, timers or a goroutine per check. It belongs to one
+// goroutine, the prober's scheduler loop, which starts checks (check) and
+// collects their results (poll) on each of its wake-ups:
 //
-//   - the scheduler's goroutine takes a socket (made in the namespace, in
-//     batches: nsSockets), and connects it;
-//   - a second connect(2) says at once whether the handshake is already
-//     over (0: connected; an error such as ECONNREFUSED: failed), which on
-//     a fast link it often is by the time the first one returns;
-//   - otherwise the socket is handed to one waiter goroutine, which owns an
-//     epoll instance and waits for all pending checks at once (EPOLLOUT,
-//     one-shot), reading the result with SO_ERROR, and times them out;
-//   - a connected socket is closed with a reset (SO_LINGER 0): no FIN
-//     exchange and no TIME_WAIT socket, which at thousands of checks a
-//     second to the same few addresses would fill the ephemeral port range
-//     and make every connect search it.
+//   - a check takes a socket from a pool (new ones are made in the
+//     namespace, in batches: nsSockets) and connects it;
+//   - the socket is armed in an epoll set (EPOLLOUT, one-shot), and poll,
+//     with one epoll_wait for every check in flight, takes each ready
+//     one's result (writable and not hung up: connected; otherwise
+//     connect again says how it ended), and times out the others;
+//   - then the socket is disconnected (connect to AF_UNSPEC), which resets
+//     an established connection (no FIN exchange, no TIME_WAIT socket,
+//     which at thousands of checks a second to the same few addresses
+//     would fill the ephemeral port range and make every connect search
+//     it), frees its port, and leaves the socket ready for the next check:
+//     no socket is made, registered with epoll or closed per check.
 //
-// Per check that is connect, connect (or epoll_ctl and getsockopt),
-// setsockopt and close, and no allocation but the pending entry.
+// Per check that is connect, an epoll_ctl, a share of an epoll_wait and
+// the disconnect (and a second connect when the check fails); the pool
+// holds at most as many sockets as checks were in flight at once.
 type tcpChecker struct {
 	newSocket func(ctx context.Context, family int) (int, error)
-
-	epfd, evfd int
-	done       chan struct{}
-
-	mu      sync.Mutex
-	pending map[int32]*pendingConn
-	stop    bool
-	// wakeAt is when the waiter's epoll_wait returns at the latest; zero
-	// while it waits for events only. A check with an earlier deadline
-	// wakes it through evfd.
-	wakeAt time.Time
+	epfd      int
+	events    []unix.EpollEvent
+	pool      map[int][]*tcpSocket // by family: idle, disconnected sockets
+	pending   map[int32]*pendingConn
 }
 
-// pendingConn is a check waiting for its connect to finish; done is
-// called once, from the waiter's goroutine, with the check's result.
+// tcpSocket is a socket of the pool.
+type tcpSocket struct {
+	fd, family int
+	// registered: the socket is in the epoll set (armed or not).
+	registered bool
+}
+
+// pendingConn is a check waiting for its connect to finish.
 type pendingConn struct {
-	fd       int
+	s        *tcpSocket
+	sa       unix.Sockaddr
 	deadline time.Time
 	done     func(error)
 }
@@ -55,190 +58,187 @@ type pendingConn struct {
 // describe shows it as "timeout".
 var errTimeout = fmt.Errorf("connect: %w", context.DeadlineExceeded)
 
-// newTCPChecker starts the waiter. newSocket returns a new non-blocking
-// TCP socket of a family, owned by the caller.
+// newTCPChecker returns a checker whose new sockets come from newSocket,
+// which returns a non-blocking TCP socket of a family, owned by the
+// caller.
 func newTCPChecker(newSocket func(ctx context.Context, family int) (int, error)) (*tcpChecker, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, fmt.Errorf("eventfd: %w", err)
-	}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}); err != nil {
-		unix.Close(epfd)
-		unix.Close(evfd)
-		return nil, fmt.Errorf("epoll_ctl: %w", err)
-	}
-	c := &tcpChecker{newSocket: newSocket, epfd: epfd, evfd: evfd, done: make(chan struct{}), pending: map[int32]*pendingConn{}}
-	go c.wait()
-	return c, nil
+	return &tcpChecker{newSocket: newSocket, epfd: epfd, events: make([]unix.EpollEvent, 256),
+		pool: map[int][]*tcpSocket{}, pending: map[int32]*pendingConn{}}, nil
 }
 
-// close stops the waiter and fails the checks still pending with
-// context.Canceled.
+// close fails the checks in flight with context.Canceled and closes the
+// sockets.
 func (c *tcpChecker) close() {
-	c.mu.Lock()
-	c.stop = true
-	c.mu.Unlock()
-	c.signal()
-	<-c.done
+	for fd, pc := range c.pending {
+		delete(c.pending, fd)
+		unix.Close(pc.s.fd)
+		pc.done(context.Canceled)
+	}
+	for f, socks := range c.pool {
+		for _, s := range socks {
+			unix.Close(s.fd)
+		}
+		delete(c.pool, f)
+	}
 	unix.Close(c.epfd)
-	unix.Close(c.evfd)
 }
 
-// signal wakes the waiter.
-func (c *tcpChecker) signal() {
-	one := [8]byte{1}
-	unix.Write(c.evfd, one[:])
+// inFlight is the number of checks waiting for their connect.
+func (c *tcpChecker) inFlight() int { return len(c.pending) }
+
+// nextDeadline is the earliest deadline of the checks in flight; ok is
+// false when there is none.
+func (c *tcpChecker) nextDeadline() (at time.Time, ok bool) {
+	for _, pc := range c.pending {
+		if !ok || pc.deadline.Before(at) {
+			at, ok = pc.deadline, true
+		}
+	}
+	return at, ok
+}
+
+// socket takes a socket of family from the pool, or makes one.
+func (c *tcpChecker) socket(ctx context.Context, family int) (*tcpSocket, error) {
+	if socks := c.pool[family]; len(socks) > 0 {
+		s := socks[len(socks)-1]
+		c.pool[family] = socks[:len(socks)-1]
+		return s, nil
+	}
+	fd, err := c.newSocket(ctx, family)
+	if err != nil {
+		return nil, err
+	}
+	return &tcpSocket{fd: fd, family: family}, nil
 }
 
 // check starts a check of addr. When it finishes at once it returns true
-// and its result; otherwise done gets the result later (by timeout at the
-// latest), from the waiter's goroutine, and check returns false.
+// and its result; otherwise a later poll calls done with the result (by
+// the timeout at the latest), and check returns false.
 func (c *tcpChecker) check(ctx context.Context, addr netip.AddrPort, timeout time.Duration, done func(error)) (bool, error) {
 	family, sa := sockaddr(addr)
-	fd, err := c.newSocket(ctx, family)
+	s, err := c.socket(ctx, family)
 	if err != nil {
 		return true, err
 	}
-	err = unix.Connect(fd, sa)
+	err = unix.Connect(s.fd, sa)
 	if err == unix.EINPROGRESS {
-		// Has the handshake finished meanwhile? connect on a connecting
-		// socket says so: 0 (or EISCONN), the error that ended it, or
-		// EALREADY while it goes on.
-		err = unix.Connect(fd, sa)
-		if err == unix.EALREADY {
-			c.await(fd, timeout, done)
-			return false, nil
+		// The handshake goes on; poll collects the result. (Asking at once
+		// with a second connect pays on veth, where the handshake is often
+		// over by now, and costs a syscall on a real network, where it
+		// never is.)
+		if err := c.await(&pendingConn{s: s, sa: sa, deadline: time.Now().Add(timeout), done: done}); err != nil {
+			return true, err
 		}
-		if err == unix.EISCONN {
-			err = nil
-		}
+		return false, nil
 	}
-	return true, finish(fd, err)
+	return true, c.finish(s, err)
 }
 
-// await hands fd to the waiter, which calls done; at once when the waiter
-// has stopped.
-func (c *tcpChecker) await(fd int, timeout time.Duration, done func(error)) {
-	c.mu.Lock()
-	if c.stop {
-		c.mu.Unlock()
-		unix.Close(fd)
-		done(context.Canceled)
-		return
+// await arms pc's socket and makes pc pending.
+func (c *tcpChecker) await(pc *pendingConn) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(pc.s.fd)}
+	op := unix.EPOLL_CTL_ADD
+	if pc.s.registered {
+		op = unix.EPOLL_CTL_MOD
 	}
-	deadline := time.Now().Add(timeout)
-	c.pending[int32(fd)] = &pendingConn{fd: fd, deadline: deadline, done: done}
-	wake := c.wakeAt.IsZero() || deadline.Before(c.wakeAt)
-	if wake {
-		c.wakeAt = deadline
+	if err := unix.EpollCtl(c.epfd, op, pc.s.fd, &ev); err != nil {
+		unix.Close(pc.s.fd)
+		return fmt.Errorf("epoll_ctl: %w", err)
 	}
-	c.mu.Unlock()
-	if wake {
-		c.signal()
-	}
-	if err := unix.EpollCtl(c.epfd, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}); err != nil {
-		c.mu.Lock()
-		pc, ok := c.pending[int32(fd)]
-		delete(c.pending, int32(fd))
-		c.mu.Unlock()
-		if ok {
-			unix.Close(fd)
-			pc.done(fmt.Errorf("epoll_ctl: %w", err))
-		}
-	}
+	pc.s.registered = true
+	c.pending[int32(pc.s.fd)] = pc
+	return nil
 }
 
-// wait is the waiter's loop.
-func (c *tcpChecker) wait() {
-	defer close(c.done)
-	events := make([]unix.EpollEvent, 128)
-	var ready []*pendingConn
-	for {
-		c.mu.Lock()
-		if c.stop {
-			pending := c.pending
-			c.pending = map[int32]*pendingConn{}
-			c.mu.Unlock()
-			for _, pc := range pending {
-				unix.Close(pc.fd)
-				pc.done(context.Canceled)
-			}
-			return
-		}
-		timeout := -1
-		c.wakeAt = time.Time{}
-		if len(c.pending) > 0 {
-			// The earliest deadline, rounded up to the millisecond: no
-			// finer timer is needed for timeouts of whole milliseconds.
-			now := time.Now()
-			c.wakeAt = now.Add(time.Second)
-			for _, pc := range c.pending {
-				if pc.deadline.Before(c.wakeAt) {
-					c.wakeAt = pc.deadline
-				}
-			}
-			timeout = max(int((c.wakeAt.Sub(now)+time.Millisecond-1)/time.Millisecond), 0)
-		}
-		c.mu.Unlock()
-		n, err := unix.EpollWait(c.epfd, events, timeout)
-		if err != nil && err != unix.EINTR {
-			// Cannot happen with a valid epoll fd and buffer; fail what
-			// is pending rather than spin.
-			c.mu.Lock()
-			c.stop = true
-			c.mu.Unlock()
+// poll waits up to timeout (0: not at all, below 0: until one is ready)
+// for checks in flight, and finishes those that are over or past their
+// deadline, calling their done.
+func (c *tcpChecker) poll(timeout time.Duration) {
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	n, err := unix.EpollWait(c.epfd, c.events, ms)
+	if err != nil && err != unix.EINTR {
+		n = 0
+	}
+	for _, ev := range c.events[:max(n, 0)] {
+		pc, ok := c.pending[ev.Fd]
+		if !ok {
+			// Left over from a check that timed out: its one-shot is
+			// spent.
 			continue
 		}
-		ready = ready[:0]
-		c.mu.Lock()
-		for _, ev := range events[:max(n, 0)] {
-			if int(ev.Fd) == c.evfd {
-				var buf [8]byte
-				unix.Read(c.evfd, buf[:])
-				continue
-			}
-			if pc, ok := c.pending[ev.Fd]; ok {
-				delete(c.pending, ev.Fd)
-				ready = append(ready, pc)
-			}
+		delete(c.pending, ev.Fd)
+		if ev.Events&unix.EPOLLOUT != 0 && ev.Events&unix.EPOLLHUP == 0 {
+			// Writable and not hung up: connected. A connect that failed
+			// closed the socket, which reports EPOLLHUP; EPOLLERR alone
+			// is left over from the disconnect that ended the socket's
+			// previous check (it sets ECONNRESET, which nothing reads).
+			// No event is left over from an earlier check: a check that
+			// times out takes its socket out of the epoll set.
+			pc.done(c.finish(pc.s, nil))
+			continue
 		}
-		now := time.Now()
-		var expired []*pendingConn
-		for fd, pc := range c.pending {
-			if !now.Before(pc.deadline) {
-				delete(c.pending, fd)
-				expired = append(expired, pc)
+		// connect again says how the handshake ended.
+		err := unix.Connect(pc.s.fd, pc.sa)
+		if err == unix.EALREADY {
+			// Left over from an earlier check of this socket: wait on.
+			if err := c.await(pc); err != nil {
+				pc.done(err)
 			}
+			continue
 		}
-		c.mu.Unlock()
-		for _, pc := range ready {
-			v, err := unix.GetsockoptInt(pc.fd, unix.SOL_SOCKET, unix.SO_ERROR)
-			if err == nil && v != 0 {
-				err = unix.Errno(v)
-			}
-			pc.done(finish(pc.fd, err))
-		}
-		for _, pc := range expired {
-			unix.Close(pc.fd)
+		pc.done(c.finish(pc.s, err))
+	}
+	if len(c.pending) == 0 {
+		return
+	}
+	now := time.Now()
+	for fd, pc := range c.pending {
+		if !now.Before(pc.deadline) {
+			delete(c.pending, fd)
+			// Its one-shot is still armed: out of the set, so that no
+			// event of this check reaches the socket's next one.
+			unix.EpollCtl(c.epfd, unix.EPOLL_CTL_DEL, pc.s.fd, nil)
+			pc.s.registered = false
+			c.finish(pc.s, nil)
 			pc.done(errTimeout)
 		}
 	}
 }
 
-// finish closes fd, with a reset when its connect succeeded, and returns
-// the check's result.
-func finish(fd int, err error) error {
+// finish disconnects s, with a reset when it is connected, and puts it
+// back in the pool (or closes it, when that fails); it returns the
+// result of a check whose connect returned err.
+func (c *tcpChecker) finish(s *tcpSocket, err error) error {
+	if err == unix.EISCONN {
+		err = nil
+	}
+	if derr := disconnect(s.fd); derr != nil {
+		unix.Close(s.fd)
+	} else {
+		c.pool[s.family] = append(c.pool[s.family], s)
+	}
 	if err != nil {
-		unix.Close(fd)
 		return fmt.Errorf("connect: %w", err)
 	}
-	unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
-	unix.Close(fd)
+	return nil
+}
+
+// disconnect is connect(2) to AF_UNSPEC: it aborts the connection of a
+// TCP socket (a reset when it is established), releases its port, and
+// makes it ready for another connect.
+func disconnect(fd int) error {
+	sa := unix.RawSockaddr{Family: unix.AF_UNSPEC}
+	_, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
+	if errno != 0 {
+		return errno
+	}
 	return nil
 }
 

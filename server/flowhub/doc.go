@@ -10,6 +10,10 @@
 // subscribers. Events the kernel dropped are counted and reported to every
 // subscriber the same way.
 //
+// The hub also carries backends' health-check transitions
+// (PublishHealth), which are not flows but decide where new flows go: they
+// reach the subscribers whose filter selects them, the same way.
+//
 // It must not block the source's reader, speak gRPC (package server turns
 // subscriptions into streams), or touch the kernel.
 package flowhub

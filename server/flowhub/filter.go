@@ -16,12 +16,16 @@ type Flow struct {
 	PortName string
 }
 
-// Event is one event of one flow, as subscribers get it.
+// Event is one event of one flow, as subscribers get it, or a backend's
+// health transition (Type HealthTransition; see Hub.PublishHealth).
 type Event struct {
 	Type dataplane.FlowEventType
-	// Time is when the kernel reported the event.
+	// Time is when the kernel reported the event, or when the health
+	// transition happened.
 	Time time.Time
 	Flow Flow
+	// Health is set on HealthTransition events only.
+	Health *Health
 }
 
 // Filter selects flows and event types. Every field that is set must
@@ -39,12 +43,14 @@ type Filter struct {
 	Client netip.Prefix
 	// Protocol, when not 0, is the flow's protocol.
 	Protocol dataplane.Protocol
-	// Types, when not empty, are the event types a subscriber gets. List
-	// ignores it.
+	// Types, when not empty, are the event types a subscriber gets,
+	// HealthTransition among them. List ignores it.
 	Types []dataplane.FlowEventType
 }
 
-// Match reports whether f selects fl, ignoring Types.
+// Match reports whether f selects fl, ignoring Types. A health
+// transition's flow has only a service and a backend: a filter with a
+// VIP, client or protocol never selects it.
 func (f *Filter) Match(fl *Flow) bool {
 	return (f.Service == "" || fl.Service == f.Service) &&
 		(f.Protocol == 0 || fl.Protocol == f.Protocol) &&

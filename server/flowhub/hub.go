@@ -212,10 +212,16 @@ func (h *Hub) emit(ev dataplane.FlowEvent) {
 	if h.obs != nil {
 		h.obs.Flow(e.Flow.Service, e.Type)
 	}
+	h.publish(&e)
+}
+
+// publish offers e to every subscriber whose filter selects it, never
+// waiting for one.
+func (h *Hub) publish(e *Event) {
 	var dropped uint64
 	h.mu.Lock()
 	for s := range h.subs {
-		if s.filter.MatchEvent(&e) && !s.push(&e) {
+		if s.filter.MatchEvent(e) && !s.push(e) {
 			dropped++
 		}
 	}

@@ -533,3 +533,56 @@ func TestStopAndClose(t *testing.T) {
 		t.Errorf("Subscribe after the hub stopped: %v, want ErrStopped", err)
 	}
 }
+
+// TestPublishHealth: a health transition reaches the subscribers whose
+// filter selects it (no filter, its service, its backend with or without
+// the probed port, the HealthTransition type) and no other (another
+// service, backend or port, any VIP, client or protocol, flow types
+// only), with its health; a full buffer counts it as lost.
+func TestPublishHealth(t *testing.T) {
+	h, dp := run(t, flowhub.WithBuffer(1))
+	be := netip.MustParseAddrPort("10.0.1.1:8080")
+	yes := map[string]*flowhub.Subscription{
+		"all":          subscribe(t, h, flowhub.Filter{}),
+		"service":      subscribe(t, h, flowhub.Filter{Service: "default/web"}),
+		"backend":      subscribe(t, h, flowhub.Filter{Backend: be.Addr()}),
+		"backend:port": subscribe(t, h, flowhub.Filter{Backend: be.Addr(), BackendPort: 8080}),
+		"type":         subscribe(t, h, flowhub.Filter{Types: []dataplane.FlowEventType{flowhub.HealthTransition}}),
+	}
+	no := map[string]*flowhub.Subscription{
+		"other service": subscribe(t, h, flowhub.Filter{Service: "default/db"}),
+		"other backend": subscribe(t, h, flowhub.Filter{Backend: netip.MustParseAddr("10.0.1.2")}),
+		"other port":    subscribe(t, h, flowhub.Filter{Backend: be.Addr(), BackendPort: 9090}),
+		"vip":           subscribe(t, h, flowhub.Filter{Service: "default/web", VIP: vipWeb.Addr()}),
+		"client":        subscribe(t, h, flowhub.Filter{Client: netip.MustParsePrefix("0.0.0.0/0")}),
+		"protocol":      subscribe(t, h, flowhub.Filter{Protocol: dataplane.TCP}),
+		"flow types":    subscribe(t, h, flowhub.Filter{Types: []dataplane.FlowEventType{dataplane.FlowNew, dataplane.FlowClosed}}),
+	}
+	since := t0.Add(time.Second)
+	want := flowhub.Health{State: flowhub.HealthFailing, Since: since, LastError: "connection refused", Consecutive: 3,
+		Detail: "failing health check (connection refused, 3 in a row)"}
+	h.PublishHealth("default/web", be, want)
+	for name, s := range yes {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		m, err := s.Next(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		e := m.Event
+		if e.Type != flowhub.HealthTransition || !e.Time.Equal(since) || e.Flow.Service != "default/web" || e.Flow.Backend != be ||
+			e.Health == nil || *e.Health != want {
+			t.Errorf("%s: got %+v (health %+v)", name, e, e.Health)
+		}
+	}
+	for name, s := range no {
+		t.Run(name, func(t *testing.T) { idle(t, s) })
+	}
+	// A buffer of one, full: the second transition is lost, and counted.
+	h.PublishHealth("default/web", be, flowhub.Health{State: flowhub.HealthPassing, Since: since})
+	h.PublishHealth("default/web", be, flowhub.Health{State: flowhub.HealthFailing, Since: since})
+	if got := next(t, yes["all"], 2); got[1] != "lost subscriber 1" {
+		t.Errorf("after a full buffer: %v, want the loss reported", got)
+	}
+	_ = dp
+}
