@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/vipd/vipd/dataplane"
@@ -80,7 +79,7 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 		return a.noFlows()
 	}
 	f, v := validation.FlowFilter(req.Filter, "filter")
-	live, existing, watch, vt := flowTypes(req.Types)
+	live, existing, watch, vt := validation.FlowTypes(req.Types, "types")
 	if v = append(v, vt...); len(v) > 0 {
 		return toStatus(v)
 	}
@@ -129,33 +128,6 @@ func (a *API) WatchFlows(req *vipdv1.WatchFlowsRequest, stream grpc.ServerStream
 			return err
 		}
 	}
-}
-
-// flowTypes is validation.FlowTypes with FLOW_EVENT_TYPE_HEALTH, which
-// selects the hub's flowhub.HealthTransition events: empty types select
-// every live type, health transitions included. Violations name the
-// index in types as given.
-func flowTypes(types []vipdv1.FlowEventType) (live []dataplane.FlowEventType, existing, watch bool, v validation.Violations) {
-	var health, newAsked bool
-	// HEALTH is validated as NEW, in its place, so that the indexes of the
-	// other types stay as the caller wrote them.
-	in := slices.Clone(types)
-	for i, t := range in {
-		switch t {
-		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH:
-			health, in[i] = true, vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW
-		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_NEW:
-			newAsked = true
-		}
-	}
-	live, existing, watch, v = validation.FlowTypes(in, "types")
-	if health {
-		if !newAsked {
-			live = slices.DeleteFunc(live, func(t dataplane.FlowEventType) bool { return t == dataplane.FlowNew })
-		}
-		live = append(live, flowhub.HealthTransition)
-	}
-	return live, existing, watch, v
 }
 
 // ListFlows implements vipdv1.FlowServiceServer.

@@ -38,9 +38,11 @@ func FlowFilter(in *vipdv1.FlowFilter, field string) (flowhub.Filter, Violations
 }
 
 // FlowTypes validates the event types of a WatchFlowsRequest, named field.
-// It returns the live types to subscribe to (nil: all of them), whether
-// FLOW_EVENT_TYPE_EXISTING was among them, and whether any live type is
-// wanted at all: types that name only EXISTING ask for no live events.
+// It returns the live types to subscribe to (nil: all of them, health
+// transitions included; FLOW_EVENT_TYPE_HEALTH is flowhub.HealthTransition),
+// whether FLOW_EVENT_TYPE_EXISTING was among them, and whether any live
+// type is wanted at all: types that name only EXISTING ask for no live
+// events.
 func FlowTypes(in []vipdv1.FlowEventType, field string) (live []dataplane.FlowEventType, existing, watch bool, v Violations) {
 	for i, t := range in {
 		switch t {
@@ -48,10 +50,12 @@ func FlowTypes(in []vipdv1.FlowEventType, field string) (live []dataplane.FlowEv
 			live = append(live, dataplane.FlowNew)
 		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_CLOSED:
 			live = append(live, dataplane.FlowClosed)
+		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH:
+			live = append(live, flowhub.HealthTransition)
 		case vipdv1.FlowEventType_FLOW_EVENT_TYPE_EXISTING:
 			existing = true
 		default:
-			v.add(fmt.Sprintf("%s[%d]", field, i), "%v is not an event type to watch; use NEW, CLOSED or EXISTING", t)
+			v.add(fmt.Sprintf("%s[%d]", field, i), "%v is not an event type to watch; use NEW, CLOSED, HEALTH or EXISTING", t)
 		}
 	}
 	return live, existing, len(in) == 0 || len(live) > 0, v

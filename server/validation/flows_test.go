@@ -83,6 +83,8 @@ func TestFlowTypes(t *testing.T) {
 		{[]vipdv1.FlowEventType{newT}, []dataplane.FlowEventType{dataplane.FlowNew}, false, true},
 		{[]vipdv1.FlowEventType{closedT, existingT}, []dataplane.FlowEventType{dataplane.FlowClosed}, true, true},
 		{[]vipdv1.FlowEventType{existingT}, nil, true, false},
+		{[]vipdv1.FlowEventType{vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH}, []dataplane.FlowEventType{flowhub.HealthTransition}, false, true},
+		{[]vipdv1.FlowEventType{existingT, vipdv1.FlowEventType_FLOW_EVENT_TYPE_HEALTH, closedT}, []dataplane.FlowEventType{flowhub.HealthTransition, dataplane.FlowClosed}, true, true},
 	} {
 		live, existing, watch, v := validation.FlowTypes(tc.in, "types")
 		if len(v) > 0 || !cmp.Equal(tc.live, live) || existing != tc.existing || watch != tc.watch {
