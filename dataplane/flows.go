@@ -168,9 +168,4 @@ type Explanation struct {
 	// Pick is the backend the connection would get when that is
 	// deterministic (affinity, or Maglev for this exact 5-tuple).
 	Pick netip.AddrPort
-	// Drop, when not empty, says why the dataplane drops the connection's
-	// packets (no answer at all) rather than forwarding or refusing them,
-	// such as "source not in load_balancer_source_ranges"; it may say
-	// for which origin (from outside the node) the drop holds.
-	Drop string
 }

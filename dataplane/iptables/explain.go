@@ -10,7 +10,6 @@ import (
 	"math"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,10 +31,9 @@ import (
 // The address may be a VIP, an external or LB IP, or a node-port address
 // with a node port; for the last three the order is that of the cluster
 // choice, which pods and the node get (the lists are the port's, whichever
-// chain checks them). Explanation.Drop tells the drops the rules make
-// whatever the kernel's state: a client outside an LB IP's source ranges,
-// and, for external traffic, a port whose external traffic policy is
-// Local and has no node-local backend.
+// chain checks them). The drops (source ranges, the Local external
+// policy without a node-local backend) follow from the desired state
+// alone, and the server's Explain says them.
 func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (dataplane.Explanation, error) {
 	if err := ctx.Err(); err != nil {
 		return dataplane.Explanation{}, err
@@ -47,12 +45,10 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 	var (
 		candidates []candidate
 		timeout    time.Duration
-		drop       string
 	)
 	client, vip := q.Client.Addr().Unmap(), q.VIP.Addr().Unmap()
 	target := netip.AddrPortFrom(vip, q.VIP.Port())
 	d.mu.Lock()
-	hasExternal := d.applied != nil && len(d.applied.external) > 0
 	for _, svc := range d.state {
 		for _, p := range svc.Ports {
 			if p.Protocol != q.Protocol {
@@ -63,9 +59,6 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 				continue
 			}
 			f := FamilyOf(vip)
-			if fe.external {
-				drop = externalDrop(svc, p, f, client, vip, hasExternal)
-			}
 			if !svc.Affinity.ClientIP {
 				continue
 			}
@@ -85,8 +78,8 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 	if client.Is4() != vip.Is4() {
 		return dataplane.Explanation{}, nil
 	}
-	if len(candidates) == 0 || drop == dropSourceRanges {
-		return dataplane.Explanation{Drop: drop}, nil
+	if len(candidates) == 0 {
+		return dataplane.Explanation{}, nil
 	}
 
 	hz, err := kernelHZ()
@@ -120,16 +113,10 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 			continue
 		}
 		left := time.Duration(window-age) * time.Second / time.Duration(hz)
-		return dataplane.Explanation{AffinityBackend: c.backend, AffinityRemaining: left, Pick: c.backend, Drop: drop}, nil
+		return dataplane.Explanation{AffinityBackend: c.backend, AffinityRemaining: left, Pick: c.backend}, nil
 	}
-	return dataplane.Explanation{Drop: drop}, nil
+	return dataplane.Explanation{}, nil
 }
-
-// Drops that ExplainFlow reports.
-const (
-	dropSourceRanges = "source not in load_balancer_source_ranges"
-	dropNoLocal      = "from outside the node (in through an external interface): external_traffic_policy is LOCAL and no node-local backend is usable; from the node and its pods, any backend"
-)
 
 // servedAt returns the frontend of port p of svc at target, if p is served
 // there with the node-port addresses nodePorts.
@@ -142,21 +129,6 @@ func servedAt(svc *dataplane.Service, p dataplane.Port, nodePorts []netip.Addr, 
 	return frontend{}, false
 }
 
-// externalDrop is why the rules drop a connection from client to port p of
-// svc at the external address vip of family f, or "": outside an LB IP's
-// source ranges, every connection; under the Local external policy without
-// a node-local backend, those from outside (when the node has an external
-// interface at all).
-func externalDrop(svc *dataplane.Service, p dataplane.Port, f Family, client, vip netip.Addr, external bool) string {
-	if len(svc.LoadBalancerSourceRanges) > 0 && slices.Contains(svc.LoadBalancerIPs, vip) &&
-		!slices.ContainsFunc(familyRanges(svc, f), func(r netip.Prefix) bool { return r.Contains(client) }) {
-		return dropSourceRanges
-	}
-	if external && svc.ExternalTrafficPolicy == dataplane.TrafficPolicyLocal && len(sortedExternal(svc, p, f, dataplane.TrafficPolicyLocal)) == 0 {
-		return dropNoLocal
-	}
-	return ""
-}
 
 // lastSeen finds addr in the text of an xt_recent list, whose lines read
 //
