@@ -14,15 +14,12 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/kubernetes/scheme"
 
-	"github.com/vipd/vipd/internal/kubeadapter"
 	"github.com/vipd/vipd/internal/kubeconvert"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/testbin"
@@ -100,21 +97,7 @@ func testServiceThroughClusterIP(t *testing.T, dp string) {
 		"be1v6": be1.IPv6().String(), "be2v6": be2.IPv6().String(),
 	})
 	kube := fake.NewClientset(objs...)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	adapter, err := kubeadapter.New(hclog.New(&hclog.LoggerOptions{Name: "vipd-k8s", Level: hclog.Debug, Output: testWriter{t}}),
-		kube, env.NewClient(), prometheus.NewRegistry(), kubeadapter.WithNodeName("node1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- adapter.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("adapter: %v", err)
-		}
-	})
+	runAdapter(t, env, kube)
 
 	vip4, vip6 := netip.MustParseAddr("198.19.20.10"), netip.MustParseAddr("fd00:198:20::10")
 	http4, http6 := netip.AddrPortFrom(vip4, 80), netip.AddrPortFrom(vip6, 80)
