@@ -20,10 +20,14 @@ func TestAnswers(t *testing.T) {
 	st := &dataplane.State{Services: map[string]*dataplane.Service{
 		"default/web": {Ports: ports, ExternalTrafficPolicy: local, HealthCheckNodePort: 30100, Backends: []dataplane.Backend{
 			backend("198.18.1.10", true, ready), backend("198.18.1.11", true, down), backend("198.18.2.10", false, ready),
-			backend("fd00:198:1::a", true, ready),
+			backend("fd00:198:1::a", true, ready), backend("fd00:198:1::b", true, ready), backend("fd00:198:1::c", true, down),
 		}},
+		// A dual-stack pod is one endpoint: the larger family's count.
+		"dual": {Ports: ports, ExternalTrafficPolicy: local, HealthCheckNodePort: 30105, Backends: []dataplane.Backend{
+			backend("198.18.1.16", true, ready), backend("fd00:198:1::16", true, ready)}},
 		// Only terminating local backends: they still take external
-		// traffic, so they count.
+		// traffic, but, as in kube-proxy, only READY ones count, so that
+		// a load balancer steers away from a draining node.
 		"ns/draining": {Ports: ports, ExternalTrafficPolicy: local, HealthCheckNodePort: 30101, Backends: []dataplane.Backend{
 			backend("198.18.1.12", true, term), backend("198.18.2.11", false, ready)}},
 		// A backend that serves only one named port counts once.
@@ -37,7 +41,8 @@ func TestAnswers(t *testing.T) {
 	got, conflicts := hcnodeport.Answers(st)
 	want := map[uint16]hcnodeport.Answer{
 		30100: {Service: "default/web", LocalEndpoints: 2},
-		30101: {Service: "ns/draining", LocalEndpoints: 1},
+		30101: {Service: "ns/draining", LocalEndpoints: 0},
+		30105: {Service: "dual", LocalEndpoints: 1},
 		30102: {Service: "named", LocalEndpoints: 1},
 		30103: {Service: "none/local", LocalEndpoints: 0},
 	}

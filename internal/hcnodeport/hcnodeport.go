@@ -109,18 +109,31 @@ func answersOf(wanted map[string]entry) (answers map[uint16]Answer, conflicts []
 	return answers, conflicts
 }
 
-// localEndpoints counts the distinct addresses of svc's backends that may
-// take external traffic under policy Local, over every port and family.
+// localEndpoints counts svc's node-local READY backends, as kube-proxy
+// counts its local ready endpoints: a backend that serves at least one
+// port, counted once per family, and the larger family's count answered
+// (a dual-stack pod is one endpoint, not two). TERMINATING backends do
+// not count, though they still take connections while no READY one is
+// left, so that a load balancer steers away from a draining node; a
+// backend failing its health checks arrives here as NOT_SERVING.
 func localEndpoints(svc *dataplane.Service) int {
-	seen := map[netip.Addr]struct{}{}
+	var perFamily [2]map[netip.Addr]struct{}
 	for _, p := range svc.Ports {
-		for _, is6 := range []bool{false, true} {
-			for _, b := range svc.ExternalBackends(p, is6, dataplane.TrafficPolicyLocal) {
-				seen[b.IP] = struct{}{}
+		for _, b := range svc.Backends {
+			if !b.NodeLocal || b.State != dataplane.BackendReady || !b.Serves(p) {
+				continue
 			}
+			f := 0
+			if b.IP.Is6() {
+				f = 1
+			}
+			if perFamily[f] == nil {
+				perFamily[f] = map[netip.Addr]struct{}{}
+			}
+			perFamily[f][b.IP] = struct{}{}
 		}
 	}
-	return len(seen)
+	return max(len(perFamily[0]), len(perFamily[1]))
 }
 
 // Server serves the health-check node ports. Create it with New, hand it
