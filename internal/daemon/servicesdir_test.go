@@ -235,6 +235,29 @@ func TestServicesDirConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A node port that another file's service holds: refused, naming
+	// both files, the node port and the field that claims it.
+	nodePortYAML := func(name, vip string) string {
+		return strings.Replace(svcYAML(name, vip, 80, "198.18.1.40"), "targetPort: 8080}", "targetPort: 8080, nodePort: 30080}", 1)
+	}
+	putFile(t, filepath.Join(dir, "d.yaml"), nodePortYAML("default/np1", "198.19.0.20"))
+	waitFor(t, r, applyWithin, "d.yaml", func(s map[string]*vipdv1.Service) bool {
+		ps := s["default/np1"].GetPorts()
+		return len(ps) == 1 && ps[0].GetNodePort() == 30080
+	})
+	putFile(t, filepath.Join(dir, "e.yaml"), nodePortYAML("default/np2", "198.19.0.21"))
+	w = waitWarning(t, r, "services-dir/e.yaml", func(*vipdv1.StatusWarning) bool { return true })
+	for _, want := range []string{"e.yaml", "d.yaml", "node port 30080/TCP", "ports[0].node_port"} {
+		if !strings.Contains(w.GetMessage(), want) {
+			t.Errorf("node port conflict warning %q does not name %s", w.GetMessage(), want)
+		}
+	}
+	for _, f := range []string{"d.yaml", "e.yaml"} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// b.yaml gives the VIP:port up: a.yaml, unchanged, gets it.
 	putFile(t, filepath.Join(dir, "b.yaml"), svcYAML("default/web", "198.19.0.11", 80, "198.18.1.10"))
 	waitFor(t, r, applyWithin, "a.yaml after b.yaml let go", func(s map[string]*vipdv1.Service) bool {

@@ -411,6 +411,12 @@ func fileError(name string, err error) *fileErr {
 // refusal of another owner's name).
 var (
 	claimRE = regexp.MustCompile(`^service (\S+): (\S+) is already used by service (\S+)$`)
+	// useClaimRE is the form of every claim but a VIP's: a node port, a
+	// health-check node port, an external or load-balancer IP:port, with
+	// the field of each side, such as "service a: node port 30080/TCP
+	// (its ports[0].node_port) is already used by service b (its
+	// health_check_node_port)".
+	useClaimRE = regexp.MustCompile(`^service (\S+): (.+) \(its (\S+)\) is already used by service (\S+) \(its \S+\)$`)
 	ownerRE = regexp.MustCompile(`^service (\S+) belongs to owner (\S+);`)
 )
 
@@ -453,9 +459,11 @@ func (w *Watcher) syncError(ctx context.Context, name string, res *manifest.Resu
 		}
 		return &fileErr{field: errs[0].Path, msg: strings.Join(msgs, "; "), remedy: "fix the file; vipd applies it as soon as it is written"}, false
 	case codes.AlreadyExists:
-		svc, what, holder := "", "", ""
+		svc, what, holder, use := "", "", "", ""
 		if m := claimRE.FindStringSubmatch(st.Message()); m != nil {
 			svc, what, holder = m[1], m[2], m[3]
+		} else if m := useClaimRE.FindStringSubmatch(st.Message()); m != nil {
+			svc, what, use, holder = m[1], m[2], m[3], m[4]
 		} else if m := ownerRE.FindStringSubmatch(st.Message()); m != nil {
 			svc, what, holder = m[1], "the name "+m[1], m[1]
 		}
@@ -472,7 +480,10 @@ func (w *Watcher) syncError(ctx context.Context, name string, res *manifest.Resu
 		}
 		field := ""
 		if o, ok := at(svc); ok {
-			field = claimField(res, svc, what)
+			field = use
+			if field == "" {
+				field = claimField(res, svc, what)
+			}
 			e := o.Error(svc, field, fmt.Errorf("claims %s, which %s holds already; %s is refused until one of them gives it up", what, by, name))
 			return &fileErr{field: e.Path, msg: e.Error(), remedy: "remove " + what + " from one of the two files"}, true
 		}
