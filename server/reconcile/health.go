@@ -85,20 +85,7 @@ func (r *Reconciler) SetHealth(ctx context.Context, changes []HealthChange) erro
 	if len(changes) == 0 {
 		return nil
 	}
-	q := &request{ctx: ctx, health: changes, done: make(chan result, 1), submitted: time.Now()}
-	select {
-	case r.queue <- q:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-r.stopped:
-		return ErrStopped
-	}
-	select {
-	case res := <-q.done:
-		return res.err
-	case <-r.stopped:
-		return ErrStopped
-	}
+	return r.submit(ctx, &request{ctx: ctx, health: changes, done: make(chan result, 1), submitted: time.Now()}).err
 }
 
 // dataplaneState is snap's state for the dataplane with the backends in

@@ -32,18 +32,5 @@ func WithAppliedHook(f func(s *dataplane.State)) Option { return func(r *Reconci
 // releasing sync carries it. The Node is not desired state: it uses up no
 // generation and is not saved.
 func (r *Reconciler) SetNode(ctx context.Context, n dataplane.Node) error {
-	q := &request{ctx: ctx, node: &n, done: make(chan result, 1), submitted: time.Now()}
-	select {
-	case r.queue <- q:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-r.stopped:
-		return ErrStopped
-	}
-	select {
-	case res := <-q.done:
-		return res.err
-	case <-r.stopped:
-		return ErrStopped
-	}
+	return r.submit(ctx, &request{ctx: ctx, node: &n, done: make(chan result, 1), submitted: time.Now()}).err
 }

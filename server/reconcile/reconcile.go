@@ -294,19 +294,26 @@ func (r *Reconciler) validate(ctx context.Context, m Mutation, release bool) (an
 }
 
 func (r *Reconciler) do(ctx context.Context, m Mutation, release bool) (any, error) {
-	q := &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now(), release: release}
+	res := r.submit(ctx, &request{ctx: ctx, mutate: m, done: make(chan result, 1), submitted: time.Now(), release: release})
+	return res.value, res.err
+}
+
+// submit queues q for the reconcile loop and waits for its result: the
+// context's error if it ends before the loop takes q, ErrStopped if the
+// loop stops first.
+func (r *Reconciler) submit(ctx context.Context, q *request) result {
 	select {
 	case r.queue <- q:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return result{err: ctx.Err()}
 	case <-r.stopped:
-		return nil, ErrStopped
+		return result{err: ErrStopped}
 	}
 	select {
 	case res := <-q.done:
-		return res.value, res.err
+		return res
 	case <-r.stopped:
-		return nil, ErrStopped
+		return result{err: ErrStopped}
 	}
 }
 
