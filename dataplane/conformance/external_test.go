@@ -2,10 +2,7 @@ package conformance
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -273,38 +270,10 @@ type healthReply struct {
 // getHealth makes one HTTP GET from h to dst.
 func getHealth(h host, dst netip.AddrPort) (int, healthReply, error) {
 	var hr healthReply
-	tr := &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := h.NS.Do(func() error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		},
-	}
-	defer tr.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), replyDeadline)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+dst.String()+"/", nil)
-	if err != nil {
-		return 0, hr, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, hr, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, hr, err
-	}
-	if err := json.Unmarshal(body, &hr); err != nil {
-		return resp.StatusCode, hr, fmt.Errorf("HTTP %d with body %q: %w", resp.StatusCode, body, err)
-	}
-	return resp.StatusCode, hr, nil
+	code, err := h.NS.GetJSON(ctx, "http://"+dst.String()+"/", &hr)
+	return code, hr, err
 }
 
 // expectHealth waits up to healthWait for the health check node port at dst

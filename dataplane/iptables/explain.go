@@ -129,7 +129,6 @@ func servedAt(svc *dataplane.Service, p dataplane.Port, nodePorts []netip.Addr, 
 	return frontend{}, false
 }
 
-
 // lastSeen finds addr in the text of an xt_recent list, whose lines read
 //
 //	src=10.0.0.1 ttl: 64 last_seen: 4295012345 oldest_pkt: 1 4295012345

@@ -20,21 +20,7 @@ import (
 )
 
 // client makes HTTP requests from inside ns.
-func client(ns *netlab.NS) *http.Client {
-	return &http.Client{
-		Timeout: 5 * time.Second,
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := ns.Dial(ctx, "tcp", addr)
-				if err != nil {
-					return nil, err
-				}
-				return c, nil
-			},
-		},
-	}
-}
+func client(ns *netlab.NS) *http.Client { return ns.HTTPClient(5 * time.Second) }
 
 type reply struct {
 	code int

@@ -417,7 +417,7 @@ var (
 	// (its ports[0].node_port) is already used by service b (its
 	// health_check_node_port)".
 	useClaimRE = regexp.MustCompile(`^service (\S+): (.+) \(its (\S+)\) is already used by service (\S+) \(its \S+\)$`)
-	ownerRE = regexp.MustCompile(`^service (\S+) belongs to owner (\S+);`)
+	ownerRE    = regexp.MustCompile(`^service (\S+) belongs to owner (\S+);`)
 )
 
 // syncError places vipd's refusal of the file name's services (res) in the

@@ -2,11 +2,8 @@ package kubee2e
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
@@ -211,37 +208,8 @@ type healthReply struct {
 // getHealth makes one HTTP GET from ns to addr.
 func getHealth(ns *netlab.NS, addr netip.AddrPort) (int, healthReply, error) {
 	var hr healthReply
-	tr := &http.Transport{
-		DisableKeepAlives: true,
-		// The connection is made in ns: Do runs on a thread in it.
-		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
-			var c net.Conn
-			err := ns.Do(func() error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, a)
-				return err
-			})
-			return c, err
-		},
-	}
-	defer tr.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/", nil)
-	if err != nil {
-		return 0, hr, err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return 0, hr, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, hr, err
-	}
-	if err := json.Unmarshal(body, &hr); err != nil {
-		return resp.StatusCode, hr, fmt.Errorf("HTTP %d with body %q: %w", resp.StatusCode, body, err)
-	}
-	return resp.StatusCode, hr, nil
+	code, err := ns.GetJSON(ctx, "http://"+addr.String()+"/", &hr)
+	return code, hr, err
 }
