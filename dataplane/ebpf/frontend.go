@@ -307,20 +307,8 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 			if len(slots) > start {
 				fe.slots = slots[start:len(slots):len(slots)]
 			}
-			if !uniform {
-				fe.flags |= svcFlagWeighted
-			}
-			if svc.Affinity.ClientIP {
-				fe.flags |= svcFlagAffinity
-				fe.timeout = uint32(min(math.Ceil(svc.Affinity.Timeout.Seconds()), math.MaxUint32))
-			}
-			if svc.LoadBalancing == dataplane.LoadBalancingMaglev && len(fe.slots) > 0 {
-				m, err := maglev.TableSize(maglevMin, len(fe.slots))
-				if err != nil {
-					return nil, fmt.Errorf("service %s: %w", svc.Name, err)
-				}
-				fe.flags |= svcFlagMaglev
-				fe.maglevM = m
+			if err := fe.setChoice(svc, uniform, maglevMin); err != nil {
+				return nil, err
 			}
 			out = append(out, fe)
 		}
@@ -463,6 +451,17 @@ func buildFrontend(svc *dataplane.Service, key feKey, p dataplane.Port, eligible
 			uniform = false
 		}
 	}
+	if err := fe.setChoice(svc, uniform, maglevMin); err != nil {
+		return nil, err
+	}
+	return fe, nil
+}
+
+// setChoice sets how fe picks among its slots, once they are filled:
+// weighted unless every slot has the same weight (uniform), svc's session
+// affinity, and a Maglev table of at least maglevMin entries for svc's
+// Maglev balancing.
+func (fe *frontend) setChoice(svc *dataplane.Service, uniform bool, maglevMin uint32) error {
 	if !uniform {
 		fe.flags |= svcFlagWeighted
 	}
@@ -473,10 +472,10 @@ func buildFrontend(svc *dataplane.Service, key feKey, p dataplane.Port, eligible
 	if svc.LoadBalancing == dataplane.LoadBalancingMaglev && len(fe.slots) > 0 {
 		m, err := maglev.TableSize(maglevMin, len(fe.slots))
 		if err != nil {
-			return nil, fmt.Errorf("service %s: %w", svc.Name, err)
+			return fmt.Errorf("service %s: %w", svc.Name, err)
 		}
 		fe.flags |= svcFlagMaglev
 		fe.maglevM = m
 	}
-	return fe, nil
+	return nil
 }
