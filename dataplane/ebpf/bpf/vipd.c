@@ -1062,8 +1062,12 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	return TC_ACT_OK;
 }
 
-SEC("tc")
-int vipd_from_pod(struct __sk_buff *skb)
+/* ingress is the way in of the pods' and the external interfaces' packets:
+ * replies translated back (the reverse kinds rev), then a new or known
+ * flow to a frontend of scope (SCOPE_CLUSTER for pods, SCOPE_EXTERNAL for
+ * the external interfaces) checked against its source ranges and
+ * forwarded. */
+static __always_inline int ingress(struct __sk_buff *skb, int rev, __u8 scope)
 {
 	struct svc_key sk = {};
 	struct svc_val *svc;
@@ -1072,18 +1076,25 @@ int vipd_from_pod(struct __sk_buff *skb)
 
 	if (parse(skb, &p) < 0)
 		return TC_ACT_OK;
-	ret = reverse(skb, &p, REV_HAIRPIN | REV_SNAT, &done);
+	ret = reverse(skb, &p, rev, &done);
 	if (done)
 		return ret;
 	sk.addr = p.dst;
 	sk.port = p.dport;
 	sk.proto = p.proto;
+	sk.scope = scope;
 	svc = bpf_map_lookup_elem(&vipd_services, &sk);
 	if (!svc)
 		return TC_ACT_OK;
 	if ((svc->flags & SVC_F_SRC_RANGES) && !src_allowed(svc->rev_nat_id, &p.src))
 		return TC_ACT_SHOT;
-	return forward(skb, &p, &sk, svc, 0);
+	return forward(skb, &p, &sk, svc, scope == SCOPE_EXTERNAL);
+}
+
+SEC("tc")
+int vipd_from_pod(struct __sk_buff *skb)
+{
+	return ingress(skb, REV_HAIRPIN | REV_SNAT, SCOPE_CLUSTER);
 }
 
 SEC("tc")
@@ -1100,26 +1111,7 @@ int vipd_to_pod(struct __sk_buff *skb)
 SEC("tc")
 int vipd_from_ext(struct __sk_buff *skb)
 {
-	struct svc_key sk = {};
-	struct svc_val *svc;
-	struct pkt p = {};
-	int ret, done;
-
-	if (parse(skb, &p) < 0)
-		return TC_ACT_OK;
-	ret = reverse(skb, &p, REV_SNAT, &done);
-	if (done)
-		return ret;
-	sk.addr = p.dst;
-	sk.port = p.dport;
-	sk.proto = p.proto;
-	sk.scope = SCOPE_EXTERNAL;
-	svc = bpf_map_lookup_elem(&vipd_services, &sk);
-	if (!svc)
-		return TC_ACT_OK;
-	if ((svc->flags & SVC_F_SRC_RANGES) && !src_allowed(svc->rev_nat_id, &p.src))
-		return TC_ACT_SHOT;
-	return forward(skb, &p, &sk, svc, 1);
+	return ingress(skb, REV_SNAT, SCOPE_EXTERNAL);
 }
 
 SEC("tc")
