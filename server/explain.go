@@ -21,7 +21,8 @@ import (
 // state (which the dataplane has applied once Ready) and, when the
 // dataplane is an Explainer, the dataplane's state for this client.
 //
-// vip may be a VIP or an external or load-balancer IP. For the latter,
+// vip may be a VIP, an external or load-balancer IP, or a node-port
+// address (of the Node the dataplane has) at a node port. For the latter,
 // vipd cannot tell from the request whether the client is outside the
 // node, so the backends are judged as for traffic from outside
 // (external_traffic_policy), and the summary says what the node and its
@@ -36,7 +37,7 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	e, port, ok := claimant(snap, q.Protocol, q.VIP)
 	var ext *externalView
 	if !ok {
-		e, port, ext, ok = externalClaimant(snap, q)
+		e, port, ext, ok = externalClaimant(snap, q, a.rec.Status().NodePortAddresses)
 	}
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no service claims %s/%s", q.VIP, q.Protocol)
@@ -121,7 +122,8 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 // externalView is how Explain sees a connection to an external or
 // load-balancer IP.
 type externalView struct {
-	// role names the address's field: "external IP" or "load-balancer IP".
+	// role names the address's field: "external IP", "load-balancer IP"
+	// or "node port" (an address of the node at a port's node_port).
 	role string
 	// dropped is true when the client is outside the load-balancer IP's
 	// load_balancer_source_ranges.
@@ -132,10 +134,20 @@ type externalView struct {
 }
 
 // externalClaimant finds the service that serves q's address as an
-// external or load-balancer IP on q's port, and how it treats q.
-func externalClaimant(snap *store.Snapshot, q dataplane.ExplainQuery) (*store.Entry, dataplane.Port, *externalView, bool) {
+// external or load-balancer IP on q's port, or as a node port when the
+// address is one of nodePortAddrs (the node-port addresses the dataplane
+// has), and how it treats q.
+func externalClaimant(snap *store.Snapshot, q dataplane.ExplainQuery, nodePortAddrs []netip.Addr) (*store.Entry, dataplane.Port, *externalView, bool) {
 	addr := q.VIP.Addr().Unmap()
-	name, ok := snap.Holder(store.Claim{VIP: addr, Protocol: q.Protocol, Port: q.VIP.Port(), Kind: store.ClaimExternal})
+	claim := store.Claim{VIP: addr, Protocol: q.Protocol, Port: q.VIP.Port(), Kind: store.ClaimExternal}
+	servedAs := func(p dataplane.Port) bool { return p.Protocol == q.Protocol && p.Port == q.VIP.Port() }
+	view := &externalView{role: "external IP"}
+	if _, ok := snap.Holder(claim); !ok && slices.Contains(nodePortAddrs, addr) {
+		claim = store.Claim{Protocol: q.Protocol, Port: q.VIP.Port(), Kind: store.ClaimNodePort}
+		servedAs = func(p dataplane.Port) bool { return p.Protocol == q.Protocol && p.NodePort == q.VIP.Port() }
+		view.role = "node port"
+	}
+	name, ok := snap.Holder(claim)
 	if !ok {
 		return nil, dataplane.Port{}, nil, false
 	}
@@ -143,13 +155,14 @@ func externalClaimant(snap *store.Snapshot, q dataplane.ExplainQuery) (*store.En
 	if !ok {
 		return nil, dataplane.Port{}, nil, false
 	}
-	i := slices.IndexFunc(e.Dataplane.Ports, func(p dataplane.Port) bool { return p.Protocol == q.Protocol && p.Port == q.VIP.Port() })
+	// A TCP node-port claim may be the service's health-check node port,
+	// which no port serves.
+	i := slices.IndexFunc(e.Dataplane.Ports, servedAs)
 	if i < 0 {
 		return nil, dataplane.Port{}, nil, false
 	}
 	svc, port := e.Dataplane, e.Dataplane.Ports[i]
-	view := &externalView{role: "external IP"}
-	if slices.Contains(svc.LoadBalancerIPs, addr) {
+	if view.role != "node port" && slices.Contains(svc.LoadBalancerIPs, addr) {
 		view.role = "load-balancer IP"
 		client := q.Client.Addr().Unmap()
 		view.dropped = len(svc.LoadBalancerSourceRanges) > 0 &&

@@ -54,7 +54,8 @@ func newExternalLab(t *testing.T) *externalLab {
 		}
 	}
 	for _, a := range []string{x.other4.String() + "/32", x.other6.String() + "/128"} {
-		if out, err := x.node.Exec(ctx, "ip", "addr", "add", a, "dev", "lo"); err != nil {
+		// nodad: usable at once, without duplicate address detection.
+		if out, err := x.node.Exec(ctx, "ip", "addr", "add", a, "dev", "lo", "nodad"); err != nil {
 			t.Fatalf("add %s to the node: %v\n%s", a, err, out)
 		}
 	}

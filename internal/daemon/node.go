@@ -37,6 +37,7 @@ type options struct {
 	version    string
 	noHealth   bool
 	noNodeNet  bool
+	fixedNode  dataplane.Node // with noNodeNet: the Node of every State
 }
 
 // WithoutHealthChecks runs no active health checks: backends are never
@@ -56,6 +57,12 @@ func WithoutHealthChecks() Option {
 // network does meanwhile.
 func WithoutNodeNetwork() Option {
 	return func(o *options) { o.noNodeNet = true }
+}
+
+// WithFixedNode is WithoutNodeNetwork with n, instead of the zero Node, in
+// every State: a test's stand-in for the node's network.
+func WithFixedNode(n dataplane.Node) Option {
+	return func(o *options) { o.noNodeNet, o.fixedNode = true, n }
 }
 
 // WithDataplane makes the node apply to dp, which is already open, instead

@@ -70,6 +70,7 @@ type nodeNet struct {
 func buildNodeNet(log hclog.Logger, cfg Config, dp string, o options) (*nodeNet, error) {
 	nn := &nodeNet{log: log}
 	if o.noNodeNet {
+		nn.initial = o.fixedNode
 		return nn, nil
 	}
 	prefixes, err := cfg.nodePortPrefixes()

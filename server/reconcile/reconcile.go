@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,9 @@ type Status struct {
 	HeldReason string
 	// Services and Backends count the applied snapshot.
 	Services, Backends int
+	// NodePortAddresses are the node-port addresses of the Node the
+	// dataplane has (State.Node); the slice is never changed.
+	NodePortAddresses []netip.Addr
 }
 
 // Sync kinds reported to an Observer.
@@ -523,6 +527,7 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 		r.status.LastSync = end
 		r.status.LastSyncDuration = elapsed
 		r.status.Services, r.status.Backends = snap.Len(), snap.BackendCount()
+		r.status.NodePortAddresses = s.Node.NodePortAddresses
 	}
 	r.mu.Unlock()
 	if err != nil {

@@ -98,7 +98,13 @@ func TestExternalHost(t *testing.T) {
 		ext4, ext6 := netip.MustParseAddr("198.19.200.1"), netip.MustParseAddr("fd00:198:ffff::1")
 		for _, n := range []*Node{n1, n2} {
 			for _, a := range []netip.Addr{ext4, ext6} {
-				if _, err := n.Exec(t.Context(), "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo"); err != nil {
+				args := []string{"addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo"}
+				if a.Is6() {
+					// Usable at once: no duplicate address detection
+					// (CI saw bind fail on a still tentative address).
+					args = append(args, "nodad")
+				}
+				if _, err := n.Exec(t.Context(), "ip", args...); err != nil {
 					t.Fatal(err)
 				}
 			}

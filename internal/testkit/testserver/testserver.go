@@ -58,10 +58,18 @@ type config struct {
 	noWait     bool
 	flowBuffer int
 	noFlows    bool
+	node       dataplane.Node
 }
 
 // Option configures a Server.
 type Option func(*config)
+
+// WithNode makes every State the test vipd applies carry n, as if the
+// node's network were n (the default is the zero Node: no node-port
+// address, no external interface).
+func WithNode(n dataplane.Node) Option {
+	return func(c *config) { c.node = n }
+}
 
 // WithLimits sets the limits an operator configures with --max-backends,
 // --max-ports and --service-cidr. The default is vipd's:
@@ -190,7 +198,7 @@ func (s *Server) start(cfg config) error {
 	// never probe a backend, which could be any address, nor listen on or
 	// follow the machine's own network.
 	opts := []daemon.Option{daemon.WithDataplane(dp), daemon.WithVersion(cfg.version), daemon.WithPersister(cfg.persister),
-		daemon.WithServerOptions(cfg.serverOpts...), daemon.WithoutHealthChecks(), daemon.WithoutNodeNetwork()}
+		daemon.WithServerOptions(cfg.serverOpts...), daemon.WithoutHealthChecks(), daemon.WithFixedNode(cfg.node)}
 	for _, l := range s.extra {
 		opts = append(opts, daemon.WithListener(l))
 	}
