@@ -1,7 +1,8 @@
 // Package bench holds vipd's benchmarks.
 //
 // `make bench` runs cmd/vipd-bench, which measures network programming
-// latency, full programming, the data path, flow events and API throughput
+// latency, full programming, the data path (from a pod, and from outside
+// through a node port), flow events and API throughput
 // for both dataplanes, side by side with the direct path and a
 // kube-proxy-shaped iptables ruleset (package kubeproxy), and writes
 // RESULTS.md; `make bench-quick` runs small sizes of the same. The load

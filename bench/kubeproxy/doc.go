@@ -1,6 +1,9 @@
 // Package kubeproxy renders and loads the iptables ruleset that kube-proxy
 // (iptables mode, 1.28 and later, IPv4, ClusterIP services, Cluster traffic
-// policy, no session affinity) would program for a set of services. It is
+// policy, no session affinity) would program for a set of services, with
+// the external half of NodePort services (KUBE-NODEPORTS, KUBE-EXT-*,
+// masquerade through KUBE-MARK-MASQ and KUBE-POSTROUTING; external traffic
+// policy Cluster only). It is
 // the peer that vipd's benchmarks measure against: what users run when they
 // do not run vipd.
 //

@@ -20,6 +20,11 @@ type Service struct {
 	// Protocol is "tcp", "udp" or "sctp" (any case, as kube-proxy
 	// lowercases it).
 	Protocol string
+	// NodePort is the service port's node port, or 0 for none. A service
+	// with a node port gets kube-proxy's external half (policy Cluster):
+	// a KUBE-NODEPORTS rule that jumps to its KUBE-EXT chain, which marks
+	// the packet for masquerade and jumps to the KUBE-SVC chain.
+	NodePort uint16
 	// Endpoints are the ready endpoints, in the order kube-proxy would
 	// write them.
 	Endpoints []netip.AddrPort
@@ -62,6 +67,12 @@ func (s *Service) protocol() string { return strings.ToLower(s.Protocol) }
 // servicePortPolicyClusterChain names it.
 func (s *Service) SVCChain() string {
 	return "KUBE-SVC-" + hash16(s.portName()+s.protocol())
+}
+
+// EXTChain returns the service's KUBE-EXT-<hash> chain, as kube-proxy's
+// serviceExternalChainName names it (the hash is the KUBE-SVC chain's).
+func (s *Service) EXTChain() string {
+	return "KUBE-EXT-" + hash16(s.portName()+s.protocol())
 }
 
 // SEPChain returns the KUBE-SEP-<hash> chain of endpoint ep of the service,
@@ -127,6 +138,9 @@ func Partial(svcs []Service, changed int, old []netip.AddrPort, clusterCIDR neti
 	}
 	if len(old) > 0 && len(s.Endpoints) == 0 {
 		stale = append(stale, s.SVCChain())
+		if s.NodePort != 0 {
+			stale = append(stale, s.EXTChain())
+		}
 	}
 	var b bytes.Buffer
 	r.filter(&b, false)
@@ -213,6 +227,11 @@ func (r *renderer) filter(b *bytes.Buffer, withHooks bool) {
 		s := &r.svcs[i]
 		if len(s.Endpoints) == 0 {
 			fmt.Fprintf(b, "-A %s -m comment --comment \"%s has no endpoints\" %s -j REJECT\n", kubeServices, s.portName(), s.match())
+			if s.NodePort != 0 {
+				p := s.protocol()
+				fmt.Fprintf(b, "-A %s -m comment --comment \"%s has no endpoints\" -m addrtype --dst-type LOCAL -m %s -p %s --dport %d -j REJECT\n",
+					kubeExternalServices, s.portName(), p, p, s.NodePort)
+			}
 		}
 	}
 	b.WriteString("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n")
@@ -235,6 +254,9 @@ func (r *renderer) nat(b *bytes.Buffer, withHooks bool, write func(int) bool, st
 			continue
 		}
 		chainLine(b, s.SVCChain())
+		if s.NodePort != 0 {
+			chainLine(b, s.EXTChain())
+		}
 		for _, ep := range s.Endpoints {
 			chainLine(b, s.SEPChain(ep))
 		}
@@ -258,10 +280,21 @@ func (r *renderer) nat(b *bytes.Buffer, withHooks bool, write func(int) bool, st
 		svc := s.SVCChain()
 		clusterIP := fmt.Sprintf("-m comment --comment \"%s cluster IP\" %s", s.portName(), s.match())
 		fmt.Fprintf(b, "-A %s %s -j %s\n", kubeServices, clusterIP, svc)
+		if s.NodePort != 0 {
+			p := s.protocol()
+			fmt.Fprintf(b, "-A %s -m comment --comment %s -m %s -p %s --dport %d -j %s\n", kubeNodePorts, s.portName(), p, p, s.NodePort, s.EXTChain())
+		}
 		if !write(i) {
 			continue
 		}
 		fmt.Fprintf(b, "-A %s %s ! -s %s -j %s\n", svc, clusterIP, r.clusterCIDR, kubeMarkMasq)
+		if s.NodePort != 0 {
+			// External traffic policy Cluster: masquerade whatever comes
+			// from outside, as the endpoint may be on another node.
+			ext := s.EXTChain()
+			fmt.Fprintf(b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j %s\n", ext, s.portName(), kubeMarkMasq)
+			fmt.Fprintf(b, "-A %s -j %s\n", ext, svc)
+		}
 		r.endpointRules(b, s, svc)
 	}
 	for _, c := range stale {

@@ -3,6 +3,7 @@ package kubeproxy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,6 +51,14 @@ func TestChainNames(t *testing.T) {
 		if got := tc.svc.SVCChain(); got != tc.want {
 			t.Errorf("SVCChain(%s) = %s, want %s", tc.svc.portName(), got, tc.want)
 		}
+	}
+	// kube-proxy's own proxier tests name ns1/svc1:p80's chains so.
+	np := Service{Namespace: "ns1", Name: "svc1", PortName: "p80", Protocol: "TCP"}
+	if got, want := np.EXTChain(), "KUBE-EXT-XPGD46QRK7WJZT7O"; got != want {
+		t.Errorf("EXTChain(ns1/svc1:p80) = %s, want %s", got, want)
+	}
+	if got, want := np.SVCChain(), "KUBE-SVC-XPGD46QRK7WJZT7O"; got != want {
+		t.Errorf("SVCChain(ns1/svc1:p80) = %s, want %s", got, want)
 	}
 	s := Service{Namespace: "ns", Name: "a", PortName: "http", Protocol: "tcp"}
 	e1, e2 := netip.MustParseAddrPort("198.18.1.10:8080"), netip.MustParseAddrPort("198.18.1.11:8080")
@@ -131,6 +140,78 @@ func TestFullGolden(t *testing.T) {
 	}
 	if i, j := strings.Index(string(payload), "*filter"), strings.Index(string(payload), "*nat"); i != 0 || j < i {
 		t.Errorf("want *filter first and *nat second, as kube-proxy writes them")
+	}
+}
+
+// TestNodePortGolden pins the external half kube-proxy renders for a
+// NodePort service (policy Cluster) with one endpoint, and the filter
+// reject of a NodePort service without endpoints.
+func TestNodePortGolden(t *testing.T) {
+	svcs := []Service{
+		{Namespace: "ns", Name: "web", PortName: "http", VIP: netip.MustParseAddr("198.19.0.10"), Port: 80, NodePort: 30080, Protocol: "tcp",
+			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("198.18.1.10:8080")}},
+		{Namespace: "ns", Name: "empty", PortName: "dns", VIP: netip.MustParseAddr("198.19.0.11"), Port: 53, NodePort: 30053, Protocol: "UDP"},
+	}
+	svc, ext, sep := svcs[0].SVCChain(), svcs[0].EXTChain(), svcs[0].SEPChain(svcs[0].Endpoints[0])
+	payload := Full(svcs, clusterCIDR)
+	wantNAT := []string{
+		":KUBE-SERVICES - [0:0]",
+		":KUBE-NODEPORTS - [0:0]",
+		":KUBE-POSTROUTING - [0:0]",
+		":KUBE-MARK-MASQ - [0:0]",
+		":" + svc + " - [0:0]",
+		":" + ext + " - [0:0]",
+		":" + sep + " - [0:0]",
+		`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`,
+		`-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`,
+		`-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING`,
+		"-A KUBE-POSTROUTING -m mark ! --mark 0x00004000/0x00004000 -j RETURN",
+		"-A KUBE-POSTROUTING -j MARK --xor-mark 0x00004000",
+		`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
+		"-A KUBE-MARK-MASQ -j MARK --or-mark 0x00004000",
+		`-A KUBE-SERVICES -m comment --comment "ns/web:http cluster IP" -m tcp -p tcp -d 198.19.0.10 --dport 80 -j ` + svc,
+		"-A KUBE-NODEPORTS -m comment --comment ns/web:http -m tcp -p tcp --dport 30080 -j " + ext,
+		"-A " + svc + ` -m comment --comment "ns/web:http cluster IP" -m tcp -p tcp -d 198.19.0.10 --dport 80 ! -s 198.18.0.0/16 -j KUBE-MARK-MASQ`,
+		"-A " + ext + ` -m comment --comment "masquerade traffic for ns/web:http external destinations" -j KUBE-MARK-MASQ`,
+		"-A " + ext + " -j " + svc,
+		"-A " + svc + ` -m comment --comment "ns/web:http -> 198.18.1.10:8080" -j ` + sep,
+		"-A " + sep + " -m comment --comment ns/web:http -s 198.18.1.10 -j KUBE-MARK-MASQ",
+		"-A " + sep + " -m comment --comment ns/web:http -m tcp -p tcp -j DNAT --to-destination 198.18.1.10:8080",
+		`-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`,
+	}
+	if diff := cmp.Diff(wantNAT, section(t, payload, "nat")); diff != "" {
+		t.Errorf("nat section (-want +got):\n%s", diff)
+	}
+	filter := section(t, payload, "filter")
+	for _, want := range []string{
+		`-A KUBE-SERVICES -m comment --comment "ns/empty:dns has no endpoints" -m udp -p udp -d 198.19.0.11 --dport 53 -j REJECT`,
+		`-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns/empty:dns has no endpoints" -m addrtype --dst-type LOCAL -m udp -p udp --dport 30053 -j REJECT`,
+	} {
+		if n := strings.Count(strings.Join(filter, "\n")+"\n", want+"\n"); n != 1 {
+			t.Errorf("filter has %d copies of %q, want 1", n, want)
+		}
+	}
+
+	// A partial sync of another service keeps web's KUBE-NODEPORTS rule
+	// (the chain is rewritten) but not its KUBE-EXT chain; emptying web
+	// deletes its KUBE-EXT chain with its KUBE-SVC chain.
+	other := append(slices.Clone(svcs), Service{Namespace: "ns", Name: "other", PortName: "http", VIP: netip.MustParseAddr("198.19.0.12"), Port: 80, Protocol: "tcp",
+		Endpoints: []netip.AddrPort{netip.MustParseAddrPort("198.18.1.12:8080")}})
+	nat := strings.Join(section(t, Partial(other, 2, nil, clusterCIDR), "nat"), "\n")
+	if !strings.Contains(nat, "-A KUBE-NODEPORTS -m comment --comment ns/web:http -m tcp -p tcp --dport 30080 -j "+ext) || strings.Contains(nat, ":"+ext) {
+		t.Errorf("partial sync of another service: want web's KUBE-NODEPORTS rule and no %s declaration; got\n%s", ext, nat)
+	}
+	old := svcs[0].Endpoints
+	emptied := slices.Clone(svcs)
+	emptied[0].Endpoints = nil
+	nat = strings.Join(section(t, Partial(emptied, 0, old, clusterCIDR), "nat"), "\n")
+	for _, want := range []string{"-X " + svc, "-X " + ext, "-X " + sep} {
+		if !strings.Contains(nat, want) {
+			t.Errorf("partial sync that empties web: no %q in\n%s", want, nat)
+		}
+	}
+	if strings.Contains(nat, "KUBE-NODEPORTS -m") {
+		t.Errorf("partial sync that empties web kept a KUBE-NODEPORTS rule:\n%s", nat)
 	}
 }
 

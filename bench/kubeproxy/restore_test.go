@@ -147,3 +147,43 @@ func TestTraffic(t *testing.T) {
 		t.Errorf("be1's chain %s survived the partial sync", svcs[web].SEPChain(old[0]))
 	}
 }
+
+// TestNodePortTraffic restores a NodePort service (policy Cluster) behind
+// 50 fillers and connects to the node's address at the node port from an
+// external host: both endpoints answer, and they see the node's address
+// (masqueraded by KUBE-EXT's mark and KUBE-POSTROUTING).
+func TestNodePortTraffic(t *testing.T) {
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"be1", "be2"}}}})
+	node := lab.Node(1)
+	outside, err := lab.AddExternalHost(context.Background(), "outside")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps []netip.AddrPort
+	for _, name := range []string{"be1", "be2"} {
+		p := node.Pod(name)
+		if _, err := p.StartEcho(name, 8080); err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, netip.AddrPortFrom(p.IPv4(), 8080))
+	}
+	svcs := append(fillers(50, 2),
+		Service{Namespace: "test", Name: "web", PortName: "http", VIP: netip.MustParseAddr("198.19.0.10"), Port: 80, NodePort: 30080, Protocol: "tcp", Endpoints: eps})
+	restore(t, node, Full(svcs, clusterCIDR), false)
+
+	dst := netip.AddrPortFrom(node.IPv4(), 30080).String()
+	got := map[string]int{}
+	for range 40 {
+		r, err := outside.Request(context.Background(), "tcp", dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Peer.Addr() != node.IPv4() {
+			t.Fatalf("backend saw the outside client as %s, want the node's %s (masqueraded)", r.Peer.Addr(), node.IPv4())
+		}
+		got[r.Backend]++
+	}
+	if got["be1"] == 0 || got["be2"] == 0 {
+		t.Errorf("40 connections to the node port reached %v, want both be1 and be2", got)
+	}
+}

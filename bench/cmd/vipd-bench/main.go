@@ -4,7 +4,8 @@
 //
 // It measures network programming latency, full programming (time, RSS, BPF
 // map memory), the data path (TCP connection rate, UDP request rate, bulk
-// throughput), flow events (highest rate without loss, latency) and API
+// throughput), the TCP connection rate from outside through a node port,
+// flow events (highest rate without loss, latency) and API
 // throughput, for the eBPF and iptables dataplanes. Everything runs in
 // throw-away netlab namespaces; vipd attaches its socket hooks to private
 // cgroups and pins in private bpffs mounts, all removed at the end, on
@@ -49,6 +50,7 @@ type config struct {
 	dataRuns, workers            int
 	tcpDuration, udpDuration     time.Duration
 	bulkDuration                 time.Duration
+	nodePortSize, nodePortRuns   int
 	flowWorkers                  []int
 	flowDuration                 time.Duration
 	apiPresent, apiRuns          int
@@ -61,6 +63,7 @@ var fullConfig = config{
 	fullSizes: []int{10_000, 100_000}, fullRuns: 5, fullIptablesMax: 10_000, fullTimeout: 20 * time.Minute,
 	dataSizes: []int{1, 1_000, 10_000}, dataRuns: 5, workers: 16,
 	tcpDuration: 3 * time.Second, udpDuration: 2 * time.Second, bulkDuration: 2 * time.Second,
+	nodePortSize: 10_000, nodePortRuns: 3,
 	flowWorkers: []int{1, 2, 4, 8, 16}, flowDuration: 3 * time.Second,
 	apiPresent: 10_000, apiRuns: 5, apiClients: []int{1, 8}, apiDuration: 3 * time.Second,
 }
@@ -70,12 +73,13 @@ var quickConfig = config{
 	fullSizes: []int{1_000}, fullRuns: 1, fullIptablesMax: 1_000, fullTimeout: 5 * time.Minute,
 	dataSizes: []int{1, 1_000}, dataRuns: 1, workers: 16,
 	tcpDuration: time.Second, udpDuration: 500 * time.Millisecond, bulkDuration: 500 * time.Millisecond,
+	nodePortSize: 100, nodePortRuns: 1,
 	flowWorkers: []int{4}, flowDuration: time.Second,
 	apiPresent: 1_000, apiRuns: 1, apiClients: []int{1, 8}, apiDuration: time.Second,
 }
 
 // sections are the measurements, in the order they run and are reported.
-var sections = []string{"programming", "full", "datapath", "flows", "api"}
+var sections = []string{"programming", "full", "datapath", "nodeport", "flows", "api"}
 
 // bench is one run of the benchmarks.
 type bench struct {
@@ -165,6 +169,10 @@ func run(quick bool, out, vipdBin string, vipdArgs, only []string) error {
 			ts = []*table{t}
 		case "datapath":
 			ts, err = b.dataSection(ctx)
+		case "nodeport":
+			var t *table
+			t, err = b.nodePortSection(ctx)
+			ts = []*table{t}
 		case "flows":
 			var t *table
 			t, err = b.flowSection(ctx)
