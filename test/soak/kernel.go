@@ -13,6 +13,7 @@ import (
 	"github.com/vipd/vipd/dataplane/ebpf"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
 	"github.com/vipd/vipd/dataplane/iptables"
+	"github.com/vipd/vipd/internal/nodenet"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/validation"
@@ -51,6 +52,12 @@ func CheckKernel(ctx context.Context, api *client.Client, dp string, node *netla
 	s, err := DesiredState(svcs)
 	if err != nil {
 		return fmt.Errorf("check kernel: %w", err)
+	}
+	// vipd follows node's network with its defaults (no
+	// --nodeport-addresses or --external-interfaces): the Node it applies
+	// is what a read of that namespace gives.
+	if s.Node, err = nodenet.Read(nodenet.Config{NetNS: node.Path()}); err != nil {
+		return fmt.Errorf("check kernel: read the node's network: %w", err)
 	}
 	switch dp {
 	case "iptables":
