@@ -234,6 +234,11 @@ struct config {
 	 * the SNAT_PORT_* default. */
 	__u16 snat_port_min;
 	__u16 snat_port_max;
+	/* Ports inside snat_port_min-max that SNAT never hands out (the
+	 * namespace's ip_local_port_range, host order, inclusive); 0: none.
+	 * In what was padding: the entry keeps its size. */
+	__u16 snat_skip_min;
+	__u16 snat_skip_max;
 };
 
 /*
