@@ -242,7 +242,8 @@ struct config {
 };
 
 /*
- * SNAT ports: outside Linux's default ip_local_port_range (32768-60999),
+ * SNAT ports when the config has none (vipd always writes them: see
+ * ebpf.DefaultSNATPorts): outside Linux's default ip_local_port_range (32768-60999),
  * so the node's own connections do not pick them; a port a local socket
  * uses for the same peer is skipped all the same (bpf_sk_lookup).
  */
