@@ -52,7 +52,8 @@ type bpfConfig struct {
 	CtOther          uint32
 	SnatPortMin      uint16
 	SnatPortMax      uint16
-	_                [4]byte
+	SnatSkipMin      uint16
+	SnatSkipMax      uint16
 }
 
 type bpfCtEntry struct {

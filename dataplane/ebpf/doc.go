@@ -10,7 +10,9 @@
 //     kernels) and cgroup sock_addr hooks for the node's own processes;
 //   - external traffic (external.go, externalFrontendsOf): the external
 //     interfaces, SNAT under policy Cluster (the conntrack's reply entries
-//     are its NAT table), and load-balancer source ranges;
+//     are its NAT table; a flow takes its client's own port first, then
+//     random ones, from Config.SNATPorts less the namespace's
+//     ip_local_port_range), and load-balancer source ranges;
 //   - the maps, pinned under a bpffs directory so that traffic keeps flowing
 //     while vipd is down and a restarted vipd picks up where it left off;
 //   - the translation of a dataplane.State into map entries, written in

@@ -58,20 +58,40 @@ type Config struct {
 	// DefaultConntrackTimeouts.
 	ConntrackTimeouts ConntrackTimeouts
 	// SNATPorts are the source ports external flows under policy Cluster
-	// are masqueraded to. Zero takes DefaultSNATPorts.
+	// are masqueraded to, less the namespace's ip_local_port_range (read
+	// once, by New), from which the node's own connections take theirs.
+	// Zero takes DefaultSNATPorts. New fails when no port is left.
 	SNATPorts PortRange
 }
 
 // PortRange is an inclusive range of ports.
 type PortRange struct{ Min, Max uint16 }
 
-// DefaultSNATPorts are 61000-65535: above Linux's default
-// ip_local_port_range (32768-60999), so that the node's own connections
-// do not take them, and above the Kubernetes node-port range
-// (30000-32767). The programs also skip a port whose replies a local
-// socket would take (bpf_sk_lookup), so a socket bound in the range by
-// hand never loses its packets.
-var DefaultSNATPorts = PortRange{Min: 61000, Max: 65535}
+// DefaultSNATPorts are 1024-65535; with Linux's default
+// ip_local_port_range (32768-60999) taken out, SNAT hands out 1024-32767
+// and 61000-65535, 36,280 ports per backend address and port (netfilter's
+// MASQUERADE takes from the same space). Why that is safe from the node's
+// own sockets:
+//   - a connect() or an unbound send picks its source port inside
+//     ip_local_port_range only (which New reads and SNAT skips);
+//   - a listening socket, or a connected one, on a port of the range (a
+//     server, a client that bound a port by hand) is found by the
+//     programs' socket lookup (bpf_sk_lookup) for the backend's address
+//     and port, and that port is skipped;
+//   - ports below 1024 are left out: bindresvport() and the like take
+//     them by hand for a connection made later, which the lookup cannot
+//     foresee.
+//
+// What stays possible is a socket that binds a port of the range by hand
+// and only then connects to a backend address and port an external flow
+// uses through that same port: narrow SNATPorts to leave such ports out.
+// The node-port range (30000-32767) needs no care: the programs match
+// replies by the conntrack before they look for a frontend.
+var DefaultSNATPorts = PortRange{Min: 1024, Max: 65535}
+
+// defaultLocalPorts is Linux's default ip_local_port_range, assumed when
+// the namespace's cannot be read.
+var defaultLocalPorts = PortRange{Min: 32768, Max: 60999}
 
 // ConntrackTimeouts are how long a conntrack entry lives after its flow's
 // last packet, by the flow's state. The programs count whole seconds:
@@ -243,13 +263,17 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, fmt.Errorf("network namespace cookie: %w", err)
 	}
-	warnSNATOverlap(log, cfg.NetNS, cfg.SNATPorts)
+	skip, err := snatSkip(log, cfg.NetNS, cfg.SNATPorts)
+	if err != nil {
+		return nil, err
+	}
 	objs, inner, err := loadObjects(log, cfg.BPFFS, cfg.Maps)
 	if err != nil {
 		return nil, err
 	}
 	d := &Dataplane{log: log, cfg: cfg, objs: objs, needFull: true, stopGC: make(chan struct{}), monoOffset: monoOffset(),
 		config: configFor(cookie, cfg.ConntrackTimeouts, cfg.SNATPorts), srcRanges: map[feKey][]bpfSrcRangeKey{}}
+	d.config.SnatSkipMin, d.config.SnatSkipMax = skip.Min, skip.Max
 	if err := writeConfig(&objs.bpfMaps, d.config); err != nil {
 		objs.Close()
 		return nil, err

@@ -188,13 +188,47 @@ func cloneNode(n *dataplane.Node) dataplane.Node {
 	return c
 }
 
-// warnSNATOverlap warns when the SNAT ports overlap the namespace's
+// snatSkip is the part of snat that SNAT must skip: the namespace's
 // ip_local_port_range, from which the node's own connections take their
-// source ports: the programs skip a port a local socket uses for the same
-// peer, but a connection made later may still pick a port SNAT gave out,
-// and lose its replies to the external flow. Reserve the range
-// (net.ipv4.ip_local_reserved_ports) or move one of the two.
-func warnSNATOverlap(log hclog.Logger, netnsPath string, snat PortRange) {
+// source ports (a connection made later could pick a port SNAT gave out
+// and lose its replies to the external flow). Zero: none to skip. It fails
+// when the skip would leave no port. The range is read once: a change of
+// ip_local_port_range takes effect when vipd restarts.
+func snatSkip(log hclog.Logger, netnsPath string, snat PortRange) (PortRange, error) {
+	local, err := localPortRange(netnsPath)
+	if err != nil {
+		log.Warn("cannot read ip_local_port_range: SNAT skips Linux's default", "error", err,
+			"ip_local_port_range", fmt.Sprintf("%d-%d", defaultLocalPorts.Min, defaultLocalPorts.Max))
+		local = defaultLocalPorts
+	}
+	skip, err := snatSkipOf(snat, local)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if skip == (PortRange{}) {
+		return skip, nil
+	}
+	log.Debug("SNAT skips ip_local_port_range", "snat_ports", fmt.Sprintf("%d-%d", snat.Min, snat.Max),
+		"skipped", fmt.Sprintf("%d-%d", skip.Min, skip.Max))
+	return skip, nil
+}
+
+// snatSkipOf is the part of snat inside local (zero: none), and an error
+// when that is all of snat.
+func snatSkipOf(snat, local PortRange) (PortRange, error) {
+	skip := PortRange{Min: max(snat.Min, local.Min), Max: min(snat.Max, local.Max)}
+	if skip.Min > skip.Max {
+		return PortRange{}, nil
+	}
+	if skip == snat {
+		return PortRange{}, fmt.Errorf("SNAT port range %d-%d lies within ip_local_port_range %d-%d: no port left for SNAT",
+			snat.Min, snat.Max, local.Min, local.Max)
+	}
+	return skip, nil
+}
+
+// localPortRange reads ip_local_port_range in the namespace at netnsPath.
+func localPortRange(netnsPath string) (PortRange, error) {
 	var lo, hi int
 	err := nsdo.Do(netnsPath, func() error {
 		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
@@ -205,13 +239,12 @@ func warnSNATOverlap(log hclog.Logger, netnsPath string, snat PortRange) {
 		return err
 	})
 	if err != nil {
-		log.Debug("cannot read ip_local_port_range", "error", err)
-		return
+		return PortRange{}, fmt.Errorf("read ip_local_port_range: %w", err)
 	}
-	if int(snat.Min) <= hi && lo <= int(snat.Max) {
-		log.Warn("the SNAT ports of external traffic overlap ip_local_port_range: reserve them with net.ipv4.ip_local_reserved_ports, or move either range",
-			"snat_ports", fmt.Sprintf("%d-%d", snat.Min, snat.Max), "ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi))
+	if lo < 1 || hi > 65535 || lo > hi {
+		return PortRange{}, fmt.Errorf("ip_local_port_range %d-%d: not a port range", lo, hi)
 	}
+	return PortRange{Min: uint16(lo), Max: uint16(hi)}, nil
 }
 
 // checkExternalMaps compares vipd_ext_ifaces and vipd_src_ranges with

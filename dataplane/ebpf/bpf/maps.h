@@ -234,10 +234,16 @@ struct config {
 	 * the SNAT_PORT_* default. */
 	__u16 snat_port_min;
 	__u16 snat_port_max;
+	/* Ports inside snat_port_min-max that SNAT never hands out (the
+	 * namespace's ip_local_port_range, host order, inclusive); 0: none.
+	 * In what was padding: the entry keeps its size. */
+	__u16 snat_skip_min;
+	__u16 snat_skip_max;
 };
 
 /*
- * SNAT ports: outside Linux's default ip_local_port_range (32768-60999),
+ * SNAT ports when the config has none (vipd always writes them: see
+ * ebpf.DefaultSNATPorts): outside Linux's default ip_local_port_range (32768-60999),
  * so the node's own connections do not pick them; a port a local socket
  * uses for the same peer is skipped all the same (bpf_sk_lookup).
  */

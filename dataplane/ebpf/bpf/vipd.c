@@ -710,24 +710,61 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	if (snat) {
 		/* The NAT table is the reply entries: a port is taken when its
 		 * entry (backend -> node address:port) is inserted, atomically
-		 * (BPF_NOEXIST), and is free again when the entry goes. */
+		 * (BPF_NOEXIST), and is free again when the entry goes.
+		 *
+		 * The first try is a port of the client's own: its source
+		 * port when SNAT may hand it out, else one its address and
+		 * port hash to. A client tuple that comes back so gets the
+		 * backend tuple it had, as with netfilter's NAT, and the
+		 * backend's TIME_WAIT of that tuple takes the new SYN (its
+		 * sequence numbers and timestamps follow the old ones); a
+		 * new client would be refused there about half the time.
+		 * Then random ports. */
 		__u32 lo = cfg_or(cfg, snat_port_min, SNAT_PORT_MIN);
 		__u32 hi = cfg_or(cfg, snat_port_max, SNAT_PORT_MAX);
+		__u32 slo = cfg ? cfg->snat_skip_min : 0, shi = cfg ? cfg->snat_skip_max : 0;
+		__u32 skip = slo && shi >= slo && slo >= lo && shi <= hi ? shi - slo + 1 : 0;
 		__u32 n = hi >= lo ? hi - lo + 1 : 1;
+		__u32 cport = bpf_ntohs(p->sport), k;
 		int i, ok = 0;
 
+		if (skip >= n)
+			skip = 0;
+		n -= skip;
+		if (cport >= lo && cport <= hi && !(skip && cport >= slo && cport <= shi))
+			k = cport - lo - (skip && cport > shi ? skip : 0);
+		else
+			k = mix32(hash_addr(0x9e3779b9, &p->src) ^ cport) % n;
 		e.flags = CT_F_SNAT;
 		e.snat_addr = p->src;
 		e.snat_port = p->sport;
 		rk.dst = *snat;
 		for (i = 0; i < SNAT_TRIES; i++) {
-			__be16 port = bpf_htons((__u16)(lo + bpf_get_prandom_u32() % n));
+			__u32 port;
+			struct ct_entry *old;
 
-			if (local_socket(skb, p, &b->addr, b->port, snat, port))
+			if (i)
+				k = bpf_get_prandom_u32() % n;
+			port = lo + k;
+			if (skip && port >= slo)
+				port += skip;
+			rk.dport = bpf_htons((__u16)port);
+			if (local_socket(skb, p, &b->addr, b->port, snat, rk.dport))
 				continue;
-			rk.dport = port;
-			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0 ||
-			    (snat_reclaim(&rk, now) && bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0)) {
+			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0) {
+				ok = 1;
+				break;
+			}
+			/* Taken by this very client tuple to this frontend (a
+			 * flow of it whose forward entry is gone): ours again. */
+			old = bpf_map_lookup_elem(&vipd_ct, &rk);
+			if (old && addr_eq(&old->snat_addr, &p->src) && old->snat_port == p->sport &&
+			    addr_eq(&old->nat_addr, &p->dst) && old->nat_port == p->dport &&
+			    bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) == 0) {
+				ok = 1;
+				break;
+			}
+			if (snat_reclaim(&rk, now) && bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0) {
 				ok = 1;
 				break;
 			}
