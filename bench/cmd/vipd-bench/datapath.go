@@ -121,30 +121,16 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 			return dataCase{err: err}
 		}
 	}
-	var vipd *daemon
-	switch kind {
-	case "kube-proxy":
-		svcs := append(kubeProxyFillers(n-1, 5), dataKubeProxyServices(lab)...)
-		if _, err := kubeproxy.Restore(ctx, node.Path(), kubeproxy.Full(svcs, clusterCIDR), false); err != nil {
-			return dataCase{err: fmt.Errorf("load %d kube-proxy services: %w", n, err)}
-		}
-	default:
-		d, err := newDaemon(b.vipd, b.vipdArgs, kind, node, b.work)
-		if err != nil {
-			return dataCase{err: err}
-		}
+	vipd, err := b.programCase(ctx, kind, node, n, dataKubeProxyServices(lab), dataService(lab))
+	if err != nil {
+		return dataCase{err: err}
+	}
+	if vipd != nil {
 		defer func() {
-			if err := d.close(); err != nil && res.err == nil {
+			if err := vipd.close(); err != nil && res.err == nil {
 				res.err = err
 			}
 		}()
-		if _, err := d.start(); err != nil {
-			return dataCase{err: err}
-		}
-		vipd = d
-		if _, err := d.api.SyncServices(ctx, owner, append(fillers(n-1, 5), dataService(lab))); err != nil {
-			return dataCase{err: fmt.Errorf("sync %d services: %w", n, err)}
-		}
 	}
 	client := lab.Pod("client").NS
 	var direct []netip.AddrPort

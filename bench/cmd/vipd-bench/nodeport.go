@@ -105,31 +105,16 @@ func (b *bench) nodePortPath(ctx context.Context, kind string, n int) (res nodeP
 	if err := node.SetSysctl("net.netfilter.nf_conntrack_tcp_timeout_time_wait", "10"); err != nil {
 		return nodePortCase{err: err}
 	}
-	var vipd *daemon
-	switch kind {
-	case "direct":
-	case "kube-proxy":
-		svcs := append(kubeProxyFillers(n-1, 5), nodePortKubeProxyService(lab))
-		if _, err := kubeproxy.Restore(ctx, node.Path(), kubeproxy.Full(svcs, clusterCIDR), false); err != nil {
-			return nodePortCase{err: fmt.Errorf("load %d kube-proxy services: %w", n, err)}
-		}
-	default:
-		d, err := newDaemon(b.vipd, b.vipdArgs, kind, node, b.work)
-		if err != nil {
-			return nodePortCase{err: err}
-		}
+	vipd, err := b.programCase(ctx, kind, node, n, []kubeproxy.Service{nodePortKubeProxyService(lab)}, nodePortService(lab))
+	if err != nil {
+		return nodePortCase{err: err}
+	}
+	if vipd != nil {
 		defer func() {
-			if err := d.close(); err != nil && res.err == nil {
+			if err := vipd.close(); err != nil && res.err == nil {
 				res.err = err
 			}
 		}()
-		if _, err := d.start(); err != nil {
-			return nodePortCase{err: err}
-		}
-		vipd = d
-		if _, err := d.api.SyncServices(ctx, owner, append(fillers(n-1, 5), nodePortService(lab))); err != nil {
-			return nodePortCase{err: fmt.Errorf("sync %d services: %w", n, err)}
-		}
 	}
 	var direct []netip.AddrPort
 	for _, name := range dataBackend {

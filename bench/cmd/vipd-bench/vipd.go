@@ -14,10 +14,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vipd/vipd/bench/kubeproxy"
 	"github.com/vipd/vipd/client"
 	"github.com/vipd/vipd/internal/testkit/cgroup2test"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/procstat"
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
 // daemon is one vipd process serving one netlab node, with its state
@@ -184,4 +186,32 @@ func (d *daemon) cpuTime() (time.Duration, error) {
 		ticks += n
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
+
+// programCase programs node for a data-path case: the kube-proxy-shaped
+// ruleset of n-1 fillers and kube (for "kube-proxy"), nothing (for
+// "direct"), or else a started vipd of that dataplane synced with n-1
+// fillers and tested. It returns that vipd, which the caller closes, or
+// nil.
+func (b *bench) programCase(ctx context.Context, kind string, node *netlab.Node, n int, kube []kubeproxy.Service, tested ...*vipdv1.Service) (*daemon, error) {
+	switch kind {
+	case "direct":
+		return nil, nil
+	case "kube-proxy":
+		if _, err := kubeproxy.Restore(ctx, node.Path(), kubeproxy.Full(append(kubeProxyFillers(n-1, 5), kube...), clusterCIDR), false); err != nil {
+			return nil, fmt.Errorf("load %d kube-proxy services: %w", n, err)
+		}
+		return nil, nil
+	}
+	d, err := newDaemon(b.vipd, b.vipdArgs, kind, node, b.work)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.start(); err != nil {
+		return nil, errors.Join(err, d.close())
+	}
+	if _, err := d.api.SyncServices(ctx, owner, append(fillers(n-1, 5), tested...)); err != nil {
+		return nil, errors.Join(fmt.Errorf("sync %d services: %w", n, err), d.close())
+	}
+	return d, nil
 }
