@@ -52,16 +52,16 @@ func BenchmarkSyncFull(b *testing.B) {
 
 // BenchmarkSyncPartial is Render (reusing the previous Ruleset) and a partial
 // Payload after one service of 10,000 gained a backend.
-func BenchmarkSyncPartial(b *testing.B) {
-	s := benchState(10000, 5)
+func BenchmarkSyncPartial(b *testing.B) { benchOneBackendAdded(b, benchState(10000, 5)) }
+
+// benchOneBackendAdded measures Render (reusing the previous Ruleset) and a
+// partial Payload after service svc-05000 of s gained a backend.
+func benchOneBackendAdded(b *testing.B, s *dataplane.State) {
 	old, err := Render(s, Options{}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	next := &dataplane.State{Generation: 2, Services: map[string]*dataplane.Service{}}
-	for name, svc := range s.Services {
-		next.Services[name] = svc
-	}
+	next := &dataplane.State{Generation: 2, Services: maps.Clone(s.Services), Node: s.Node}
 	changed := *s.Services["svc-05000"]
 	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
 	next.Services[changed.Name] = &changed
@@ -94,24 +94,7 @@ func externalBenchState(n, k int) *dataplane.State {
 // BenchmarkSyncPartialExternal is BenchmarkSyncPartial with every service
 // external (a node port and an LB IP).
 func BenchmarkSyncPartialExternal(b *testing.B) {
-	s := externalBenchState(10000, 5)
-	old, err := Render(s, Options{}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	next := &dataplane.State{Generation: 2, Services: maps.Clone(s.Services), Node: s.Node}
-	changed := *s.Services["svc-05000"]
-	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
-	next.Services[changed.Name] = &changed
-	var us []Update
-	for b.Loop() {
-		rs, err := Render(next, Options{}, old)
-		if err != nil {
-			b.Fatal(err)
-		}
-		us = Payload(old, rs, false, nil)
-	}
-	reportPayload(b, us)
+	benchOneBackendAdded(b, externalBenchState(10000, 5))
 }
 
 // BenchmarkSyncNodeAddress is Render and a partial Payload after the node
