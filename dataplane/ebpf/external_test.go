@@ -204,16 +204,7 @@ func TestExternalNodePortCluster(t *testing.T) {
 			e.apply(e.state(1, e.extService(proto, dataplane.TrafficPolicyCluster, true, "be1")))
 			for _, na := range e.nodeAddrs() {
 				np := netip.AddrPortFrom(na, extNodePort)
-				for i := range 3 {
-					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
-					if err != nil {
-						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
-					}
-					if r.Backend != "be1" || r.Peer.Addr() != na || r.Remote != np {
-						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the node's address %s, from %s",
-							i, np, r.Backend, r.Peer, r.Remote, na, np)
-					}
-				}
+				e.expectFromOutside(protoNet(proto), np, "be1", na)
 				ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
 				defer cancel()
 				r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
@@ -226,6 +217,23 @@ func TestExternalNodePortCluster(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// expectFromOutside makes three requests from outside to to and checks
+// that each reaches backend, which sees the client as peer, and that the
+// reply comes from to.
+func (e *extEnv) expectFromOutside(network string, to netip.AddrPort, backend string, peer netip.Addr) {
+	e.t.Helper()
+	for i := range 3 {
+		r, err := e.outside(network, to, dpReplyTimeout)
+		if err != nil {
+			e.t.Fatalf("request %d from outside to %s: %v", i, to, err)
+		}
+		if r.Backend != backend || r.Peer.Addr() != peer || r.Remote != to {
+			e.t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want %s, client %s, from %s",
+				i, to, r.Backend, r.Peer, r.Remote, backend, peer, to)
+		}
 	}
 }
 
@@ -256,16 +264,7 @@ func TestExternalNodePortLocal(t *testing.T) {
 			for _, na := range e.nodeAddrs() {
 				np := netip.AddrPortFrom(na, extNodePort)
 				client := e.upstreamAddrOf(na)
-				for i := range 3 {
-					r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
-					if err != nil {
-						t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
-					}
-					if r.Backend != "be1" || r.Peer.Addr() != client || r.Remote != np {
-						t.Fatalf("request %d from outside to %s: backend %s saw client %s, reply from %s; want be1, the client's address %s, from %s",
-							i, np, r.Backend, r.Peer, r.Remote, client, np)
-					}
-				}
+				e.expectFromOutside(protoNet(proto), np, "be1", client)
 			}
 			// The only backend is not node-local any more.
 			e.apply(e.state(2, e.extService(proto, dataplane.TrafficPolicyLocal, false, "be1")))
@@ -399,16 +398,7 @@ func TestExternalNodePortRemoteBackend(t *testing.T) {
 			svc.Backends = []dataplane.Backend{{IP: remote.IPv4(), State: dataplane.BackendReady, Weight: 1}}
 			e.apply(e.state(1, svc))
 			np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
-			for i := range 3 {
-				r, err := e.outside(protoNet(proto), np, dpReplyTimeout)
-				if err != nil {
-					t.Fatalf("request %d from outside to node port %s: %v", i, np, err)
-				}
-				if r.Backend != "berem" || r.Peer.Addr() != e.node.IPv4() || r.Remote != np {
-					t.Fatalf("request %d to %s: backend %s saw client %s, reply from %s; want berem, the node's address %s, from %s",
-						i, np, r.Backend, r.Peer, r.Remote, e.node.IPv4(), np)
-				}
-			}
+			e.expectFromOutside(protoNet(proto), np, "berem", e.node.IPv4())
 			ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
 			defer cancel()
 			r, err := e.pod("client").Request(ctx, protoNet(proto), np.String())
