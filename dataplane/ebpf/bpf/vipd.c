@@ -1134,15 +1134,22 @@ int vipd_from_pod(struct __sk_buff *skb)
 	return ingress(skb, REV_HAIRPIN | REV_SNAT, SCOPE_CLUSTER);
 }
 
-SEC("tc")
-int vipd_to_pod(struct __sk_buff *skb)
+/* egress is the way out to the pods and the external interfaces: replies
+ * translated back (the reverse kinds rev), nothing else. */
+static __always_inline int egress(struct __sk_buff *skb, int rev)
 {
 	struct pkt p = {};
 	int done;
 
 	if (parse(skb, &p) < 0)
 		return TC_ACT_OK;
-	return reverse(skb, &p, REV_PLAIN | REV_HAIRPIN, &done);
+	return reverse(skb, &p, rev, &done);
+}
+
+SEC("tc")
+int vipd_to_pod(struct __sk_buff *skb)
+{
+	return egress(skb, REV_PLAIN | REV_HAIRPIN);
 }
 
 SEC("tc")
@@ -1154,12 +1161,7 @@ int vipd_from_ext(struct __sk_buff *skb)
 SEC("tc")
 int vipd_to_ext(struct __sk_buff *skb)
 {
-	struct pkt p = {};
-	int done;
-
-	if (parse(skb, &p) < 0)
-		return TC_ACT_OK;
-	return reverse(skb, &p, REV_PLAIN, &done);
+	return egress(skb, REV_PLAIN);
 }
 
 /* ---- socket-level load balancing for the node's own processes ---- */
