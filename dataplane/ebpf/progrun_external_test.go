@@ -9,7 +9,9 @@ package ebpf
 // rewritten frame and the conntrack entries, not the verdict.
 
 import (
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vipd/vipd/dataplane"
@@ -215,5 +217,228 @@ func TestProgRunExternalSNATPorts(t *testing.T) {
 	r.run(r.objs.VipdFromExt, prTCPFrame(first, prNodePort, 2000, 0, prSYN, nil))
 	if rev, ok := r.ct(be.addr, snat, prTCP, prDirReply); !ok || fromBE16(rev.SnatPort) != second.Port() {
 		t.Fatalf("the second flow's reply entry %+v (found %v) was taken by the first client's new SYN", rev, ok)
+	}
+}
+
+// ---- ICMP errors of external flows, TTL ----
+
+var (
+	prNodeAddr6 = netip.MustParseAddr("fd00:198::3")
+	prOutside6  = prAP("[fd00:198:99::7]:45000")
+	prBackend6b = prBackend{id: 12, addr: prAP("[fd00:198:2::3]:8080")}
+	// Routers between the node and a remote backend, and between the
+	// node and the client.
+	prRouterBE4, prRouterCL4 = netip.MustParseAddr("198.18.5.1"), netip.MustParseAddr("198.18.6.1")
+	prRouterBE6, prRouterCL6 = netip.MustParseAddr("fd00:198:5::1"), netip.MustParseAddr("fd00:198:6::1")
+)
+
+// prICMPError is an ICMP fragmentation needed (IPv4) or ICMPv6 packet too
+// big (next-hop MTU 1400) from src to dst, quoting the IP packet of frame.
+func prICMPError(src, dst netip.Addr, frame []byte) []byte {
+	q := frame[prEthLen:]
+	if src.Is4() {
+		return prIPFrame(src, dst, prICMP, append([]byte{3, 4, 0, 0, 0, 0, 0x05, 0x78}, q...))
+	}
+	return prIPFrame(src, dst, prICMPv6, append([]byte{2, 0, 0, 0, 0, 0, 0x05, 0x78}, q...))
+}
+
+// prErr is a decoded ICMP error: the error and the packet it quotes.
+type prErr struct {
+	outer, inner prPacket
+	ttl          uint8
+}
+
+// prDecodeError decodes an ICMP error frame, checking the outer IPv4
+// header checksum, the ICMP checksum and the quoted IPv4 header's (the
+// quoted L4 checksum is left as it was: receivers do not check it).
+func prDecodeError(t *testing.T, f []byte) prErr {
+	t.Helper()
+	o := prDecode(t, f)
+	prCheckChecksums(t, o)
+	if o.proto != prICMP && o.proto != prICMPv6 {
+		t.Fatalf("protocol %d, want an ICMP error", o.proto)
+	}
+	q := o.l4[8:]
+	ethType := []byte{0x08, 0x00}
+	if o.proto == prICMPv6 {
+		ethType = []byte{0x86, 0xdd}
+	}
+	in := prDecode(t, slices.Concat(make([]byte, 12), ethType, q))
+	if in.src.Is4() {
+		if s := prCsumFold(prCsumAdd(0, in.ipHdr)); s != 0xffff {
+			t.Errorf("quoted IPv4 header checksum invalid (sum %#04x)", s)
+		}
+	}
+	ttl := o.ipHdr[7] // IPv6 hop limit
+	if o.src.Is4() {
+		ttl = o.ipHdr[8]
+	}
+	return prErr{outer: o, inner: in, ttl: ttl}
+}
+
+// want fails t unless the error goes from src to dst quoting a packet
+// from qsrc to qdst.
+func (e prErr) want(t *testing.T, what string, src, dst netip.Addr, qsrc, qdst netip.AddrPort) {
+	t.Helper()
+	if e.outer.src != src || e.outer.dst != dst || e.inner.srcPort() != qsrc || e.inner.dstPort() != qdst {
+		t.Errorf("%s: error %s -> %s quoting %s -> %s, want %s -> %s quoting %s -> %s", what,
+			e.outer.src, e.outer.dst, e.inner.srcPort(), e.inner.dstPort(), src, dst, qsrc, qdst)
+	}
+}
+
+// prICMPCase is one family's addresses for the ICMP error tests.
+type prICMPCase struct {
+	name                 string
+	client, frontend     netip.AddrPort
+	node, routerBE, rtCL netip.Addr
+	backend              prBackend
+}
+
+var prICMPCases = []prICMPCase{
+	{"IPv4", prOutside4, prNodePort, prNodeAddr, prRouterBE4, prRouterCL4, prBackends4[0]},
+	{"IPv6", prOutside6, netip.AddrPortFrom(prNodeAddr6, prNodePort.Port()), prNodeAddr6, prRouterBE6, prRouterCL6, prBackend6b},
+}
+
+// TestProgRunICMPErrorSNAT: ICMP errors about a flow under policy Cluster
+// (SNAT) are translated as netfilter translates a NATed connection's
+// RELATED errors, in both directions and both families: a router's
+// "fragmentation needed" / "packet too big" about a packet to the backend
+// reaches the client quoting client -> node port, one about a reply
+// reaches the backend quoting backend -> node:SNAT port, with every
+// checksum right; the backend's own error shows the node port's address.
+func TestProgRunICMPErrorSNAT(t *testing.T) {
+	for _, c := range prICMPCases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newPREnv(t)
+			r.addService(prFrontend{vip: c.frontend, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}, c.backend)
+			x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr, prNodeAddr6}, External: true})
+			if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
+				t.Fatalf("put external interface: %v", err)
+			}
+			_, out := r.run(r.objs.VipdFromExt, prTCPFrame(c.client, c.frontend, 1000, 0, prSYN, nil))
+			toBackend := prDecode(t, out)
+			snat := toBackend.srcPort()
+			if snat.Addr() != c.node || toBackend.dstPort() != c.backend.addr {
+				t.Fatalf("SYN went out %s -> %s, want SNAT to %s", snat, toBackend.dstPort(), c.node)
+			}
+
+			// A router on the backend's side: to the client.
+			_, out = r.run(r.objs.VipdFromExt, prICMPError(c.routerBE, c.node, out))
+			e := prDecodeError(t, out)
+			e.want(t, "router on the backend's side", c.routerBE, c.client.Addr(), c.client, c.frontend)
+			if e.ttl != 63 {
+				t.Errorf("error sent on with TTL %d, want 63", e.ttl)
+			}
+			// The backend itself (a local one: vipd_from_pod).
+			_, out = r.run(r.objs.VipdFromPod, prICMPError(c.backend.addr.Addr(), c.node, prTCPFrame(snat, c.backend.addr, 1000, 0, prSYN, nil)))
+			prDecodeError(t, out).want(t, "the backend's own error", c.frontend.Addr(), c.client.Addr(), c.client, c.frontend)
+
+			// A router on the client's side, about a reply: to the backend.
+			reply := prTCPFrame(c.frontend, c.client, 5000, 1001, prSYN|prACK, make([]byte, 32))
+			_, out = r.run(r.objs.VipdFromExt, prICMPError(c.rtCL, c.node, reply))
+			prDecodeError(t, out).want(t, "router on the client's side", c.rtCL, c.backend.addr.Addr(), c.backend.addr, snat)
+
+			// An error about no tracked flow passes untouched.
+			other := prICMPError(c.routerBE, c.node, prTCPFrame(prWithPort(snat, snat.Port()+1), c.backend.addr, 1, 0, prSYN, nil))
+			ret, out := r.run(r.objs.VipdFromExt, other)
+			prWantVerdict(t, ret, prTCOK)
+			prWantFrame(t, out, other)
+		})
+	}
+}
+
+// TestProgRunICMPErrorLocal: for a flow under policy Local (client address
+// kept), an error on its way out to the client that quotes client ->
+// backend (the node's own, or the backend's) shows the frontend instead,
+// and an error about a reply sent to the frontend goes to the backend;
+// both are left to the stack to route, as the flow's packets are.
+func TestProgRunICMPErrorLocal(t *testing.T) {
+	for _, c := range prICMPCases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newPREnv(t)
+			r.addService(prFrontend{vip: c.frontend, proto: prUDP, id: 1, scope: scopeExternal, flags: svcFlagDropEmpty}, c.backend)
+			ret, out := r.run(r.objs.VipdFromExt, prUDPFrame(c.client, c.frontend, make([]byte, 64)))
+			prWantVerdict(t, ret, prTCOK)
+			if p := prDecode(t, out); p.dstPort() != c.backend.addr {
+				t.Fatalf("datagram DNATed to %s, want %s", p.dstPort(), c.backend.addr)
+			}
+			be := c.backend.addr.Addr()
+
+			// The backend's port unreachable, or the node's fragmentation
+			// needed, on the way out (vipd_to_ext).
+			ret, out = r.run(r.objs.VipdToExt, prICMPError(be, c.client.Addr(), out))
+			prWantVerdict(t, ret, prTCOK)
+			e := prDecodeError(t, out)
+			e.want(t, "the backend's error", c.frontend.Addr(), c.client.Addr(), c.client, c.frontend)
+			if e.ttl != 64 {
+				t.Errorf("TTL %d: the stack forwards this error, want it untouched (64)", e.ttl)
+			}
+			ret, out = r.run(r.objs.VipdToExt, prICMPError(c.node, c.client.Addr(), prUDPFrame(c.client, c.backend.addr, make([]byte, 64))))
+			prWantVerdict(t, ret, prTCOK)
+			prDecodeError(t, out).want(t, "the node's error", c.node, c.client.Addr(), c.client, c.frontend)
+
+			// A router on the client's side, about a reply: to the backend.
+			ret, out = r.run(r.objs.VipdFromExt, prICMPError(c.rtCL, c.frontend.Addr(), prUDPFrame(c.frontend, c.client, make([]byte, 64))))
+			prWantVerdict(t, ret, prTCOK)
+			prDecodeError(t, out).want(t, "router on the client's side", c.rtCL, be, c.backend.addr, c.client)
+		})
+	}
+}
+
+// prWithTTL is frame with its TTL or hop limit set to ttl (IPv4 header
+// checksum updated).
+func prWithTTL(frame []byte, ttl uint8) []byte {
+	f := slices.Clone(frame)
+	ip := f[prEthLen:]
+	if ip[0]>>4 == 6 {
+		ip[7] = ttl
+		return f
+	}
+	ip[8] = ttl
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], ^prCsumFold(prCsumAdd(0, ip[:20])))
+	return f
+}
+
+// TestProgRunTTL: packets that the external paths send on past the
+// routing forward path (SNAT flows, both ways) have their TTL or hop limit
+// decremented as forwarding would (IPv4 header checksum right); a packet
+// with TTL 1 is not sent on with TTL 0 but left to the stack.
+func TestProgRunTTL(t *testing.T) {
+	for _, c := range prICMPCases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newPREnv(t)
+			r.addService(prFrontend{vip: c.frontend, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}, c.backend)
+			x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr, prNodeAddr6}, External: true})
+			if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
+				t.Fatalf("put external interface: %v", err)
+			}
+			ttlOf := func(p prPacket) uint8 {
+				if p.src.Is4() {
+					return p.ipHdr[8]
+				}
+				return p.ipHdr[7]
+			}
+			_, out := r.run(r.objs.VipdFromExt, prWithTTL(prTCPFrame(c.client, c.frontend, 1000, 0, prSYN, nil), 50))
+			p := prDecode(t, out)
+			prCheckChecksums(t, p)
+			if ttlOf(p) != 49 {
+				t.Errorf("SYN to the backend with TTL %d, want 49", ttlOf(p))
+			}
+			snat := p.srcPort()
+			_, out = r.run(r.objs.VipdFromExt, prWithTTL(prTCPFrame(c.backend.addr, snat, 5000, 1001, prSYN|prACK, nil), 64))
+			p = prDecode(t, out)
+			prCheckChecksums(t, p)
+			if p.dstPort() != c.client || ttlOf(p) != 63 {
+				t.Errorf("reply to %s with TTL %d, want to %s with 63", p.dstPort(), ttlOf(p), c.client)
+			}
+			// TTL 1: to the stack, not forwarded.
+			last := prWithTTL(prTCPFrame(c.backend.addr, snat, 5001, 1001, prACK, nil), 1)
+			ret, out := r.run(r.objs.VipdFromExt, last)
+			prWantVerdict(t, ret, prTCOK)
+			if p := prDecode(t, out); ttlOf(p) != 1 {
+				t.Errorf("a packet with TTL 1 left with TTL %d", ttlOf(p))
+			}
+		})
 	}
 }

@@ -834,6 +834,40 @@ static __always_inline __u32 flow_hash(const struct pkt *p)
 }
 
 /*
+ * ttl_decrement does the forwarding's TTL (IPv4, header checksum updated)
+ * or hop limit (IPv6) decrement for a packet that fib_redirect sends on
+ * past the routing forward path. It returns 0 when done, 1 when the packet
+ * has a TTL of 1 or less and must not be forwarded (left unchanged), and
+ * -1 when the packet cannot be read or written.
+ */
+static __always_inline int ttl_decrement(struct __sk_buff *skb, const struct pkt *p)
+{
+	if (!p->is6) {
+		__be16 old, new;
+		__u8 *ttl = (__u8 *)&new;
+
+		if (bpf_skb_load_bytes(skb, p->l3_off + 8, &old, 2) < 0) /* TTL, protocol */
+			return -1;
+		new = old;
+		if (ttl[0] <= 1)
+			return 1;
+		ttl[0]--;
+		if (bpf_l3_csum_replace(skb, p->l3_off + 10, old, new, 2) < 0)
+			return -1;
+		return bpf_skb_store_bytes(skb, p->l3_off + 8, &new, 2, 0) < 0 ? -1 : 0;
+	} else {
+		__u8 hops;
+
+		if (bpf_skb_load_bytes(skb, p->l3_off + 7, &hops, 1) < 0)
+			return -1;
+		if (hops <= 1)
+			return 1;
+		hops--;
+		return bpf_skb_store_bytes(skb, p->l3_off + 7, &hops, 1, BPF_F_RECOMPUTE_CSUM) < 0 ? -1 : 0;
+	}
+}
+
+/*
  * fib_redirect sends the (rewritten) packet at p where the node's routes
  * take it, straight out of the egress interface: a packet whose source is
  * now a node address must not go through the routing input path, which
@@ -844,6 +878,11 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, const struct pkt 
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
+	/* A packet that may not be forwarded goes to the stack, which drops
+	 * it or answers time exceeded: never out with TTL 0. */
+	rc = ttl_decrement(skb, p);
+	if (rc)
+		return rc < 0 ? TC_ACT_SHOT : TC_ACT_OK;
 	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
 	fib.l4_protocol = p->proto;
 	fib.sport = p->sport;
@@ -1099,6 +1138,265 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	return TC_ACT_OK;
 }
 
+/* ---- ICMP errors about tracked flows ---- */
+
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_PARAMETERPROB 12
+
+/* icmp_quote is what the packet path knows about an ICMP or ICMPv6 error
+ * and the packet it quotes. */
+struct icmp_quote {
+	union addr osrc; /* the error's own addresses */
+	union addr odst;
+	union addr src; /* the quoted packet's */
+	union addr dst;
+	__be16 sport;
+	__be16 dport;
+	__u32 icmp_off; /* ICMP header */
+	__u32 in_off;   /* quoted IP header */
+	__u32 in_l4_off;
+	__u8 proto; /* the quoted packet's L4 protocol */
+	__u8 is6;
+};
+
+/*
+ * parse_icmp_error fills q for an ICMP destination unreachable (which
+ * includes fragmentation needed), time exceeded or parameter problem, or
+ * their ICMPv6 counterparts (packet too big too), that quotes a TCP, UDP
+ * or SCTP packet; it returns -1 for anything else.
+ */
+static __always_inline int parse_icmp_error(struct __sk_buff *skb, struct icmp_quote *q)
+{
+	__be16 eth_proto, ports[2];
+	__u8 type;
+
+	if (bpf_skb_load_bytes(skb, 12, &eth_proto, 2) < 0)
+		return -1;
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5 || ip.protocol != IPPROTO_ICMP ||
+		    (ip.frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+			return -1;
+		q->is6 = 0;
+		addr_from4(&q->osrc, ip.saddr);
+		addr_from4(&q->odst, ip.daddr);
+		q->icmp_off = ETH_HLEN + ip.ihl * 4;
+		if (bpf_skb_load_bytes(skb, q->icmp_off, &type, 1) < 0)
+			return -1;
+		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED && type != ICMP_PARAMETERPROB)
+			return -1;
+		q->in_off = q->icmp_off + sizeof(struct icmphdr);
+		if (bpf_skb_load_bytes(skb, q->in_off, &ip, sizeof(ip)) < 0)
+			return -1;
+		if (ip.version != 4 || ip.ihl < 5 || (ip.frag_off & bpf_htons(IP_OFFSET)))
+			return -1;
+		q->proto = ip.protocol;
+		addr_from4(&q->src, ip.saddr);
+		addr_from4(&q->dst, ip.daddr);
+		q->in_l4_off = q->in_off + ip.ihl * 4;
+	} else if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+			return -1;
+		if (ip6.nexthdr != IPPROTO_ICMPV6)
+			return -1;
+		q->is6 = 1;
+		__builtin_memcpy(q->osrc.b, ip6.saddr.s6_addr, 16);
+		__builtin_memcpy(q->odst.b, ip6.daddr.s6_addr, 16);
+		q->icmp_off = ETH_HLEN + sizeof(ip6);
+		if (bpf_skb_load_bytes(skb, q->icmp_off, &type, 1) < 0)
+			return -1;
+		if (type != ICMPV6_DEST_UNREACH && type != ICMPV6_PKT_TOOBIG && type != ICMPV6_TIME_EXCEED &&
+		    type != ICMPV6_PARAMPROB)
+			return -1;
+		q->in_off = q->icmp_off + sizeof(struct icmp6hdr);
+		if (bpf_skb_load_bytes(skb, q->in_off, &ip6, sizeof(ip6)) < 0)
+			return -1;
+		q->proto = ip6.nexthdr;
+		__builtin_memcpy(q->src.b, ip6.saddr.s6_addr, 16);
+		__builtin_memcpy(q->dst.b, ip6.daddr.s6_addr, 16);
+		q->in_l4_off = q->in_off + sizeof(ip6);
+	} else {
+		return -1;
+	}
+	if (q->proto != IPPROTO_TCP && q->proto != IPPROTO_UDP && q->proto != IPPROTO_SCTP)
+		return -1;
+	if (bpf_skb_load_bytes(skb, q->in_l4_off, ports, sizeof(ports)) < 0)
+		return -1;
+	q->sport = ports[0];
+	q->dport = ports[1];
+	return 0;
+}
+
+/* Which address of an ICMP error icmp_set_addr replaces. */
+#define ICMP_OUTER_SRC 0
+#define ICMP_OUTER_DST 1
+#define ICMP_INNER_SRC 2
+#define ICMP_INNER_DST 3
+
+/*
+ * icmp_set_addr replaces an address of the ICMP error q (one of
+ * ICMP_OUTER_* and ICMP_INNER_*), keeping its checksums right: the outer
+ * IPv4 header's, the quoted IPv4 header's (whose sum, checksum included,
+ * stays the same, so the ICMP checksum does too), and the ICMPv6 checksum,
+ * which covers the outer addresses (pseudo-header) and the quoted ones.
+ * The quoted L4 checksum is left alone: receivers of an error do not check
+ * it (the quote is usually cut short), as Cilium leaves it.
+ */
+static __always_inline int icmp_set_addr(struct __sk_buff *skb, struct icmp_quote *q, const int which,
+					 const union addr *to)
+{
+	int inner = which == ICMP_INNER_SRC || which == ICMP_INNER_DST;
+	int dst = which == ICMP_OUTER_DST || which == ICMP_INNER_DST;
+	union addr *from = which == ICMP_OUTER_SRC ? &q->osrc : which == ICMP_OUTER_DST ? &q->odst
+							 : which == ICMP_INNER_SRC ? &q->src : &q->dst;
+	__u32 l3 = inner ? q->in_off : ETH_HLEN;
+
+	if (addr_eq(from, to))
+		return 0;
+	if (!q->is6) {
+		if (bpf_l3_csum_replace(skb, l3 + 10, from->w[3], to->w[3], 4) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, l3 + (dst ? 16 : 12), &to->w[3], 4, 0) < 0)
+			return -1;
+	} else {
+		__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
+
+		if (bpf_l4_csum_replace(skb, q->icmp_off + 2, 0, diff, inner ? 0 : BPF_F_PSEUDO_HDR) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, l3 + (dst ? 24 : 8), to->b, 16, inner ? 0 : BPF_F_RECOMPUTE_CSUM) < 0)
+			return -1;
+	}
+	*from = *to;
+	return 0;
+}
+
+/* icmp_set_port replaces the quoted packet's source (dst 0) or destination
+ * port, and the ICMP checksum with it. */
+static __always_inline int icmp_set_port(struct __sk_buff *skb, struct icmp_quote *q, const int dst, __be16 to)
+{
+	__be16 *from = dst ? &q->dport : &q->sport;
+
+	if (*from == to)
+		return 0;
+	if (bpf_l4_csum_replace(skb, q->icmp_off + 2, *from, to, 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, q->in_l4_off + (dst ? 2 : 0), &to, 2, 0) < 0)
+		return -1;
+	*from = to;
+	return 0;
+}
+
+/* icmp_forward sends a translated error of an SNAT flow on the way its
+ * flow's packets go (fib_redirect): its source may be a node address now,
+ * which the routing input path would drop as a martian. */
+static __always_inline int icmp_forward(struct __sk_buff *skb, const struct icmp_quote *q)
+{
+	struct pkt p = {};
+
+	p.src = q->osrc;
+	p.dst = q->odst;
+	p.proto = q->is6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP;
+	p.is6 = q->is6;
+	p.l3_off = ETH_HLEN;
+	return fib_redirect(skb, &p);
+}
+
+/*
+ * icmp_related translates an ICMP error that quotes a packet of a tracked
+ * flow, as netfilter does with the errors of a NATed connection (RELATED),
+ * so that path MTU discovery and the errors of far ends work through
+ * vipd's NAT. out tells egress (1) from ingress (0); rev, the reverse kinds
+ * of the interface (see reverse). Anything else passes untouched.
+ *
+ *   In, quoting node:port -> backend (an SNAT flow's packet, from a router
+ *   on the backend's side, or the backend): to the client, quoting
+ *   client -> frontend; sent on as the flow's replies are.
+ *   In, quoting frontend -> client (a reply as the client saw it, from a
+ *   router on the client's side, or the client): to the backend, quoting
+ *   backend -> client, or backend -> node:port for an SNAT flow.
+ *   Out, quoting client -> backend (a flow whose client address is kept:
+ *   the node's own error, or the backend's, on its way to the client):
+ *   quoting client -> frontend.
+ *
+ * An error sent by the backend itself shows the frontend as its source,
+ * as the backend's replies do.
+ */
+static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, const int out)
+{
+	struct icmp_quote q = {};
+	struct ct_key k = {};
+	struct ct_entry *e;
+	union addr a;
+	__be16 port;
+
+	if (parse_icmp_error(skb, &q) < 0)
+		return TC_ACT_OK;
+	/* First: is the quoted packet one the reply entry's packets answer? */
+	k.src = q.dst;
+	k.sport = q.dport;
+	k.dst = q.src;
+	k.dport = q.sport;
+	k.proto = q.proto;
+	k.dir = CT_DIR_REPLY;
+	e = bpf_map_lookup_elem(&vipd_ct, &k);
+	if (e) {
+		if (e->flags & CT_F_HAIRPIN)
+			return TC_ACT_OK;
+		if (!out && (e->flags & CT_F_SNAT) && (rev & REV_SNAT) && addr_eq(&q.odst, &q.src)) {
+			union addr backend = q.dst;
+
+			a = e->snat_addr;
+			port = e->snat_port;
+			if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &a) < 0 || icmp_set_port(skb, &q, 0, port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &a) < 0)
+				return TC_ACT_SHOT;
+			a = e->nat_addr;
+			port = e->nat_port;
+			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
+				return TC_ACT_SHOT;
+			if (addr_eq(&q.osrc, &backend) && icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+				return TC_ACT_SHOT;
+			return icmp_forward(skb, &q);
+		}
+		if (out && !(e->flags & CT_F_SNAT) && (rev & REV_PLAIN)) {
+			union addr backend = q.dst;
+
+			a = e->nat_addr;
+			port = e->nat_port;
+			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
+				return TC_ACT_SHOT;
+			if (addr_eq(&q.osrc, &backend) && icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+				return TC_ACT_SHOT;
+		}
+		return TC_ACT_OK;
+	}
+	if (out)
+		return TC_ACT_OK;
+	/* Then: is it a reply as the client saw it (the forward entry's
+	 * packets answer it), sent back to the frontend? */
+	k.dir = CT_DIR_FORWARD;
+	e = bpf_map_lookup_elem(&vipd_ct, &k);
+	if (!e || (e->flags & CT_F_HAIRPIN) || !addr_eq(&q.odst, &q.src))
+		return TC_ACT_OK;
+	a = e->nat_addr;
+	port = e->nat_port;
+	if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &a) < 0 || icmp_set_port(skb, &q, 0, port) < 0 ||
+	    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &a) < 0)
+		return TC_ACT_SHOT;
+	if (!(e->flags & CT_F_SNAT))
+		return TC_ACT_OK; /* the stack routes it, as the flow's packets */
+	a = e->snat_addr;
+	port = e->snat_port;
+	if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
+		return TC_ACT_SHOT;
+	return icmp_forward(skb, &q);
+}
+
 /* ingress is the way in of the pods' and the external interfaces' packets:
  * replies translated back (the reverse kinds rev), then a new or known
  * flow to a frontend of scope (SCOPE_CLUSTER for pods, SCOPE_EXTERNAL for
@@ -1112,7 +1410,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int rev, __u8 scope)
 	int ret, done;
 
 	if (parse(skb, &p) < 0)
-		return TC_ACT_OK;
+		return icmp_related(skb, rev, 0);
 	ret = reverse(skb, &p, rev, &done);
 	if (done)
 		return ret;
@@ -1142,7 +1440,7 @@ static __always_inline int egress(struct __sk_buff *skb, int rev)
 	int done;
 
 	if (parse(skb, &p) < 0)
-		return TC_ACT_OK;
+		return icmp_related(skb, rev, 1);
 	return reverse(skb, &p, rev, &done);
 }
 
