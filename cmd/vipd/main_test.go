@@ -64,6 +64,7 @@ func TestBadFlagsRefuseStart(t *testing.T) {
 		{[]string{"--max-ports", "-1", "--flow-buffer", "0"}, "--flow-buffer"},
 		{[]string{"--nodeport-addresses", "198.18.0.0/16,198.18.0.1"}, `--nodeport-addresses "198.18.0.1"`},
 		{[]string{"--external-interfaces", "eth*,eth["}, `--external-interfaces "eth["`},
+		{[]string{"--snat-port-range", "65535-1024"}, `--snat-port-range "65535-1024"`},
 		{[]string{"--socket-mode", "0"}, "--socket-mode"},
 		// Negative eBPF durations are refused whatever the dataplane.
 		{[]string{"--bpf-ct-gc-interval", "-1s"}, "--bpf-ct-gc-interval"},

@@ -98,6 +98,12 @@ type Config struct {
 	// --external-interfaces). Empty: the interfaces that hold a default
 	// route. Check parses them.
 	ExternalInterfaces []string
+	// SNATPortRange, when set, is "MIN-MAX": the source ports the eBPF
+	// dataplane masquerades external flows under policy Cluster to (vipd
+	// run --snat-port-range; ebpf.Config.SNATPorts). It overrides
+	// EBPF.SNATPorts. The iptables dataplane does not use it (MASQUERADE
+	// picks ports itself): vipd warns. Check parses it.
+	SNATPortRange string
 	// Reload, when not nil, makes vipd read its TLS and authz files again
 	// (Remote), and rescan ServicesDir, on every signal it receives;
 	// cmd/vipd sends SIGHUP there.

@@ -19,11 +19,15 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// checkNodeNet refuses a --nodeport-addresses entry that is not a CIDR and
-// an --external-interfaces glob that path.Match cannot use.
+// checkNodeNet refuses a --nodeport-addresses entry that is not a CIDR, an
+// --external-interfaces glob that path.Match cannot use, and a
+// --snat-port-range that is not MIN-MAX.
 func (c Config) checkNodeNet() []error {
 	var errs []error
 	if _, err := c.nodePortPrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.snatPorts(); err != nil {
 		errs = append(errs, err)
 	}
 	for _, g := range c.ExternalInterfaces {

@@ -47,6 +47,10 @@ func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane
 }
 
 func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
+	if cfg.SNATPortRange != "" {
+		log.Warn("--snat-port-range applies to the eBPF dataplane only: the iptables dataplane masquerades with MASQUERADE --random-fully, which picks the ports itself",
+			"snat_port_range", cfg.SNATPortRange)
+	}
 	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto), SetFlowSysctls: cfg.SetSysctls})
 	if err != nil {
 		return nil, fmt.Errorf("open iptables dataplane: %w", err)
@@ -55,9 +59,26 @@ func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.
 	return dp, nil
 }
 
+// ebpfConfig is the eBPF dataplane's configuration: EBPF, with NetNS and
+// SNATPortRange's ports.
+func (c Config) ebpfConfig() (ebpf.Config, error) {
+	ecfg := c.EBPF
+	ecfg.NetNS = c.NetNS
+	ports, err := c.snatPorts()
+	if err != nil {
+		return ebpf.Config{}, err
+	}
+	if ports != (ebpf.PortRange{}) {
+		ecfg.SNATPorts = ports
+	}
+	return ecfg, nil
+}
+
 func openEBPF(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
-	ecfg := cfg.EBPF
-	ecfg.NetNS = cfg.NetNS
+	ecfg, err := cfg.ebpfConfig()
+	if err != nil {
+		return nil, err
+	}
 	dp, err := ebpf.New(ctx, log.Named("ebpf"), ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("open ebpf dataplane: %w", err)
