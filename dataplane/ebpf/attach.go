@@ -153,10 +153,18 @@ func (a *tcAttacher) start() error {
 	return nil
 }
 
-// detachUnnamed detaches the external programs, pinned by an earlier vipd,
-// from interfaces that are not external any more (the Node changed while
-// vipd was down).
+// detachUnnamed detaches the external programs an earlier vipd left on
+// interfaces that are not external any more (the Node changed while vipd
+// was down): its pinned tcx links, and its clsact filters, told from the
+// pod programs' (same name and priority) by their programs' names.
 func (a *tcAttacher) detachUnnamed() {
+	ours := func(idx int) bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		_, attached := a.attached[idx]
+		_, failed := a.failed[idx]
+		return attached || failed
+	}
 	entries, _ := os.ReadDir(a.linkDir)
 	for _, e := range entries {
 		var idx int
@@ -164,14 +172,59 @@ func (a *tcAttacher) detachUnnamed() {
 		if _, err := fmt.Sscanf(strings.Replace(e.Name(), "_", " ", -1), a.pinPrefix+" %d %s", &idx, &dir); err != nil {
 			continue
 		}
-		a.mu.Lock()
-		_, attached := a.attached[idx]
-		_, failed := a.failed[idx]
-		a.mu.Unlock()
-		if !attached && !failed {
+		if !ours(idx) {
 			unpinLink(filepath.Join(a.linkDir, e.Name()))
 		}
 	}
+	err := nsdo.Do(a.netns, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if ours(l.Attrs().Index) {
+				continue
+			}
+			if err := removeClsactFiltersOf(l, a.progNames[:]); err != nil {
+				a.log.Warn("cannot remove the external programs an earlier vipd left on an interface that is not external now",
+					"interface", l.Attrs().Name, "error", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		a.log.Warn("cannot list interfaces for the external programs an earlier vipd left", "error", err)
+	}
+}
+
+// removeClsactFiltersOf deletes vipd's clsact filters whose program is
+// named one of progs from l, in the current namespace.
+func removeClsactFiltersOf(l netlink.Link, progs []string) error {
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		filters, err := netlink.FilterList(l, parent)
+		if err != nil {
+			continue // no clsact qdisc
+		}
+		for _, f := range filters {
+			bf, ok := f.(*netlink.BpfFilter)
+			if !ok || bf.Name != filterName || bf.Id == 0 {
+				continue
+			}
+			p, err := ebpf.NewProgramFromID(ebpf.ProgramID(bf.Id))
+			if err != nil {
+				continue // gone meanwhile
+			}
+			info, err := p.Info()
+			p.Close()
+			if err != nil || !slices.Contains(progs, info.Name) {
+				continue
+			}
+			if err := netlink.FilterDel(f); err != nil {
+				return fmt.Errorf("delete clsact filter on %s: %w", l.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // dropStalePins unpins tcx links of interfaces that no longer exist.

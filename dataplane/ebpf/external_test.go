@@ -679,3 +679,74 @@ func TestExternalClsact(t *testing.T) {
 		t.Fatalf("node port answered by %s from outside after the uplink stopped being external", r.Backend)
 	}
 }
+
+// TestExternalRestartAfterNodeChangeClsact: TestExternalRestartAfterNodeChange
+// with clsact filters, which no pin records: a vipd restarted with the
+// uplink no longer external removes the external filters the previous one
+// left on it (and the pod interfaces keep theirs); the node port is not
+// served from outside any more.
+func TestExternalRestartAfterNodeChangeClsact(t *testing.T) {
+	e := newExtEnv(t, []string{"client", "be1"})
+	e.cfg.TCAttach = TCAttachClsact
+	e.open(nil)
+	svc := e.extService(dataplane.TCP, dataplane.TrafficPolicyCluster, true, "be1")
+	e.apply(e.state(1, svc))
+	pods := e.clsactFilters() - 2 // less the uplink's
+	if got := e.uplinkClsactFilters(); got != 2 {
+		t.Fatalf("%d vipd clsact filters on the uplink, want ingress and egress", got)
+	}
+	np := netip.AddrPortFrom(e.node.IPv4(), extNodePort)
+	if r, err := e.outside("tcp", np, dpReplyTimeout); err != nil {
+		t.Fatalf("node port from outside: %+v (err %v)", r, err)
+	}
+	e.close()
+	e.nodeNet.Interfaces = slices.Clone(e.nodeNet.Interfaces)
+	e.nodeNet.Interfaces[0].External = false
+	e.open(nil)
+	e.apply(e.state(2, svc))
+	if got := e.uplinkClsactFilters(); got != 0 {
+		t.Fatalf("%d vipd clsact filters on the uplink after a restart with it not external, want none", got)
+	}
+	if got := e.clsactFilters(); got != pods {
+		t.Fatalf("%d vipd clsact filters on the pod interfaces after the restart, want %d as before", got, pods)
+	}
+	if r, err := e.outside("tcp", np, dpDeadTimeout); err == nil {
+		t.Fatalf("node port answered by %s from outside after a restart with no external interface", r.Backend)
+	}
+	// The drift check neither misses them nor puts them back.
+	if d, err := e.dp.DetectDrift(context.Background()); err != nil || len(d) > 0 {
+		t.Fatalf("drift after the restart: %v (err %v), want none", d, err)
+	}
+	if got := e.uplinkClsactFilters(); got != 0 {
+		t.Fatalf("%d vipd clsact filters on the uplink after the drift check, want none", got)
+	}
+}
+
+// uplinkClsactFilters counts vipd's clsact filters on the node's uplink.
+func (e *extEnv) uplinkClsactFilters() int {
+	e.t.Helper()
+	n := 0
+	idx := e.nodeNet.Interfaces[0].Index
+	err := e.node.Do(func() error {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			return err
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			filters, err := netlink.FilterList(l, parent)
+			if err != nil {
+				continue
+			}
+			for _, f := range filters {
+				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+					n++
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("list the uplink's clsact filters: %v", err)
+	}
+	return n
+}
