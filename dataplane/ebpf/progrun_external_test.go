@@ -303,9 +303,10 @@ var prICMPCases = []prICMPCase{
 // (SNAT) are translated as netfilter translates a NATed connection's
 // RELATED errors, in both directions and both families: a router's
 // "fragmentation needed" / "packet too big" about a packet to the backend
-// reaches the client quoting client -> node port, one about a reply
-// reaches the backend quoting backend -> node:SNAT port, with every
-// checksum right; the backend's own error shows the node port's address.
+// reaches the client quoting client -> node port, from the node port's
+// address; one about a reply reaches the backend quoting backend ->
+// node:SNAT port, from the node's address (the sources netfilter gives
+// them), with every checksum right.
 func TestProgRunICMPErrorSNAT(t *testing.T) {
 	for _, c := range prICMPCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -325,7 +326,7 @@ func TestProgRunICMPErrorSNAT(t *testing.T) {
 			// A router on the backend's side: to the client.
 			_, out = r.run(r.objs.VipdFromExt, prICMPError(c.routerBE, c.node, out))
 			e := prDecodeError(t, out)
-			e.want(t, "router on the backend's side", c.routerBE, c.client.Addr(), c.client, c.frontend)
+			e.want(t, "router on the backend's side", c.frontend.Addr(), c.client.Addr(), c.client, c.frontend)
 			if e.ttl != 63 {
 				t.Errorf("error sent on with TTL %d, want 63", e.ttl)
 			}
@@ -336,7 +337,7 @@ func TestProgRunICMPErrorSNAT(t *testing.T) {
 			// A router on the client's side, about a reply: to the backend.
 			reply := prTCPFrame(c.frontend, c.client, 5000, 1001, prSYN|prACK, make([]byte, 32))
 			_, out = r.run(r.objs.VipdFromExt, prICMPError(c.rtCL, c.node, reply))
-			prDecodeError(t, out).want(t, "router on the client's side", c.rtCL, c.backend.addr.Addr(), c.backend.addr, snat)
+			prDecodeError(t, out).want(t, "router on the client's side", c.node, c.backend.addr.Addr(), c.backend.addr, snat)
 
 			// An error about no tracked flow passes untouched.
 			other := prICMPError(c.routerBE, c.node, prTCPFrame(prWithPort(snat, snat.Port()+1), c.backend.addr, 1, 0, prSYN, nil))
@@ -349,8 +350,9 @@ func TestProgRunICMPErrorSNAT(t *testing.T) {
 
 // TestProgRunICMPErrorLocal: for a flow under policy Local (client address
 // kept), an error on its way out to the client that quotes client ->
-// backend (the node's own, or the backend's) shows the frontend instead,
-// and an error about a reply sent to the frontend goes to the backend;
+// backend (the node's own, or the backend's) shows the frontend instead
+// (as quoted destination and as source), and an error about a reply sent
+// to the frontend goes to the backend, its source kept;
 // both are left to the stack to route, as the flow's packets are.
 func TestProgRunICMPErrorLocal(t *testing.T) {
 	for _, c := range prICMPCases {
@@ -375,7 +377,7 @@ func TestProgRunICMPErrorLocal(t *testing.T) {
 			}
 			ret, out = r.run(r.objs.VipdToExt, prICMPError(c.node, c.client.Addr(), prUDPFrame(c.client, c.backend.addr, make([]byte, 64))))
 			prWantVerdict(t, ret, prTCOK)
-			prDecodeError(t, out).want(t, "the node's error", c.node, c.client.Addr(), c.client, c.frontend)
+			prDecodeError(t, out).want(t, "the node's error", c.frontend.Addr(), c.client.Addr(), c.client, c.frontend)
 
 			// A router on the client's side, about a reply: to the backend.
 			ret, out = r.run(r.objs.VipdFromExt, prICMPError(c.rtCL, c.frontend.Addr(), prUDPFrame(c.frontend, c.client, make([]byte, 64))))

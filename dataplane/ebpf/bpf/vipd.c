@@ -1323,8 +1323,11 @@ static __always_inline int icmp_forward(struct __sk_buff *skb, const struct icmp
  *   the node's own error, or the backend's, on its way to the client):
  *   quoting client -> frontend.
  *
- * An error sent by the backend itself shows the frontend as its source,
- * as the backend's replies do.
+ * As with netfilter, the error's source becomes the one the flow's packets
+ * have on that way: the frontend towards the client, the node's SNAT
+ * address towards the backend of an SNAT flow (a Local flow's backend gets
+ * the error as sent). The sender's own address is lost, as it is with
+ * netfilter; the quote is what the receiver's stack acts on.
  */
 static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, const int out)
 {
@@ -1348,8 +1351,6 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 		if (e->flags & CT_F_HAIRPIN)
 			return TC_ACT_OK;
 		if (!out && (e->flags & CT_F_SNAT) && (rev & REV_SNAT) && addr_eq(&q.odst, &q.src)) {
-			union addr backend = q.dst;
-
 			a = e->snat_addr;
 			port = e->snat_port;
 			if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &a) < 0 || icmp_set_port(skb, &q, 0, port) < 0 ||
@@ -1357,20 +1358,16 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 				return TC_ACT_SHOT;
 			a = e->nat_addr;
 			port = e->nat_port;
-			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
-				return TC_ACT_SHOT;
-			if (addr_eq(&q.osrc, &backend) && icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
 				return TC_ACT_SHOT;
 			return icmp_forward(skb, &q);
 		}
 		if (out && !(e->flags & CT_F_SNAT) && (rev & REV_PLAIN)) {
-			union addr backend = q.dst;
-
 			a = e->nat_addr;
 			port = e->nat_port;
-			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
-				return TC_ACT_SHOT;
-			if (addr_eq(&q.osrc, &backend) && icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
 				return TC_ACT_SHOT;
 		}
 		return TC_ACT_OK;
@@ -1392,7 +1389,8 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 		return TC_ACT_OK; /* the stack routes it, as the flow's packets */
 	a = e->snat_addr;
 	port = e->snat_port;
-	if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0)
+	if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
+	    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
 		return TC_ACT_SHOT;
 	return icmp_forward(skb, &q);
 }
