@@ -66,6 +66,7 @@ func scenarios() []scenario {
 		{name: "external-traffic-policy-local", run: externalTrafficPolicyLocal},
 		{name: "pod-to-load-balancer-ip", run: podToLoadBalancerIP},
 		{name: "vipd-down-external-flows-up", run: vipdDownExternalFlowsUp},
+		{name: "nodeport-pmtu", run: nodePortPMTU},
 	}
 }
 
