@@ -588,58 +588,68 @@ func nodePortAddresses(e *env) {
 var nodePortAddressesArgs = []string{"--nodeport-addresses", "198.18.0.0/24,fd00:198:0:1::/64", "--external-interfaces", "eth0"}
 
 // should keep external flows alive while vipd is down, masqueraded ones
-// included, and serve new external connections during and after a restart.
+// included, TCP connections and UDP flows, each on its backend after the
+// restart too, and serve new external connections during and after a
+// restart.
 func vipdDownExternalFlowsUp(e *env) {
-	svc := e.externalService(ports(withNodePort(tcpPort(80, 8080), nodePort)), e.be1, e.be4)
+	svc := e.externalService(ports(withNodePort(tcpPort(80, 8080), nodePort), withNodePort(udpPort(80, 8081), nodePort)), e.be1, e.be4)
 	if !e.upsertExternal(svc) {
 		return
 	}
 	type pinned struct {
 		c       *netlab.Conn
+		proto   string
 		backend string
 	}
 	var conns []pinned
 	for _, f := range families {
-		np := ap(e.node1.addr(f), nodePort)
-		// One connection to each backend: the remote one's replies need
-		// node1's masquerade state.
-		seen := map[string]bool{}
-		for i := 0; len(seen) < 2; i++ {
-			if i == 60 {
-				e.fatalf("TCP %v from out: 60 connections reached only %v, want be1 and be4", np, seen)
+		for _, proto := range []string{"tcp", "udp"} {
+			np := ap(e.node1.addr(f), nodePort)
+			// One flow to each backend: the remote one's replies need
+			// node1's masquerade state.
+			seen := map[string]bool{}
+			for i := 0; len(seen) < 2; i++ {
+				if i == 60 {
+					e.fatalf("%s %v from out: 60 flows reached only %v, want be1 and be4", upper(proto), np, seen)
+				}
+				c := e.dial(e.out, proto, np)
+				b := e.on(c, "")
+				if seen[b] {
+					c.Close()
+					continue
+				}
+				seen[b] = true
+				conns = append(conns, pinned{c, proto, b})
 			}
-			c := e.dial(e.out, "tcp", np)
-			b := e.on(c, "")
-			if seen[b] {
-				c.Close()
-				continue
-			}
-			seen[b] = true
-			conns = append(conns, pinned{c, b})
 		}
 	}
-	check := func(when string) {
+	// check sends on every flow (of TCP alone, once be1 left: UDP flows
+	// move when their backend leaves).
+	check := func(when string, protos ...string) {
 		e.t.Helper()
 		for _, p := range conns {
+			if !slices.Contains(protos, p.proto) {
+				continue
+			}
 			if got := e.on(p.c, when); got != p.backend {
-				e.fatalf("established connection %v -> %v answered by %s %s, want %s", p.c.LocalAddr(), p.c.RemoteAddr(), got, when, p.backend)
+				e.fatalf("established %s flow %v -> %v answered by %s %s, want %s", upper(p.proto), p.c.LocalAddr(), p.c.RemoteAddr(), got, when, p.backend)
 			}
 		}
 	}
 
 	e.vipd.kill9()
-	check("with vipd killed")
+	check("with vipd killed", "tcp", "udp")
 	for _, f := range families {
 		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
 	}
 	e.startVipd()
-	check("after the vipd restart")
+	check("after the vipd restart", "tcp", "udp")
 	for _, f := range families {
 		e.expectSeenAs(e.out2, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 30, echoes(8080, e.be1, e.be4)...)
 	}
 	// Converged: vipd manages the service again.
 	e.updateBackends(svcName, nil, e.be1.v4, e.be1.v6)
-	check("after its service changed")
+	check("after its service changed", "tcp")
 	for _, f := range families {
 		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 10, e.be4.echo(8080))
 	}
