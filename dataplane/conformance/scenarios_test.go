@@ -67,6 +67,7 @@ func scenarios() []scenario {
 		{name: "pod-to-load-balancer-ip", run: podToLoadBalancerIP},
 		{name: "vipd-down-external-flows-up", run: vipdDownExternalFlowsUp},
 		{name: "nodeport-pmtu", run: nodePortPMTU},
+		{name: "nodeport-address-added-removed", run: nodePortAddressAddedRemoved},
 	}
 }
 
