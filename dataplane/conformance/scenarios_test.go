@@ -68,6 +68,7 @@ func scenarios() []scenario {
 		{name: "vipd-down-external-flows-up", run: vipdDownExternalFlowsUp},
 		{name: "nodeport-pmtu", run: nodePortPMTU},
 		{name: "nodeport-address-added-removed", run: nodePortAddressAddedRemoved},
+		{name: "nodeport-ttl", run: nodePortTTL},
 	}
 }
 
