@@ -69,6 +69,7 @@ func scenarios() []scenario {
 		{name: "nodeport-pmtu", run: nodePortPMTU},
 		{name: "nodeport-address-added-removed", run: nodePortAddressAddedRemoved},
 		{name: "nodeport-ttl", run: nodePortTTL},
+		{name: "snat-port-range", vipdArgs: snatPortRangeArgs, run: snatPortRange},
 	}
 }
 
