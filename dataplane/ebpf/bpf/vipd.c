@@ -1244,8 +1244,9 @@ static __always_inline int parse_icmp_error(struct __sk_buff *skb, struct icmp_q
  * IPv4 header's, the quoted IPv4 header's (whose sum, checksum included,
  * stays the same, so the ICMP checksum does too), and the ICMPv6 checksum,
  * which covers the outer addresses (pseudo-header) and the quoted ones.
- * The quoted L4 checksum is left alone: receivers of an error do not check
- * it (the quote is usually cut short), as Cilium leaves it.
+ * The quoted TCP or UDP checksum is left alone: receivers of an error do
+ * not check it (the quote is often cut short before it), and updating it
+ * here would take stack that vipd_from_pod does not have to spare.
  */
 static __always_inline int icmp_set_addr(struct __sk_buff *skb, struct icmp_quote *q, const int which,
 					 const union addr *to)
