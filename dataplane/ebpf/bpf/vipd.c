@@ -1335,8 +1335,6 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 	struct icmp_quote q = {};
 	struct ct_key k = {};
 	struct ct_entry *e;
-	union addr a;
-	__be16 port;
 
 	if (parse_icmp_error(skb, &q) < 0)
 		return TC_ACT_OK;
@@ -1352,23 +1350,19 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 		if (e->flags & CT_F_HAIRPIN)
 			return TC_ACT_OK;
 		if (!out && (e->flags & CT_F_SNAT) && (rev & REV_SNAT) && addr_eq(&q.odst, &q.src)) {
-			a = e->snat_addr;
-			port = e->snat_port;
-			if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &a) < 0 || icmp_set_port(skb, &q, 0, port) < 0 ||
-			    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &a) < 0)
-				return TC_ACT_SHOT;
-			a = e->nat_addr;
-			port = e->nat_port;
-			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
-			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+			if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &e->snat_addr) < 0 ||
+			    icmp_set_port(skb, &q, 0, e->snat_port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &e->snat_addr) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_INNER_DST, &e->nat_addr) < 0 ||
+			    icmp_set_port(skb, &q, 1, e->nat_port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &e->nat_addr) < 0)
 				return TC_ACT_SHOT;
 			return icmp_forward(skb, &q);
 		}
 		if (out && !(e->flags & CT_F_SNAT) && (rev & REV_PLAIN)) {
-			a = e->nat_addr;
-			port = e->nat_port;
-			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
-			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+			if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &e->nat_addr) < 0 ||
+			    icmp_set_port(skb, &q, 1, e->nat_port) < 0 ||
+			    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &e->nat_addr) < 0)
 				return TC_ACT_SHOT;
 		}
 		return TC_ACT_OK;
@@ -1381,17 +1375,13 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const int rev, co
 	e = bpf_map_lookup_elem(&vipd_ct, &k);
 	if (!e || (e->flags & CT_F_HAIRPIN) || !addr_eq(&q.odst, &q.src))
 		return TC_ACT_OK;
-	a = e->nat_addr;
-	port = e->nat_port;
-	if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &a) < 0 || icmp_set_port(skb, &q, 0, port) < 0 ||
-	    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &a) < 0)
+	if (icmp_set_addr(skb, &q, ICMP_INNER_SRC, &e->nat_addr) < 0 || icmp_set_port(skb, &q, 0, e->nat_port) < 0 ||
+	    icmp_set_addr(skb, &q, ICMP_OUTER_DST, &e->nat_addr) < 0)
 		return TC_ACT_SHOT;
 	if (!(e->flags & CT_F_SNAT))
 		return TC_ACT_OK; /* the stack routes it, as the flow's packets */
-	a = e->snat_addr;
-	port = e->snat_port;
-	if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &a) < 0 || icmp_set_port(skb, &q, 1, port) < 0 ||
-	    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &a) < 0)
+	if (icmp_set_addr(skb, &q, ICMP_INNER_DST, &e->snat_addr) < 0 || icmp_set_port(skb, &q, 1, e->snat_port) < 0 ||
+	    icmp_set_addr(skb, &q, ICMP_OUTER_SRC, &e->snat_addr) < 0)
 		return TC_ACT_SHOT;
 	return icmp_forward(skb, &q);
 }
