@@ -151,12 +151,12 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 			return dataCase{err: ctx.Err()}
 		}
 		b.logf("data path: %s, %s services, run %d/%d", kind, count(n), r+1, cfg.dataRuns)
-		res.tcpDirect = append(res.tcpDirect, load.TCPConnections(client, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration))
+		res.tcpDirect = append(res.tcpDirect, load.TCPConnections(client, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses))
 		var cpu0 time.Duration
 		if vipd != nil {
 			cpu0, _ = vipd.cpuTime()
 		}
-		r := load.TCPConnections(client, vip, load.VIPPorts, cfg.workers, cfg.tcpDuration)
+		r := load.TCPConnections(client, vip, load.VIPPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses)
 		res.tcpVIP = append(res.tcpVIP, r)
 		if vipd != nil {
 			if cpu1, err := vipd.cpuTime(); err == nil {

@@ -137,7 +137,7 @@ func (b *bench) nodePortPath(ctx context.Context, kind string, n int) (res nodeP
 			return nodePortCase{err: ctx.Err()}
 		}
 		b.logf("node port: %s, %s services, run %d/%d", kind, count(n), r+1, cfg.nodePortRuns)
-		res.direct = append(res.direct, load.TCPConnections(outside.NS, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration))
+		res.direct = append(res.direct, load.TCPConnections(outside.NS, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses))
 		if kind == "direct" {
 			continue
 		}
@@ -145,7 +145,7 @@ func (b *bench) nodePortPath(ctx context.Context, kind string, n int) (res nodeP
 		if vipd != nil {
 			cpu0, _ = vipd.cpuTime()
 		}
-		r := load.TCPConnections(outside.NS, np, load.VIPPorts, cfg.workers, cfg.tcpDuration)
+		r := load.TCPConnections(outside.NS, np, load.VIPPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses)
 		res.nodePort = append(res.nodePort, r)
 		if vipd != nil {
 			if cpu1, err := vipd.cpuTime(); err == nil {
