@@ -34,11 +34,15 @@ type PortRange struct{ Lo, Hi uint16 }
 
 // Port ranges for the kinds of run; together they fill 10000–60999, which
 // the client namespace's net.ipv4.ip_local_port_range must cover: the
-// kernel ignores a socket's range outside the namespace's.
+// kernel ignores a socket's range outside the namespace's. CrossCheckPorts
+// are the C generator's (CGen) to the backends directly: its connections
+// differ from the Go generator's in their TCP timestamps, which a backend's
+// TIME_WAIT of the same tuple would reject.
 var (
-	DirectPorts = PortRange{10000, 29999}
-	VIPPorts    = PortRange{30000, 54999}
-	ProbePorts  = PortRange{55000, 60999}
+	DirectPorts     = PortRange{10000, 24999}
+	CrossCheckPorts = PortRange{25000, 29999}
+	VIPPorts        = PortRange{30000, 54999}
+	ProbePorts      = PortRange{55000, 60999}
 )
 
 // requestLine is what the clients send; echo servers answer each line.

@@ -3,9 +3,9 @@ package load
 import (
 	"context"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
-	"os"
 	"testing"
 	"time"
 
@@ -68,7 +68,7 @@ func TestLoadDirect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := cg.TCPConnections(client.NS, dsts, VIPPorts, 3, 300*time.Millisecond)
+		res, err := cg.TCPConnections(client.NS, dsts, CrossCheckPorts, 3, 300*time.Millisecond)
 		if err != nil || res.Failed != 0 || res.OK == 0 {
 			t.Fatalf("C generator: %d ok, %d failed, %v", res.OK, res.Failed, err)
 		}
