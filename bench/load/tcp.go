@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -58,13 +59,10 @@ func TCPConnections(ns *netlab.NS, dsts []netip.AddrPort, ports PortRange, worke
 		mu   sync.Mutex
 		res  = Result{Backends: map[string]int{}}
 		wg   sync.WaitGroup
-		next int // the index of the next connection's destination
+		next atomic.Uint64 // connections started
 	)
 	pick := func() netip.AddrPort {
-		mu.Lock()
-		defer mu.Unlock()
-		next++
-		return dsts[(next-1)%len(dsts)]
+		return dsts[(next.Add(1)-1)%uint64(len(dsts))]
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), threads+1)))
 	start := time.Now()
