@@ -163,8 +163,8 @@ func (b *bench) nodePortSection(ctx context.Context) (*table, error) {
 	n := cfg.nodePortSize
 	t := &table{
 		title: "3d. Data path from outside: TCP connection rate through a node port",
-		intro: fmt.Sprintf("An external host behind the upstream router (netlab's stand-in for a machine outside the cluster) runs %d workers, each looping: "+
-			"connect, send one request line, read the reply, close (the generator of 3a); for %v per run, %d runs, alternating: to the 4 backend pods **directly** "+
+		intro: fmt.Sprintf("An external host behind the upstream router (netlab's stand-in for a machine outside the cluster) keeps %d connections in flight, each: "+
+			"connect, send a request, read the reply, the server closing first (the generator of 3a); for %v per run, %d runs, alternating: to the 4 backend pods **directly** "+
 			"(round robin, routed through node1) and to **node1's address at node port %d** (external traffic policy Cluster, so the source is masqueraded to the node's address; "+
 			"%s services in all, the tested one last, the others ClusterIP only). The **direct** case has no ruleset and no vipd in its node; "+
 			"**kube-proxy** is the kube-proxy-shaped ruleset with its external half (KUBE-SERVICES → KUBE-NODEPORTS by `addrtype LOCAL` → KUBE-EXT-* marking for masquerade → KUBE-SVC-* → KUBE-SEP-* DNAT, KUBE-POSTROUTING masquerade). "+
