@@ -22,9 +22,10 @@ import (
 )
 
 // Backend is one backend server: echo on EchoPort (TCP and UDP; each line or
-// datagram is answered with "<Name> <peer>\n") and a sink on SinkPort (TCP,
-// everything read is discarded), on Addr inside the network namespace at
-// NetNS.
+// datagram is answered with "<Name> <peer>\n", but the TCP line "end"
+// with "<Name>\n", after which the server closes the connection) and a sink
+// on SinkPort (TCP, everything read is discarded), on Addr inside the
+// network namespace at NetNS.
 type Backend struct {
 	NetNS    string
 	Name     string
