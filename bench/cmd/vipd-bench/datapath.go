@@ -33,6 +33,8 @@ const (
 // loads to the backends directly and through the VIP, in one lab.
 type dataCase struct {
 	tcpDirect, tcpVIP   []load.Result
+	// tcpBare are direct runs in the same lab before the case was loaded.
+	tcpBare []load.Result
 	udpDirect, udpVIP   []load.Result
 	bulkDirect, bulkVIP []float64
 	// vipdCPU is the share of one CPU vipd used during the VIP TCP runs.
@@ -128,6 +130,22 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 			return dataCase{err: err}
 		}
 	}
+	var direct []netip.AddrPort
+	for _, name := range dataBackend {
+		direct = append(direct, netip.AddrPortFrom(lab.Pod(name).IPv4(), echoPort))
+	}
+	client := lab.Pod("client").NS
+	cfg := b.cfg
+	// The direct rate of these very namespaces with nothing loaded, just
+	// before the case is: what its VIP and direct runs compare with,
+	// without the drift of a shared machine between labs.
+	for r := range cfg.dataRuns {
+		if ctx.Err() != nil {
+			return dataCase{err: ctx.Err()}
+		}
+		b.logf("data path: %s, %s services, direct before loading, run %d/%d", kind, count(n), r+1, cfg.dataRuns)
+		res.tcpBare = append(res.tcpBare, load.TCPConnections(client, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses))
+	}
 	vipd, err := b.programCase(ctx, kind, node, n, dataKubeProxyServices(lab), dataService(lab))
 	if err != nil {
 		return dataCase{err: err}
@@ -138,11 +156,6 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 				res.err = err
 			}
 		}()
-	}
-	client := lab.Pod("client").NS
-	var direct []netip.AddrPort
-	for _, name := range dataBackend {
-		direct = append(direct, netip.AddrPortFrom(lab.Pod(name).IPv4(), echoPort))
 	}
 	vip := []netip.AddrPort{netip.AddrPortFrom(dataVIP, 80)}
 	bulkDirect := netip.AddrPortFrom(lab.Pod(dataBackend[0]).IPv4(), sinkPort)
@@ -166,7 +179,6 @@ func (b *bench) dataPath(ctx context.Context, kind string, n int) (res dataCase)
 		}
 		defer stats.Close()
 	}
-	cfg := b.cfg
 	for r := range cfg.dataRuns {
 		if ctx.Err() != nil {
 			return dataCase{err: ctx.Err()}
@@ -353,13 +365,15 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 			"%v per run, %d runs; rates are connections per second, median (min–max) of the runs; latency is one whole connection, pooled over the runs. "+
 			"The **reference** lab has no dataplane: **direct** is the client pod to the 4 backend pods round robin, the physical limit; the **C generator** is an independent generator (bench/load/cgen, gcc, epoll) "+
 			"making the same connections, a cross-check that the Go generator is not what bounds the rate; the **stateless tcx DNAT** (bench/statelessdnat: no conntrack, no events, no maps) is what eBPF can reach here. "+
-			"They alternate within each run, the DNAT attached for its own runs only. Then each case runs in its own fresh namespaces with N services (the tested one last), alternating VIP runs "+
-			"with **direct runs beside it** (non-VIP pod traffic with the case loaded; in the iptables-based ones netfilter conntrack sees it too). "+
-			"**vs direct** divides by the reference's direct median; **vs same-lab direct** by the direct runs of the same lab, alternated with the VIP runs, which cancels the machine's drift between labs. "+
+			"They alternate within each run, the DNAT attached for its own runs only; their **vs direct** divides by the reference's direct median. "+
+			"Then each case runs in its own fresh namespaces: first **direct before loading** (nothing loaded yet), then with N services (the tested one last) VIP runs alternating "+
+			"with **direct runs beside it** (non-VIP pod traffic with the case loaded; in the iptables-based ones netfilter conntrack and the ruleset see it too). "+
+			"A case's **vs direct** divides by its own direct before loading (the same namespaces, a minute earlier), so that the drift of a shared machine between labs does not enter; "+
+			"**vs direct beside it** divides the VIP rate by the direct runs alternated with it. "+
 			"**BPF time per connection**: with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS, held only around the runs), the run_time_ns delta summed over the programs vipd holds "+
 			"(or the DNAT's two), divided by the connections made, median of the runs, with the program runs per connection. **vipd CPU** is the share of one CPU vipd used during the VIP runs (it reads the flow events of every connection).",
 			cfg.workers, cfg.tcpDuration, cfg.dataRuns),
-		header: []string{"N services", "case", "conn/s", "vs direct", "vs same-lab direct", "vs kube-proxy", "BPF time per connection", "p50 / p99", "failed", "vipd CPU"},
+		header: []string{"N services", "case", "conn/s", "direct before loading", "vs direct", "vs direct beside it", "vs kube-proxy", "BPF time per connection", "p50 / p99", "failed", "vipd CPU"},
 	}
 	udp := &table{
 		title: "3b. Data path: UDP request/reply rate",
@@ -396,7 +410,7 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 				b.figure("data/stateless/tcp/direct", r.med/refDirect)
 				b.figure("data/stateless/bpfns", bpfNS)
 			}
-			tcp.add("–", x.name, r.format(fmtRate), ratio(r.med, refDirect), "–", "–", bpf, lat, fmt.Sprint(failed), "–")
+			tcp.add("–", x.name, r.format(fmtRate), "–", ratio(r.med, refDirect), "–", "–", bpf, lat, fmt.Sprint(failed), "–")
 			notes(tcp, x.name, "–", x.rs)
 		}
 		b.figure("data/cgen/tcp/direct", rates(ref.cgen).med/refDirect)
@@ -425,11 +439,8 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 			if len(c.vipdCPU) > 0 {
 				cpu = fmt.Sprintf("%.0f%%", 100*spreadOf(c.vipdCPU).med)
 			}
-			d, v := rates(c.tcpDirect), rates(c.tcpVIP)
-			base := refDirect
-			if base == 0 {
-				base = d.med
-			}
+			d, v, bare := rates(c.tcpDirect), rates(c.tcpVIP), rates(c.tcpBare)
+			base := bare.med
 			b.figure(fmt.Sprintf("data/%s/%d/tcp/direct", kind, n), v.med/base)
 			b.figure(fmt.Sprintf("data/%s/%d/tcp/samelab", kind, n), v.med/d.med)
 			b.figure(fmt.Sprintf("data/%s/%d/tcp/nonvip", kind, n), d.med/base)
@@ -444,9 +455,10 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 			}
 			v50, v99, vf := pooled(c.tcpVIP)
 			d50, d99, df := pooled(c.tcpDirect)
-			tcp.add(count(n), names[kind]+" (VIP)", v.format(fmtRate), ratio(v.med, refDirect), ratio(v.med, d.med), ratio(v.med, kpVIP), bpfV, ms(v50)+" / "+ms(v99), fmt.Sprint(vf), cpu)
-			tcp.add(count(n), "direct beside "+names[kind], d.format(fmtRate), ratio(d.med, refDirect), "–", "–", bpfD, ms(d50)+" / "+ms(d99), fmt.Sprint(df), "–")
-			notes(tcp, names[kind], count(n), append(slices.Clone(c.tcpDirect), c.tcpVIP...))
+			_, _, bf := pooled(c.tcpBare)
+			tcp.add(count(n), names[kind]+" (VIP)", v.format(fmtRate), bare.format(fmtRate), ratio(v.med, base), ratio(v.med, d.med), ratio(v.med, kpVIP), bpfV, ms(v50)+" / "+ms(v99), fmt.Sprint(vf), cpu)
+			tcp.add(count(n), "direct beside "+names[kind], d.format(fmtRate), "", ratio(d.med, base), "–", "–", bpfD, ms(d50)+" / "+ms(d99), fmt.Sprint(df+bf), "–")
+			notes(tcp, names[kind], count(n), slices.Concat(c.tcpBare, c.tcpDirect, c.tcpVIP))
 
 			ud, uv := rates(c.udpDirect), rates(c.udpVIP)
 			b.figure(fmt.Sprintf("data/%s/%d/udp/direct", kind, n), uv.med/ud.med)

@@ -207,7 +207,7 @@ var targets = []target{
 	}, ""},
 	{"TCP connection rate through the VIP, 10,000 services, eBPF vs direct", "≥ 0.95×", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["data/ebpf/10000/tcp/direct"]
-		got := fmt.Sprintf("%.2f× (%.2f× of the same lab's direct runs", v, f["data/ebpf/10000/tcp/samelab"])
+		got := fmt.Sprintf("%.2f× (%.2f× of the direct runs beside it", v, f["data/ebpf/10000/tcp/samelab"])
 		if s, ok := f["data/stateless/tcp/direct"]; ok {
 			got += fmt.Sprintf("; stateless tcx DNAT %.2f×", s)
 		}
@@ -216,7 +216,7 @@ var targets = []target{
 	{"non-VIP pod traffic with vipd eBPF loaded, 10,000 services, vs direct", "≥ 0.99×", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["data/ebpf/10000/tcp/nonvip"]
 		return fmt.Sprintf("%.2f× (BPF %.0f ns per connection)", v, f["data/ebpf/10000/bpfns-nonvip"]), v >= 0.99, ok
-	}, "vipd's tc programs run on every packet of the pods' veths, VIP or not (the BPF time per connection of the \"direct beside vipd eBPF\" row); the comparison is across labs run minutes apart on a shared machine, so differences of a few percent are within its drift (see the min–max)."},
+	}, "vipd's tc programs run on every packet of the pods' veths, VIP or not (the BPF time per connection of the \"direct beside vipd eBPF\" row); the comparison is with the same namespaces' direct runs before vipd was loaded, a minute earlier, so on a shared machine differences of a few percent are within its drift (see the min–max)."},
 	{"BPF time per VIP connection, 10,000 services, eBPF", "≤ 3 µs", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["data/ebpf/10000/bpfns"]
 		got := fmt.Sprintf("%.2f µs", v/1000)
