@@ -32,9 +32,9 @@ const (
 // dataCase is what one case of the data-path benchmark measured: the same
 // loads to the backends directly and through the VIP, in one lab.
 type dataCase struct {
-	tcpDirect, tcpVIP   []load.Result
+	tcpDirect, tcpVIP []load.Result
 	// tcpBare are direct runs in the same lab before the case was loaded.
-	tcpBare []load.Result
+	tcpBare             []load.Result
 	udpDirect, udpVIP   []load.Result
 	bulkDirect, bulkVIP []float64
 	// vipdCPU is the share of one CPU vipd used during the VIP TCP runs.
