@@ -58,6 +58,7 @@ fuzz:
 generate:
 	$(TOOL) buf generate
 	$(GO) generate ./dataplane/ebpf/
+	$(GO) generate ./bench/statelessdnat/
 
 # lint fails on an incompatible API change: buf breaking compares the API
 # with the last release tag, or without one with main (see

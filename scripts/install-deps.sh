@@ -14,6 +14,9 @@ have nsenter || need+=(util-linux)
 have conntrack || need+=(conntrack)
 # systemd-analyze verifies deploy/systemd/vipd.service (cmd/vipd's tests).
 have systemd-analyze || need+=(systemd)
+# gcc builds bench/load's C cross-check generator (bench/load's tests, make bench).
+have gcc || need+=(gcc)
+[[ -f /usr/include/stdio.h ]] || need+=(libc6-dev)
 if [[ ${1:-} == generate ]]; then
 	have clang || need+=(clang)
 	have llvm-strip || need+=(llvm)

@@ -2,11 +2,14 @@
 // request/reply loops, bulk TCP streams and programming-latency probes, all
 // from inside a netlab namespace.
 //
-// The clients use blocking socket system calls on threads locked into the
-// namespace, one thread per worker, so that a worker costs the same whatever
-// it talks to: a backend directly, or a VIP through some dataplane. The
-// servers are netlab echo servers (they answer each line with their backend
-// name) and the Sink of this package.
+// The TCP connection loop (TCPConnections) drives many non-blocking
+// connections with epoll on one thread per CPU, so that it costs as few
+// system calls and context switches as a connection allows and the rate is
+// bounded by the kernel's work, not the generator's; CGen, a small C
+// program doing the same, cross-checks that. The other loops use blocking
+// socket calls on threads locked into the namespace, one thread per worker.
+// The servers (StartServers) run in a child process: TCP echo on epoll
+// threads (closing first when asked), UDP echo and a discarding sink.
 package load
 
 import (
@@ -31,11 +34,15 @@ type PortRange struct{ Lo, Hi uint16 }
 
 // Port ranges for the kinds of run; together they fill 10000–60999, which
 // the client namespace's net.ipv4.ip_local_port_range must cover: the
-// kernel ignores a socket's range outside the namespace's.
+// kernel ignores a socket's range outside the namespace's. CrossCheckPorts
+// are the C generator's (CGen) to the backends directly: its connections
+// differ from the Go generator's in their TCP timestamps, which a backend's
+// TIME_WAIT of the same tuple would reject.
 var (
-	DirectPorts = PortRange{10000, 29999}
-	VIPPorts    = PortRange{30000, 54999}
-	ProbePorts  = PortRange{55000, 60999}
+	DirectPorts     = PortRange{10000, 24999}
+	CrossCheckPorts = PortRange{25000, 29999}
+	VIPPorts        = PortRange{30000, 54999}
+	ProbePorts      = PortRange{55000, 60999}
 )
 
 // requestLine is what the clients send; echo servers answer each line.
@@ -133,26 +140,6 @@ func run(ns *netlab.NS, workers int, d time.Duration, step func(k int, w *worker
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	return res
-}
-
-// TCPConnections has workers make TCP connections from ns for d, one after
-// the other each: connect, send one request line, read the reply line,
-// close. Worker k connects to dsts[(k+i) % len(dsts)] for its i-th
-// connection, from a source port in ports. Each latency is one whole
-// connection, socket() to close().
-func TCPConnections(ns *netlab.NS, dsts []netip.AddrPort, ports PortRange, workers int, d time.Duration) Result {
-	return run(ns, workers, d, func(k int, w *worker) {
-		dst := dsts[(k+w.ok+w.failed)%len(dsts)]
-		t0 := time.Now()
-		backend, err := tcpRequest(dst, ports, false)
-		if err != nil {
-			w.fail(err)
-			return
-		}
-		w.lat = append(w.lat, time.Since(t0))
-		w.ok++
-		w.backends[backend]++
-	})
 }
 
 // UDPRequests has workers exchange request and reply datagrams with dsts

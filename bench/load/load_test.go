@@ -1,8 +1,11 @@
 package load
 
 import (
+	"context"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,18 +39,43 @@ func TestLoadDirect(t *testing.T) {
 	}
 	defer servers.Close()
 
-	res := TCPConnections(client.NS, dsts, DirectPorts, 2, 300*time.Millisecond)
-	if res.Failed != 0 || res.OK == 0 {
-		t.Fatalf("TCP: %d ok, %d failed (first: %v)", res.OK, res.Failed, res.FirstErr)
+	for _, closer := range []Closer{ServerCloses, ClientCloses} {
+		res := TCPConnections(client.NS, dsts, DirectPorts, 3, 300*time.Millisecond, closer)
+		if res.Failed != 0 || res.OK == 0 {
+			t.Fatalf("TCP, %v: %d ok, %d failed (first: %v)", closer, res.OK, res.Failed, res.FirstErr)
+		}
+		if res.Backends["be1"] == 0 || res.Backends["be2"] == 0 || res.Backends["be1"]+res.Backends["be2"] != res.OK || len(res.Latencies) != res.OK {
+			t.Fatalf("TCP, %v: backends %v, %d latencies for %d connections", closer, res.Backends, len(res.Latencies), res.OK)
+		}
+		if p50, p99 := res.Percentile(0.5), res.Percentile(0.99); p50 <= 0 || p99 < p50 {
+			t.Fatalf("TCP, %v: p50 %v, p99 %v", closer, p50, p99)
+		}
+		// The side that closes first keeps the TIME_WAIT.
+		clientTW, serverTW := timeWaits(t, client.NS), timeWaits(t, node.Pod("be1").NS)
+		t.Logf("TCP, %v: %.0f conn/s; TIME_WAIT: %d in the client, %d in be1", closer, res.Rate(), clientTW, serverTW)
+		if closer == ServerCloses && (clientTW != 0 || serverTW == 0) {
+			t.Fatalf("TCP, %v: %d TIME_WAIT sockets in the client, %d in be1: the client closed first", closer, clientTW, serverTW)
+		}
+		if closer == ClientCloses && clientTW < res.OK/2 {
+			t.Fatalf("TCP, %v: %d TIME_WAIT sockets in the client after %d connections: the server closed first", closer, clientTW, res.OK)
+		}
 	}
-	if res.Backends["be1"] == 0 || res.Backends["be2"] == 0 || len(res.Latencies) != res.OK {
-		t.Fatalf("TCP: backends %v, %d latencies for %d connections", res.Backends, len(res.Latencies), res.OK)
-	}
-	if p50, p99 := res.Percentile(0.5), res.Percentile(0.99); p50 <= 0 || p99 < p50 {
-		t.Fatalf("TCP: p50 %v, p99 %v", p50, p99)
-	}
-	t.Logf("TCP: %.0f conn/s", res.Rate())
 
+	if _, err := exec.LookPath("gcc"); err != nil && os.Getenv("CI") != "true" {
+		t.Logf("no gcc, the C generator is not checked: %v", err)
+	} else {
+		cg, err := BuildCGen(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := cg.TCPConnections(client.NS, dsts, CrossCheckPorts, 3, 300*time.Millisecond)
+		if err != nil || res.Failed != 0 || res.OK == 0 {
+			t.Fatalf("C generator: %d ok, %d failed, %v", res.OK, res.Failed, err)
+		}
+		t.Logf("C generator: %.0f conn/s", res.Rate())
+	}
+
+	var res Result
 	res = UDPRequests(client.NS, dsts, DirectPorts, 2, 300*time.Millisecond)
 	if res.Failed != 0 || res.OK == 0 || res.Backends["be1"] == 0 || res.Backends["be2"] == 0 {
 		t.Fatalf("UDP: %d ok, %d failed (first: %v), backends %v", res.OK, res.Failed, res.FirstErr, res.Backends)
@@ -65,4 +93,14 @@ func TestLoadDirect(t *testing.T) {
 	if _, _, err := Probe(client.NS, dsts[0], "be2", time.Now().Add(100*time.Millisecond)); err == nil {
 		t.Fatal("probe of be1 reported landing on be2")
 	}
+}
+
+// timeWaits counts the TCP sockets in TIME_WAIT in ns.
+func timeWaits(t *testing.T, ns *netlab.NS) int {
+	t.Helper()
+	out, err := ns.Exec(context.Background(), "ss", "-Htn", "state", "time-wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(out, "\n")
 }

@@ -22,9 +22,10 @@ import (
 )
 
 // Backend is one backend server: echo on EchoPort (TCP and UDP; each line or
-// datagram is answered with "<Name> <peer>\n") and a sink on SinkPort (TCP,
-// everything read is discarded), on Addr inside the network namespace at
-// NetNS.
+// datagram is answered with "<Name> <peer>\n", but the TCP line "end"
+// with "<Name>\n", after which the server closes the connection) and a sink
+// on SinkPort (TCP, everything read is discarded), on Addr inside the
+// network namespace at NetNS.
 type Backend struct {
 	NetNS    string
 	Name     string
@@ -116,10 +117,7 @@ func serve(spec string) error {
 	if err := json.Unmarshal([]byte(spec), &backends); err != nil {
 		return fmt.Errorf("backend servers: %w", err)
 	}
-	// Every thread of this process blocks in a system call of its own:
-	// with a P for each, a call returning needs no hand-off between
-	// threads.
-	runtime.GOMAXPROCS(len(backends)*echoThreads + runtime.NumCPU())
+	var listeners []echoListener
 	for _, b := range backends {
 		var (
 			echo int
@@ -129,7 +127,7 @@ func serve(spec string) error {
 		// Sockets stay in the namespace they were made in.
 		err := nsdo.Do(b.NetNS, func() error {
 			var err error
-			if echo, err = listenBlocking(netip.AddrPortFrom(b.Addr, b.EchoPort)); err != nil {
+			if echo, err = listenNonBlocking(netip.AddrPortFrom(b.Addr, b.EchoPort)); err != nil {
 				return err
 			}
 			if uc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr, b.EchoPort))); err != nil {
@@ -141,16 +139,16 @@ func serve(spec string) error {
 		if err != nil {
 			return fmt.Errorf("backend %s: %w", b.Name, err)
 		}
-		for range echoThreads {
-			go echoTCP(b.Name, echo)
-		}
+		listeners = append(listeners, echoListener{fd: echo, name: b.Name})
 		go acceptLoop(sl, func(c net.Conn) { io.Copy(io.Discard, c) })
 		go echoUDP(b.Name, uc)
 	}
-	fmt.Println("ready")
-	for {
-		time.Sleep(time.Hour)
+	errc := make(chan error, runtime.NumCPU())
+	for range runtime.NumCPU() {
+		go func() { errc <- serveEcho(listeners) }()
 	}
+	fmt.Println("ready")
+	return <-errc
 }
 
 func acceptLoop(l *net.TCPListener, handle func(net.Conn)) {
@@ -170,25 +168,28 @@ func acceptLoop(l *net.TCPListener, handle func(net.Conn)) {
 	}
 }
 
-// echoThreads is how many threads serve each backend's TCP echo port,
-// each one connection at a time: at least as many as there are load
-// workers, so that no connection waits for another to close.
-const echoThreads = 16
+// echoListener is one backend's listening TCP echo socket.
+type echoListener struct {
+	fd   int
+	name string
+}
 
-// listenBlocking returns a listening TCP socket on addr in blocking mode:
-// echoTCP serves it with plain blocking system calls, which cost less per
-// connection than the Go runtime's poller (one epoll registration and
-// goroutine per connection) and so leave more of the CPU to what is
-// measured.
-func listenBlocking(addr netip.AddrPort) (int, error) {
+// listenNonBlocking returns a non-blocking listening TCP socket on addr
+// for serveEcho. TCP_DEFER_ACCEPT has the kernel complete the accept only
+// once the request has arrived, so that serving a connection takes no
+// epoll registration: accept, read, write, close.
+func listenNonBlocking(addr netip.AddrPort) (int, error) {
 	if !addr.Addr().Is4() {
 		return -1, fmt.Errorf("listen %s: IPv4 only", addr)
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err == nil {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT, 1)
+	}
 	if err == nil {
 		err = unix.Bind(fd, &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()})
 	}
@@ -202,45 +203,115 @@ func listenBlocking(addr netip.AddrPort) (int, error) {
 	return fd, nil
 }
 
-// echoTCP accepts connections on the blocking listening socket lfd, one
-// at a time, and answers each line a connection sends with "<name>
-// <peer>\n" until the peer closes it.
-func echoTCP(name string, lfd int) {
+// echoConn is a connection that serveEcho has not finished with on
+// accept.
+type echoConn struct {
+	name  string
+	peer  netip.AddrPort
+	line  []byte // a request line read in part
+	ended bool
+}
+
+// serveEcho serves the TCP echo protocol on every listener, on one thread
+// with its own epoll instance (several run side by side; EPOLLEXCLUSIVE
+// wakes one of them per new connection). Each request line gets a reply:
+// endRequest gets "<name>\n" and the server closes the connection right
+// after it; any other line gets "<name> <peer>\n" and the connection stays
+// open until the peer closes it.
+func serveEcho(listeners []echoListener) error {
 	runtime.LockOSThread()
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll_create: %w", err)
+	}
+	// Listeners are told apart from connections by a negative id.
+	for i, l := range listeners {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(-1 - i)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, l.fd, &ev); err != nil {
+			return fmt.Errorf("epoll_ctl: %w", err)
+		}
+	}
+	open := map[int]*echoConn{}
+	events := make([]unix.EpollEvent, 64)
 	var buf [512]byte
 	for {
-		fd, sa, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+		n, err := unix.EpollWait(epfd, events, -1)
 		if err != nil {
-			if err != unix.EINTR && err != unix.ECONNABORTED {
-				time.Sleep(time.Millisecond)
+			if err == unix.EINTR {
+				continue
 			}
-			continue
+			return fmt.Errorf("epoll_wait: %w", err)
 		}
-		// No I/O timeouts: the load generators always close their
-		// connections (the kernel does, if they die), and each system
-		// call saved counts at these rates.
-		var peer string
-		if in4, ok := sa.(*unix.SockaddrInet4); ok {
-			peer = netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)).String()
-		}
-		reply := []byte(name + " " + peer + "\n")
-		for {
-			n, err := retry(func() (int, error) { return unix.Read(fd, buf[:]) })
-			if err != nil || n == 0 {
-				break
-			}
-			// One reply per newline; requests are one short line each.
-			lines := bytes.Count(buf[:n], []byte{'\n'})
-			if lines > 0 {
-				if _, err := retry(func() (int, error) { return unix.Write(fd, bytes.Repeat(reply, lines)) }); err != nil {
-					break
+		for _, ev := range events[:n] {
+			if ev.Fd >= 0 {
+				fd := int(ev.Fd)
+				if c := open[fd]; c != nil && !serveConn(fd, c, buf[:]) {
+					delete(open, fd)
+					unix.Close(fd)
 				}
+				continue
+			}
+			l := listeners[-1-ev.Fd]
+			for {
+				fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+				if err != nil {
+					break // EAGAIN: another thread took it, or none is left
+				}
+				c := &echoConn{name: l.name}
+				if in4, ok := sa.(*unix.SockaddrInet4); ok {
+					c.peer = netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port))
+				}
+				if !serveConn(fd, c, buf[:]) {
+					unix.Close(fd)
+					continue
+				}
+				ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+				if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+					unix.Close(fd)
+					continue
+				}
+				open[fd] = c
 			}
 		}
-		unix.Close(fd)
 	}
 }
 
+// serveConn reads what fd has and answers each complete request line. It
+// reports whether the connection stays open.
+func serveConn(fd int, c *echoConn, buf []byte) bool {
+	for {
+		n, err := unix.Read(fd, buf)
+		switch {
+		case err == unix.EAGAIN:
+			return true
+		case err == unix.EINTR:
+			continue
+		case err != nil || n == 0:
+			return false
+		}
+		data := buf[:n]
+		for len(data) > 0 {
+			i := bytes.IndexByte(data, '\n')
+			if i < 0 {
+				c.line = append(c.line, data...)
+				break
+			}
+			line := data[:i+1]
+			if len(c.line) > 0 {
+				line = append(c.line, line...)
+				c.line = nil
+			}
+			data = data[i+1:]
+			if bytes.Equal(line, endRequest) {
+				unix.Write(fd, []byte(c.name+"\n"))
+				return false
+			}
+			if _, err := unix.Write(fd, []byte(c.name+" "+c.peer.String()+"\n")); err != nil {
+				return false
+			}
+		}
+	}
+}
 func echoUDP(name string, c *net.UDPConn) {
 	buf := make([]byte, 2048)
 	for {

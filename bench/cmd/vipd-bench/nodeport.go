@@ -137,7 +137,7 @@ func (b *bench) nodePortPath(ctx context.Context, kind string, n int) (res nodeP
 			return nodePortCase{err: ctx.Err()}
 		}
 		b.logf("node port: %s, %s services, run %d/%d", kind, count(n), r+1, cfg.nodePortRuns)
-		res.direct = append(res.direct, load.TCPConnections(outside.NS, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration))
+		res.direct = append(res.direct, load.TCPConnections(outside.NS, direct, load.DirectPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses))
 		if kind == "direct" {
 			continue
 		}
@@ -145,7 +145,7 @@ func (b *bench) nodePortPath(ctx context.Context, kind string, n int) (res nodeP
 		if vipd != nil {
 			cpu0, _ = vipd.cpuTime()
 		}
-		r := load.TCPConnections(outside.NS, np, load.VIPPorts, cfg.workers, cfg.tcpDuration)
+		r := load.TCPConnections(outside.NS, np, load.VIPPorts, cfg.workers, cfg.tcpDuration, load.ServerCloses)
 		res.nodePort = append(res.nodePort, r)
 		if vipd != nil {
 			if cpu1, err := vipd.cpuTime(); err == nil {
@@ -163,8 +163,8 @@ func (b *bench) nodePortSection(ctx context.Context) (*table, error) {
 	n := cfg.nodePortSize
 	t := &table{
 		title: "3d. Data path from outside: TCP connection rate through a node port",
-		intro: fmt.Sprintf("An external host behind the upstream router (netlab's stand-in for a machine outside the cluster) runs %d workers, each looping: "+
-			"connect, send one request line, read the reply, close (the generator of 3a); for %v per run, %d runs, alternating: to the 4 backend pods **directly** "+
+		intro: fmt.Sprintf("An external host behind the upstream router (netlab's stand-in for a machine outside the cluster) keeps %d connections in flight, each: "+
+			"connect, send a request, read the reply, the server closing first (the generator of 3a); for %v per run, %d runs, alternating: to the 4 backend pods **directly** "+
 			"(round robin, routed through node1) and to **node1's address at node port %d** (external traffic policy Cluster, so the source is masqueraded to the node's address; "+
 			"%s services in all, the tested one last, the others ClusterIP only). The **direct** case has no ruleset and no vipd in its node; "+
 			"**kube-proxy** is the kube-proxy-shaped ruleset with its external half (KUBE-SERVICES → KUBE-NODEPORTS by `addrtype LOCAL` → KUBE-EXT-* marking for masquerade → KUBE-SVC-* → KUBE-SEP-* DNAT, KUBE-POSTROUTING masquerade). "+
