@@ -510,8 +510,13 @@ static __always_inline void ct_account(const struct config *cfg, struct __sk_buf
 	e->expires = now + ct_lifetime(cfg, p, e);
 }
 
-/* FLOW_WAKEUP_BYTES is how much event data wakes the ring's reader. */
-#define FLOW_WAKEUP_BYTES (64 * sizeof(struct flow_event))
+/*
+ * FLOW_WAKEUP_BYTES: the reader is woken each time the unread event data
+ * crosses a multiple of it (512 records of 128 bytes, header included): a
+ * power of two, so that the test is a shift.
+ */
+#define FLOW_WAKEUP_BYTES 65536
+#define FLOW_RECORD_BYTES ((sizeof(struct flow_event) + 8 + 7) & ~7) /* BPF_RINGBUF_HDR_SZ, 8-byte aligned */
 
 /*
  * send_flow_event sends an event of the flow whose forward entry (fk, fwd) and
@@ -552,13 +557,22 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 	ev->pad[2] = 0;
 	ev->backend_id = fwd->backend_id;
 	/*
-	 * Wake the reader only once a batch has piled up: a wakeup per event
-	 * costs the reader a system call and a context switch per event, on
-	 * the CPUs the packets need. The reader polls the ring every
-	 * FLOW_READ_INTERVAL anyway (dataplane/ebpf/flows.go).
+	 * Wake the reader only when this record takes the unread data across
+	 * a multiple of FLOW_WAKEUP_BYTES: once per 512 events at most,
+	 * however far the reader lags (or when there is none). A wakeup is an
+	 * irq_work, a self-IPI: about 1 us in a VM, more than all the rest of
+	 * a new flow's work (FASTPATH.md). Waking on every event past the
+	 * threshold, as before, paid it per event whenever the reader was
+	 * behind. A crossing missed because another CPU reserved in between
+	 * is caught at the next one, or by the reader's own look into the
+	 * ring every flowReadInterval (dataplane/ebpf/flows.go).
 	 */
-	bpf_ringbuf_submit(ev, bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA) >= FLOW_WAKEUP_BYTES ?
-				       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	{
+		__u64 avail = bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA);
+
+		bpf_ringbuf_submit(ev, avail / FLOW_WAKEUP_BYTES != (avail - FLOW_RECORD_BYTES) / FLOW_WAKEUP_BYTES ?
+					       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	}
 }
 
 /*
@@ -804,14 +818,17 @@ static __always_inline int reusable(const struct pkt *p, const struct ct_entry *
 
 	if ((__s32)(e->expires - now) < 0)
 		return 0;
-	f = member_flags(e->rev_nat_id, e->backend_id);
+	/* Only a new SYN and UDP ask about the backend's membership: a TCP
+	 * segment of a tracked flow costs no vipd_members lookup
+	 * (FASTPATH.md). */
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		if (e->flags & CT_F_CLOSING)
 			return 0;
+		f = member_flags(e->rev_nat_id, e->backend_id);
 		return f >= 0 && (f & MEMBER_F_ELIGIBLE);
 	}
 	if (p->proto == IPPROTO_UDP)
-		return f >= 0;
+		return member_flags(e->rev_nat_id, e->backend_id) >= 0;
 	return 1;
 }
 
@@ -1033,8 +1050,14 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	hairpin = e->flags & CT_F_HAIRPIN;
 	snatted = e->flags & CT_F_SNAT;
 	kind = snatted ? REV_SNAT : hairpin ? REV_HAIRPIN : REV_PLAIN;
-	if (!(accept & kind))
+	if (!(accept & kind)) {
+		/* A live reply of a tracked flow, translated elsewhere: it goes
+		 * on as it is, with no frontend lookup (a reply is never a new
+		 * flow to a frontend). This is most replies on vipd_from_pod
+		 * (FASTPATH.md). */
+		*done = (__s32)(e->expires - now) >= 0;
 		return TC_ACT_OK;
+	}
 	/* An expired entry not yet collected must not capture a new flow
 	 * that reuses the tuple (say, a direct connection from the same
 	 * client port). Replies keep it in step with its forward entry. */
