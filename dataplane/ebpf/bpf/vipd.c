@@ -613,6 +613,37 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
 	rk->dir = CT_DIR_REPLY;
 }
 
+/* ct_src_slot finds the vipd_ct_srcs word and bit of a reply entry's
+ * source (the backend's address and port); NULL when the map is missing. */
+static __always_inline __u64 *ct_src_slot(const union addr *a, __be16 port, __u64 *bit)
+{
+	__u32 h = mix32(hash_addr(0x5bd1e995, a) ^ port) % CT_SRCS_BITS;
+	__u32 word = h / 64;
+
+	*bit = 1ULL << (h % 64);
+	return bpf_map_lookup_elem(&vipd_ct_srcs, &word);
+}
+
+/* ct_src_mark records that reply entries may have the source a:port. */
+static __always_inline void ct_src_mark(const union addr *a, __be16 port)
+{
+	__u64 bit, *w = ct_src_slot(a, port, &bit);
+
+	/* Written only when the bit is new: the word stays shared, clean, in
+	 * every CPU's cache. */
+	if (w && !(*w & bit))
+		__sync_fetch_and_or(w, bit);
+}
+
+/* ct_src_maybe reports whether a reply entry may have the source a:port:
+ * when not, the packet is no reply of a tracked flow. */
+static __always_inline int ct_src_maybe(const union addr *a, __be16 port)
+{
+	__u64 bit, *w = ct_src_slot(a, port, &bit);
+
+	return !w || (*w & bit);
+}
+
 /*
  * local_socket reports whether a socket of the node would take a packet
  * from src:sport to dst:dport (an established socket or a listener), so
@@ -721,6 +752,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	rk.dport = p->sport;
 	rk.proto = p->proto;
 	rk.dir = CT_DIR_REPLY;
+	/* Before the reply entry exists: a reply must never find its bit
+	 * clear. */
+	ct_src_mark(&b->addr, b->port);
 	if (snat) {
 		/* The NAT table is the reply entries: a port is taken when its
 		 * entry (backend -> node address:port) is inserted, atomically
@@ -1038,6 +1072,10 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	int hairpin, snatted, kind;
 
 	*done = 0;
+	/* Most packets are no reply of a tracked flow: the filter says so
+	 * without touching the conntrack table (FASTPATH.md). */
+	if (!ct_src_maybe(&p->src, p->sport))
+		return TC_ACT_OK;
 	rk.src = p->src;
 	rk.dst = p->dst;
 	rk.sport = p->sport;
