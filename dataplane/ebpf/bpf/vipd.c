@@ -77,12 +77,72 @@ struct pkt {
 	__u32 l4_off;
 };
 
+/*
+ * parse_direct is parse for the common case, an IPv4 or IPv6 packet whose
+ * headers are all in the skb's linear data: read in place, with no helper
+ * call (FASTPATH.md). It returns 1 when it filled p, 0 when the packet is
+ * none of TCP, UDP or SCTP (or a non-first fragment), and -1 when parse
+ * must look at it.
+ */
+static __always_inline int parse_direct(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u8 *l4;
+
+	if ((void *)(eth + 1) > end)
+		return -1;
+	p->l3_off = ETH_HLEN;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		if (ip->version != 4 || ip->ihl < 5)
+			return 0;
+		if (ip->frag_off & bpf_htons(IP_OFFSET))
+			return 0;
+		p->is6 = 0;
+		p->proto = ip->protocol;
+		addr_from4(&p->src, ip->saddr);
+		addr_from4(&p->dst, ip->daddr);
+		p->l4_off = ETH_HLEN + ip->ihl * 4;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		p->is6 = 1;
+		p->proto = ip6->nexthdr;
+		__builtin_memcpy(p->src.b, ip6->saddr.s6_addr, 16);
+		__builtin_memcpy(p->dst.b, ip6->daddr.s6_addr, 16);
+		p->l4_off = ETH_HLEN + sizeof(*ip6);
+	} else {
+		return 0;
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP && p->proto != IPPROTO_SCTP)
+		return 0;
+	if (p->l4_off > 60 + ETH_HLEN)
+		return -1;
+	l4 = data + p->l4_off;
+	if ((void *)(l4 + 14) > end)
+		return -1;
+	p->sport = *(__be16 *)l4;
+	p->dport = *(__be16 *)(l4 + 2);
+	p->tcp_flags = p->proto == IPPROTO_TCP ? l4[13] : 0;
+	return 1;
+}
+
 /* parse fills p for TCP, UDP and SCTP packets; it returns -1 for others. */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	__be16 ports[2];
 	__be16 eth_proto;
+	int r = parse_direct(skb, p);
 
+	if (r >= 0)
+		return r ? 0 : -1;
 	if (bpf_skb_load_bytes(skb, 12, &eth_proto, 2) < 0)
 		return -1;
 	p->l3_off = ETH_HLEN;
