@@ -14,6 +14,10 @@ package ebpf
 //
 //	go test -p 1 -count=1 -run '^$' -bench ConnCost -benchtime 1x ./dataplane/ebpf/
 //
+// A third case, sock, is a process of the node in the socket hooks' cgroup
+// making netlab echo requests (the client closes first there), for the
+// cost the tc programs add to flows the socket hooks translated.
+//
 // VIPD_CONNCOST_SECONDS sets the seconds per case (default 5).
 
 import (
@@ -44,6 +48,7 @@ const (
 	ccWorkers  = 16
 	ccServices = 10_000
 	ccPort     = 8080
+	ccEchoPort = 8081
 )
 
 func BenchmarkConnCost(b *testing.B) {
@@ -74,13 +79,18 @@ func BenchmarkConnCost(b *testing.B) {
 		b.Cleanup(func() { ln.Close() })
 		go ccServe(ln)
 		beAddrs = append(beAddrs, netip.AddrPortFrom(p.IPv4(), ccPort))
+		// The sock case's client speaks netlab's echo protocol.
+		if _, err := p.StartEcho(name, ccEchoPort); err != nil {
+			b.Fatalf("echo in %s: %v", name, err)
+		}
 	}
 
 	cg := cgroup2test.New(b)
 	bpffs := filepath.Join(b.TempDir(), "bpf")
 	cfg := Config{
 		NetNS: node.Path(), BPFFS: bpffs, CgroupPath: cg, PodInterfaces: []string{"veth*"},
-		Maps:       MapSizes{LB: 1 << 18, Backends: 1 << 14, Affinity: 1024, Sockets: 1024},
+		// Conntrack and socket maps at their default sizes, as a node runs them.
+		Maps:       MapSizes{LB: 1 << 18, Backends: 1 << 14, Affinity: 1024},
 		GCInterval: time.Hour,
 	}
 	dp, err := New(context.Background(), hclog.NewNullLogger(), cfg)
@@ -98,6 +108,7 @@ func BenchmarkConnCost(b *testing.B) {
 	})
 
 	vip := netip.MustParseAddr("198.19.0.10")
+	sockVIP := netip.MustParseAddr("198.19.0.11")
 	st := &dataplane.State{Generation: 1, Services: map[string]*dataplane.Service{}}
 	mk := func(name string, v netip.Addr, backends ...netip.AddrPort) *dataplane.Service {
 		s := &dataplane.Service{
@@ -112,6 +123,12 @@ func BenchmarkConnCost(b *testing.B) {
 		return s
 	}
 	st.Services["target"] = mk("target", vip, beAddrs...)
+	var echoAddrs []netip.AddrPort
+	for _, a := range beAddrs {
+		echoAddrs = append(echoAddrs, netip.AddrPortFrom(a.Addr(), ccEchoPort))
+	}
+	st.Services["echo"] = mk("echo", sockVIP, echoAddrs...)
+	st.Services["echo"].Ports[0].TargetPort = ccEchoPort
 	for i := range ccServices {
 		v := netip.AddrFrom4([4]byte{198, 19, byte(1 + i/250), byte(1 + i%250)})
 		name := fmt.Sprintf("filler-%d", i)
@@ -136,7 +153,11 @@ func BenchmarkConnCost(b *testing.B) {
 	}
 	b.Cleanup(func() { stats.Close() })
 
-	progs := map[string]*ebpf.Program{"vipd_from_pod": dp.objs.VipdFromPod, "vipd_to_pod": dp.objs.VipdToPod}
+	progs := map[string]*ebpf.Program{
+		"vipd_from_pod": dp.objs.VipdFromPod, "vipd_to_pod": dp.objs.VipdToPod,
+		"vipd_sock_connect4": dp.objs.VipdSockConnect4, "vipd_sock_getpeername4": dp.objs.VipdSockGetpeername4,
+		"vipd_sock_recvmsg4": dp.objs.VipdSockRecvmsg4,
+	}
 	snap := func() map[string]*ebpf.ProgramStats {
 		m := map[string]*ebpf.ProgramStats{}
 		for n, p := range progs {
@@ -149,12 +170,12 @@ func BenchmarkConnCost(b *testing.B) {
 		return m
 	}
 
-	run := func(name string, client *netlab.Pod, targets []netip.AddrPort) {
+	run := func(name string, load func(time.Duration) (uint64, uint64)) {
 		// Warm up (ARP, the first flows), then measure.
-		ccLoad(b, client, targets, time.Second)
+		load(time.Second)
 		before := snap()
 		evBefore := events.Load()
-		n, errs := ccLoad(b, client, targets, dur)
+		n, errs := load(dur)
 		after := snap()
 		if n == 0 {
 			b.Fatalf("%s: no connection completed (%d errors)", name, errs)
@@ -168,28 +189,27 @@ func BenchmarkConnCost(b *testing.B) {
 			bpfNS += float64(dt.Nanoseconds())
 			if dr > 0 {
 				b.ReportMetric(float64(dt.Nanoseconds())/float64(dr), name+"-"+pn+"-ns/run")
+				b.ReportMetric(float64(dr)/float64(n), name+"-"+pn+"-runs/conn")
 			}
-			b.ReportMetric(float64(dr)/float64(n), name+"-"+pn+"-runs/conn")
 		}
 		b.ReportMetric(float64(n)/dur.Seconds(), name+"-conn/s")
 		b.ReportMetric(bpfNS/float64(n), name+"-bpf-ns/conn")
 		b.ReportMetric(float64(runs)/float64(n), name+"-runs/conn")
 		b.ReportMetric(float64(errs), name+"-errors")
 		b.Logf("%s: %d conns in %v (%d errors), %d flow events", name, n, dur, errs, events.Load()-evBefore)
-		if os.Getenv("VIPD_CONNCOST_NSTAT") != "" {
-			for _, p := range []*netlab.Pod{client, node.Pod("be1")} {
-				out, err := p.Exec(context.Background(), "nstat", "-a", "--json")
-				if err != nil {
-					b.Logf("nstat: %v", err)
-				}
-				b.Logf("%s nstat:\n%s", p.PodName(), out)
-			}
-		}
 	}
 	vipTarget := []netip.AddrPort{netip.AddrPortFrom(vip, 80)}
+	sockClient, err := node.StartClient(context.Background(), cg)
+	if err != nil {
+		b.Fatalf("start node client: %v", err)
+	}
+	b.Cleanup(func() { sockClient.Close() })
 	for b.Loop() {
-		run("direct", node.Pod("cdirect"), beAddrs)
-		run("vip", node.Pod("cvip"), vipTarget)
+		run("direct", func(d time.Duration) (uint64, uint64) { return ccLoad(b, node.Pod("cdirect"), beAddrs, d) })
+		run("vip", func(d time.Duration) (uint64, uint64) { return ccLoad(b, node.Pod("cvip"), vipTarget, d) })
+		// A process of the node in the hooks' cgroup: the socket hooks
+		// translate its connect(), the tc programs see backend addresses.
+		run("sock", func(d time.Duration) (uint64, uint64) { return ccSockLoad(b, sockClient, sockVIP, d) })
 	}
 }
 
@@ -267,6 +287,33 @@ func ccLoad(b *testing.B, p *netlab.Pod, targets []netip.AddrPort, d time.Durati
 			})
 			if err != nil {
 				b.Errorf("client worker: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	return done.Load(), failed.Load()
+}
+
+// ccSockLoad makes netlab echo requests to vip:80 from the node's client
+// process for d, with ccWorkers at a time (the client closes first here).
+func ccSockLoad(b *testing.B, c *netlab.Client, vip netip.Addr, d time.Duration) (uint64, uint64) {
+	var done, failed atomic.Uint64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	addr := netip.AddrPortFrom(vip, 80).String()
+	for range ccWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := c.Request(ctx, "tcp", addr)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				done.Add(1)
 			}
 		}()
 	}
