@@ -1126,7 +1126,7 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	const struct config *cfg;
 	struct ct_key rk = {};
 	struct ct_entry *e;
-	__u32 now = now_sec();
+	__u32 now;
 	union addr vip;
 	__be16 vport;
 	int hairpin, snatted, kind;
@@ -1145,6 +1145,7 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	e = bpf_map_lookup_elem(&vipd_ct, &rk);
 	if (!e)
 		return TC_ACT_OK;
+	now = now_sec(); /* only for packets that found an entry */
 	hairpin = e->flags & CT_F_HAIRPIN;
 	snatted = e->flags & CT_F_SNAT;
 	kind = snatted ? REV_SNAT : hairpin ? REV_HAIRPIN : REV_PLAIN;
