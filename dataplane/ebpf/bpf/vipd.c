@@ -783,7 +783,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * stack (near the verifier's 512 bytes) smaller. */
 	const struct config *cfg = config();
 	int hairpin = addr_eq(&b->addr, &p->src);
-	__u32 now = now_sec();
+	/* One clock read for both: a read costs about 30 ns (FASTPATH.md). */
+	__u64 start_ns = bpf_ktime_get_ns();
+	__u32 now = (__u32)(start_ns / NSEC_PER_SEC);
 	struct ct_entry e = {};
 	struct ct_key rk;
 
@@ -802,7 +804,7 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * odds of about n^2 / 2^65. */
 	e.flow_id = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
 	e.flow_id |= !e.flow_id;
-	e.start_ns = bpf_ktime_get_ns();
+	e.start_ns = start_ns;
 	e.nat_addr = p->dst;
 	e.nat_port = p->dport;
 	__builtin_memset(&rk, 0, sizeof(rk));
