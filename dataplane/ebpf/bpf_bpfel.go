@@ -246,6 +246,7 @@ const (
 	bpfMapVipdBackends          = "vipd_backends"
 	bpfMapVipdConfig            = "vipd_config"
 	bpfMapVipdCt                = "vipd_ct"
+	bpfMapVipdCtSrcs            = "vipd_ct_srcs"
 	bpfMapVipdEventDrops        = "vipd_event_drops"
 	bpfMapVipdEvents            = "vipd_events"
 	bpfMapVipdExtIfaces         = "vipd_ext_ifaces"
@@ -335,6 +336,7 @@ type bpfMapSpecs struct {
 	VipdBackends   *ebpf.MapSpec `ebpf:"vipd_backends"`
 	VipdConfig     *ebpf.MapSpec `ebpf:"vipd_config"`
 	VipdCt         *ebpf.MapSpec `ebpf:"vipd_ct"`
+	VipdCtSrcs     *ebpf.MapSpec `ebpf:"vipd_ct_srcs"`
 	VipdEventDrops *ebpf.MapSpec `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.MapSpec `ebpf:"vipd_events"`
 	VipdExtIfaces  *ebpf.MapSpec `ebpf:"vipd_ext_ifaces"`
@@ -378,6 +380,7 @@ type bpfMaps struct {
 	VipdBackends   *ebpf.Map `ebpf:"vipd_backends"`
 	VipdConfig     *ebpf.Map `ebpf:"vipd_config"`
 	VipdCt         *ebpf.Map `ebpf:"vipd_ct"`
+	VipdCtSrcs     *ebpf.Map `ebpf:"vipd_ct_srcs"`
 	VipdEventDrops *ebpf.Map `ebpf:"vipd_event_drops"`
 	VipdEvents     *ebpf.Map `ebpf:"vipd_events"`
 	VipdExtIfaces  *ebpf.Map `ebpf:"vipd_ext_ifaces"`
@@ -397,6 +400,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdBackends,
 		m.VipdConfig,
 		m.VipdCt,
+		m.VipdCtSrcs,
 		m.VipdEventDrops,
 		m.VipdEvents,
 		m.VipdExtIfaces,

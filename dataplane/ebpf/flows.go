@@ -43,9 +43,9 @@ const (
 	// empty, and at least this often while it does not.
 	flowPollInterval = 100 * time.Millisecond
 	// flowReadInterval is how often the reader looks into the ring when
-	// the BPF programs did not wake it: they wake it only once 64 events
-	// have piled up (FLOW_WAKEUP_BYTES in bpf/vipd.c), so at low rates
-	// this bounds an event's delay.
+	// the BPF programs did not wake it: they wake it only when the unread
+	// events cross a multiple of 512 (FLOW_WAKEUP_BYTES in bpf/vipd.c), so
+	// at low rates this bounds an event's delay.
 	flowReadInterval = 2 * time.Millisecond
 	// flowGCQueue is how many collector rounds may wait for the reader;
 	// the flows of rounds that find the queue full are reported lost.

@@ -624,7 +624,7 @@ func TestFlowsWatchOnce(t *testing.T) {
 
 // flRing reads the flow events of a prEnv's programs.
 type flRing struct {
-	t  *testing.T
+	t  testing.TB
 	rd *ringbuf.Reader
 }
 

@@ -239,6 +239,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		removePinnedMaps(dir)
 	}
 	removeResizedMaps(log, dir, spec)
+	removeUnfilteredConntrack(log, dir)
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	var objs bpfObjects
 	err = spec.LoadAndAssign(&objs, opts)
@@ -278,6 +279,22 @@ func removeResizedMaps(log hclog.Logger, dir string, spec *ebpf.CollectionSpec) 
 			os.Remove(pin)
 		}
 	}
+}
+
+// removeUnfilteredConntrack unpins vipd_ct when vipd_ct_srcs, the filter
+// that must cover the source of each of its reply entries, is not pinned
+// beside it: the programs would take those flows' replies for untracked
+// packets. The flows start afresh, as with a layout change.
+func removeUnfilteredConntrack(log hclog.Logger, dir string) {
+	ct := filepath.Join(dir, "vipd_ct")
+	if _, err := os.Stat(ct); err != nil {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(dir, "vipd_ct_srcs")); err == nil {
+		return
+	}
+	log.Warn("pinned conntrack table has no source filter: replacing it; established flows through VIPs may reset")
+	os.Remove(ct)
 }
 
 // pinnedLayout reads the layout version of the maps pinned in dir.

@@ -65,7 +65,7 @@ var (
 
 // prEnv is one loaded copy of vipd's objects, with maps private to a test.
 type prEnv struct {
-	t    *testing.T
+	t    testing.TB
 	spec *ebpf.CollectionSpec
 	objs bpfObjects
 }
@@ -73,7 +73,7 @@ type prEnv struct {
 // newPREnv loads the collection without pinning. It skips the test when
 // the process may not use BPF, except under CI=true, where a missing
 // privilege is a broken test setup and fails.
-func newPREnv(t *testing.T) *prEnv {
+func newPREnv(t testing.TB) *prEnv {
 	t.Helper()
 	spec, err := loadBpf()
 	if err != nil {
@@ -115,7 +115,7 @@ func newPREnv(t *testing.T) *prEnv {
 // prSkipIfNoPermission skips t when err says that BPF is not permitted, or
 // fails it under CI=true (require.KernelFeature). A verifier rejection can
 // carry EACCES too: that is a bug, never a skip.
-func prSkipIfNoPermission(t *testing.T, err error) {
+func prSkipIfNoPermission(t testing.TB, err error) {
 	t.Helper()
 	var ve *ebpf.VerifierError
 	if errors.As(err, &ve) || !errors.Is(err, unix.EPERM) {

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 3
+#define LAYOUT_VERSION 4
 
 union addr {
 	__u32 w[4];
@@ -324,6 +324,25 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_ct SEC(".maps");
+
+/*
+ * vipd_ct_srcs is a filter of the sources of conntrack reply entries: bit
+ * ct_src_bit(addr, port) is set (before the entry is inserted) for the
+ * backend address and port of every reply entry, and never cleared. A
+ * packet whose source's bit is clear can match no reply entry, so the
+ * packet path skips that lookup: the conntrack table is too large for the
+ * CPU's caches, this filter (64 KiB) is not. A set bit only means "look".
+ * It must be pinned with vipd_ct: a conntrack table kept without its filter
+ * would lose its flows' replies (see loadObjects in dataplane/ebpf).
+ */
+#define CT_SRCS_BITS (1 << 19)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_SRCS_BITS / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_ct_srcs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

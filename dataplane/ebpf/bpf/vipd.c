@@ -77,12 +77,72 @@ struct pkt {
 	__u32 l4_off;
 };
 
+/*
+ * parse_direct is parse for the common case, an IPv4 or IPv6 packet whose
+ * headers are all in the skb's linear data: read in place, with no helper
+ * call (FASTPATH.md). It returns 1 when it filled p, 0 when the packet is
+ * none of TCP, UDP or SCTP (or a non-first fragment), and -1 when parse
+ * must look at it.
+ */
+static __always_inline int parse_direct(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u8 *l4;
+
+	if ((void *)(eth + 1) > end)
+		return -1;
+	p->l3_off = ETH_HLEN;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end)
+			return -1;
+		if (ip->version != 4 || ip->ihl < 5)
+			return 0;
+		if (ip->frag_off & bpf_htons(IP_OFFSET))
+			return 0;
+		p->is6 = 0;
+		p->proto = ip->protocol;
+		addr_from4(&p->src, ip->saddr);
+		addr_from4(&p->dst, ip->daddr);
+		p->l4_off = ETH_HLEN + ip->ihl * 4;
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		p->is6 = 1;
+		p->proto = ip6->nexthdr;
+		__builtin_memcpy(p->src.b, ip6->saddr.s6_addr, 16);
+		__builtin_memcpy(p->dst.b, ip6->daddr.s6_addr, 16);
+		p->l4_off = ETH_HLEN + sizeof(*ip6);
+	} else {
+		return 0;
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP && p->proto != IPPROTO_SCTP)
+		return 0;
+	if (p->l4_off > 60 + ETH_HLEN)
+		return -1;
+	l4 = data + p->l4_off;
+	if ((void *)(l4 + 14) > end)
+		return -1;
+	p->sport = *(__be16 *)l4;
+	p->dport = *(__be16 *)(l4 + 2);
+	p->tcp_flags = p->proto == IPPROTO_TCP ? l4[13] : 0;
+	return 1;
+}
+
 /* parse fills p for TCP, UDP and SCTP packets; it returns -1 for others. */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	__be16 ports[2];
 	__be16 eth_proto;
+	int r = parse_direct(skb, p);
 
+	if (r >= 0)
+		return r ? 0 : -1;
 	if (bpf_skb_load_bytes(skb, 12, &eth_proto, 2) < 0)
 		return -1;
 	p->l3_off = ETH_HLEN;
@@ -510,8 +570,13 @@ static __always_inline void ct_account(const struct config *cfg, struct __sk_buf
 	e->expires = now + ct_lifetime(cfg, p, e);
 }
 
-/* FLOW_WAKEUP_BYTES is how much event data wakes the ring's reader. */
-#define FLOW_WAKEUP_BYTES (64 * sizeof(struct flow_event))
+/*
+ * FLOW_WAKEUP_BYTES: the reader is woken each time the unread event data
+ * crosses a multiple of it (512 records of 128 bytes, header included): a
+ * power of two, so that the test is a shift.
+ */
+#define FLOW_WAKEUP_BYTES 65536
+#define FLOW_RECORD_BYTES ((sizeof(struct flow_event) + 8 + 7) & ~7) /* BPF_RINGBUF_HDR_SZ, 8-byte aligned */
 
 /*
  * send_flow_event sends an event of the flow whose forward entry (fk, fwd) and
@@ -552,13 +617,22 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 	ev->pad[2] = 0;
 	ev->backend_id = fwd->backend_id;
 	/*
-	 * Wake the reader only once a batch has piled up: a wakeup per event
-	 * costs the reader a system call and a context switch per event, on
-	 * the CPUs the packets need. The reader polls the ring every
-	 * FLOW_READ_INTERVAL anyway (dataplane/ebpf/flows.go).
+	 * Wake the reader only when this record takes the unread data across
+	 * a multiple of FLOW_WAKEUP_BYTES: once per 512 events at most,
+	 * however far the reader lags (or when there is none). A wakeup is an
+	 * irq_work, a self-IPI: about 1 us in a VM, more than all the rest of
+	 * a new flow's work (FASTPATH.md). Waking on every event past the
+	 * threshold, as before, paid it per event whenever the reader was
+	 * behind. A crossing missed because another CPU reserved in between
+	 * is caught at the next one, or by the reader's own look into the
+	 * ring every flowReadInterval (dataplane/ebpf/flows.go).
 	 */
-	bpf_ringbuf_submit(ev, bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA) >= FLOW_WAKEUP_BYTES ?
-				       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	{
+		__u64 avail = bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA);
+
+		bpf_ringbuf_submit(ev, avail / FLOW_WAKEUP_BYTES != (avail - FLOW_RECORD_BYTES) / FLOW_WAKEUP_BYTES ?
+					       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	}
 }
 
 /*
@@ -597,6 +671,37 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
 	}
 	rk->proto = p->proto;
 	rk->dir = CT_DIR_REPLY;
+}
+
+/* ct_src_slot finds the vipd_ct_srcs word and bit of a reply entry's
+ * source (the backend's address and port); NULL when the map is missing. */
+static __always_inline __u64 *ct_src_slot(const union addr *a, __be16 port, __u64 *bit)
+{
+	__u32 h = mix32(hash_addr(0x5bd1e995, a) ^ port) % CT_SRCS_BITS;
+	__u32 word = h / 64;
+
+	*bit = 1ULL << (h % 64);
+	return bpf_map_lookup_elem(&vipd_ct_srcs, &word);
+}
+
+/* ct_src_mark records that reply entries may have the source a:port. */
+static __always_inline void ct_src_mark(const union addr *a, __be16 port)
+{
+	__u64 bit, *w = ct_src_slot(a, port, &bit);
+
+	/* Written only when the bit is new: the word stays shared, clean, in
+	 * every CPU's cache. */
+	if (w && !(*w & bit))
+		__sync_fetch_and_or(w, bit);
+}
+
+/* ct_src_maybe reports whether a reply entry may have the source a:port:
+ * when not, the packet is no reply of a tracked flow. */
+static __always_inline int ct_src_maybe(const union addr *a, __be16 port)
+{
+	__u64 bit, *w = ct_src_slot(a, port, &bit);
+
+	return !w || (*w & bit);
 }
 
 /*
@@ -678,7 +783,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * stack (near the verifier's 512 bytes) smaller. */
 	const struct config *cfg = config();
 	int hairpin = addr_eq(&b->addr, &p->src);
-	__u32 now = now_sec();
+	/* One clock read for both: a read costs about 30 ns (FASTPATH.md). */
+	__u64 start_ns = bpf_ktime_get_ns();
+	__u32 now = (__u32)(start_ns / NSEC_PER_SEC);
 	struct ct_entry e = {};
 	struct ct_key rk;
 
@@ -697,7 +804,7 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * odds of about n^2 / 2^65. */
 	e.flow_id = (__u64)bpf_get_prandom_u32() << 32 | bpf_get_prandom_u32();
 	e.flow_id |= !e.flow_id;
-	e.start_ns = bpf_ktime_get_ns();
+	e.start_ns = start_ns;
 	e.nat_addr = p->dst;
 	e.nat_port = p->dport;
 	__builtin_memset(&rk, 0, sizeof(rk));
@@ -707,6 +814,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	rk.dport = p->sport;
 	rk.proto = p->proto;
 	rk.dir = CT_DIR_REPLY;
+	/* Before the reply entry exists: a reply must never find its bit
+	 * clear. */
+	ct_src_mark(&b->addr, b->port);
 	if (snat) {
 		/* The NAT table is the reply entries: a port is taken when its
 		 * entry (backend -> node address:port) is inserted, atomically
@@ -804,14 +914,17 @@ static __always_inline int reusable(const struct pkt *p, const struct ct_entry *
 
 	if ((__s32)(e->expires - now) < 0)
 		return 0;
-	f = member_flags(e->rev_nat_id, e->backend_id);
+	/* Only a new SYN and UDP ask about the backend's membership: a TCP
+	 * segment of a tracked flow costs no vipd_members lookup
+	 * (FASTPATH.md). */
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		if (e->flags & CT_F_CLOSING)
 			return 0;
+		f = member_flags(e->rev_nat_id, e->backend_id);
 		return f >= 0 && (f & MEMBER_F_ELIGIBLE);
 	}
 	if (p->proto == IPPROTO_UDP)
-		return f >= 0;
+		return member_flags(e->rev_nat_id, e->backend_id) >= 0;
 	return 1;
 }
 
@@ -1054,12 +1167,16 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	const struct config *cfg;
 	struct ct_key rk = {};
 	struct ct_entry *e;
-	__u32 now = now_sec();
+	__u32 now;
 	union addr vip;
 	__be16 vport;
 	int hairpin, snatted, kind;
 
 	*done = 0;
+	/* Most packets are no reply of a tracked flow: the filter says so
+	 * without touching the conntrack table (FASTPATH.md). */
+	if (!ct_src_maybe(&p->src, p->sport))
+		return TC_ACT_OK;
 	rk.src = p->src;
 	rk.dst = p->dst;
 	rk.sport = p->sport;
@@ -1069,11 +1186,18 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	e = bpf_map_lookup_elem(&vipd_ct, &rk);
 	if (!e)
 		return TC_ACT_OK;
+	now = now_sec(); /* only for packets that found an entry */
 	hairpin = e->flags & CT_F_HAIRPIN;
 	snatted = e->flags & CT_F_SNAT;
 	kind = snatted ? REV_SNAT : hairpin ? REV_HAIRPIN : REV_PLAIN;
-	if (!(accept & kind))
+	if (!(accept & kind)) {
+		/* A live reply of a tracked flow, translated elsewhere: it goes
+		 * on as it is, with no frontend lookup (a reply is never a new
+		 * flow to a frontend). This is most replies on vipd_from_pod
+		 * (FASTPATH.md). */
+		*done = (__s32)(e->expires - now) >= 0;
 		return TC_ACT_OK;
+	}
 	/* An expired entry not yet collected must not capture a new flow
 	 * that reuses the tuple (say, a direct connection from the same
 	 * client port). Replies keep it in step with its forward entry. */

@@ -1,0 +1,141 @@
+package ebpf
+
+// Guards of the fast paths of FASTPATH.md: each test fails when its fast
+// path is gone, by a difference the fast path makes that a packet or the
+// event ring shows. Their costs are in BenchmarkProgRunPath.
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// A reply entry whose source is not in vipd_ct_srcs is never looked up:
+// the programs take the packet for untracked. (The packet path itself
+// never makes such an entry: ct_create marks the source first.)
+func TestProgRunFastPathReverseSkipsUnmarkedSources(t *testing.T) {
+	r := newPREnv(t)
+	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
+	be := prBackends4[0]
+	r.addService(fe, be)
+
+	// A flow the programs made: its reply is translated.
+	r.run(r.objs.VipdFromPod, prTCPFrame(prClient4, prVIP4, 1000, 0, prSYN, nil))
+	synAck := prTCPFrame(be.addr, prClient4, 5000, 1001, prSYN|prACK, nil)
+	ret, out := r.run(r.objs.VipdToPod, synAck)
+	prWantVerdict(t, ret, prTCOK)
+	prWantFrame(t, out, prTCPFrame(prVIP4, prClient4, 5000, 1001, prSYN|prACK, nil))
+
+	// The same entries planted for a source the filter never saw.
+	other := prAP("198.18.1.7:8080")
+	rk := prCTKey(be.addr, prClient4, prTCP, prDirReply)
+	var rev bpfCtEntry
+	if err := r.objs.VipdCt.Lookup(&rk, &rev); err != nil {
+		t.Fatalf("reply entry: %v", err)
+	}
+	planted := prCTKey(other, prClient4, prTCP, prDirReply)
+	if err := r.objs.VipdCt.Put(&planted, &rev); err != nil {
+		t.Fatalf("plant reply entry: %v", err)
+	}
+	f := prTCPFrame(other, prClient4, 5000, 1001, prSYN|prACK, nil)
+	ret, out = r.run(r.objs.VipdToPod, f)
+	prWantVerdict(t, ret, prTCOK)
+	prWantFrame(t, out, f)
+}
+
+// A live reply of a tracked flow on vipd_from_pod (which leaves plain
+// replies to vipd_to_pod) is never taken for a new flow to a frontend,
+// even one at the client's address and port: no frontend lookup.
+func TestProgRunFastPathReplyIsNoNewFlow(t *testing.T) {
+	r := newPREnv(t)
+	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
+	be := prBackends4[0]
+	r.addService(fe, be)
+	// A frontend where the client is: 198.18.1.2:40000.
+	r.addService(prFrontend{vip: prClient4, proto: prTCP, id: 2}, prBackends4[1])
+
+	r.run(r.objs.VipdFromPod, prTCPFrame(prClient4, prVIP4, 1000, 0, prSYN, nil))
+	reply := prTCPFrame(be.addr, prClient4, 5000, 1001, prSYN|prACK, nil)
+	ret, out := r.run(r.objs.VipdFromPod, reply)
+	prWantVerdict(t, ret, prTCOK)
+	prWantFrame(t, out, reply)
+	if _, ok := r.ct(be.addr, prClient4, prTCP, prDirForward); ok {
+		t.Error("the reply started a flow of its own")
+	}
+}
+
+// Flow events wake the ring's reader once per FLOW_WAKEUP_BYTES of unread
+// events, not once per event: the reader's epoll, edge-triggered, sees one
+// wakeup for the 600 NEW events of 600 flows nobody reads.
+func TestProgRunFastPathEventWakeups(t *testing.T) {
+	r := newPREnv(t)
+	r.addService(prFrontend{vip: prVIP4, proto: prTCP, id: 1}, prBackends4...)
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatalf("epoll: %v", err)
+	}
+	defer unix.Close(ep)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, r.objs.VipdEvents.FD(), &ev); err != nil {
+		t.Fatalf("epoll add ring: %v", err)
+	}
+	wakeups := 0
+	harvest := func(timeout int) {
+		evs := make([]unix.EpollEvent, 1)
+		for {
+			n, err := unix.EpollWait(ep, evs, timeout)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("epoll wait: %v", err)
+			}
+			wakeups += n
+			return
+		}
+	}
+	const flows = 600 // 512 records cross the first multiple of 64 KiB
+	for i := range flows {
+		ret, _ := r.run(r.objs.VipdFromPod, prTCPFrame(prbClient(i), prVIP4, 1000, 0, prSYN, nil))
+		prWantVerdict(t, ret, prTCOK)
+		harvest(0)
+	}
+	time.Sleep(20 * time.Millisecond) // a wakeup is an irq_work
+	harvest(0)
+	if wakeups != 1 {
+		t.Errorf("%d wakeups of the event reader for %d events, want 1", wakeups, flows)
+	}
+}
+
+// A conntrack table pinned without its source filter (pins of a vipd from
+// before the filter, or a filter pin removed by hand) is replaced: its
+// flows' replies would otherwise be taken for untracked packets.
+func TestRemoveUnfilteredConntrack(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pinned []string
+		wantCT bool
+	}{
+		{"conntrack and filter", []string{"vipd_ct", "vipd_ct_srcs"}, true},
+		{"conntrack alone", []string{"vipd_ct"}, false},
+		{"nothing", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, n := range tc.pinned {
+				if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			removeUnfilteredConntrack(hclog.NewNullLogger(), dir)
+			_, err := os.Stat(filepath.Join(dir, "vipd_ct"))
+			if got := err == nil; got != tc.wantCT {
+				t.Errorf("vipd_ct kept: %v, want %v", got, tc.wantCT)
+			}
+		})
+	}
+}
