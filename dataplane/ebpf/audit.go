@@ -5,8 +5,10 @@ package ebpf
 // missing or wrong and deletes what no frontend accounts for.
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 )
 
 // audit is what one read of the maps found, before a full apply writes
@@ -21,9 +23,10 @@ type audit struct {
 	// unreferenced backends, deleted after the writes.
 	stale writes
 	// Entries found correct: reverse NAT and master by change index;
-	// members and slots by their index in the apply's ID slab; backends
-	// by ID (nil when IDs run too high for a bitset).
-	revNatOK, masterOK, entryOK, backendOK bitset
+	// members and slots by their index in the apply's ID slab (one bitset
+	// each, so that the maps are audited in parallel); backends by ID (nil
+	// when IDs run too high for a bitset).
+	revNatOK, masterOK, memberOK, slotOK, backendOK bitset
 	// ok and wrong count, by map, the desired entries found correct and
 	// those found holding another value.
 	ok, wrong [numServiceMaps]int
@@ -72,7 +75,7 @@ func (au *audit) counts(next []*programmed, backends *backendTable) entryCounts 
 		if pr == nil {
 			continue
 		}
-		want[mapServices] += 1 + len(pr.slotIDs)
+		want[mapServices] += 1 + pr.fe.slotEntries()
 		want[mapMembers] += len(pr.memberIDs)
 		want[mapRevNat]++
 		if pr.fe.flags&svcFlagMaglev != 0 {
@@ -124,26 +127,59 @@ const maxBackendBitset = 64 << 20
 // for index, offs their offsets in the ID slab of nids IDs), and gone, the
 // frontends leaving. It replaces a prune after the writes: a full apply
 // ends with the desired frontends and the draining ones alone.
+//
+// The maps are read in parallel, one goroutine each (reverse NAT and
+// Maglev together): each fills parts of the audit no other touches, and
+// all only read the desired state.
 func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
 	a := p.newAuditor(changes, next, offs, nids, gone)
-	if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
-		return nil, err
-	}
-	if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
-		return nil, err
-	}
-	a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
-	if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
-		return nil, err
-	}
-	if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
-		return nil, err
-	}
 	a.countUsed()
-	if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+	readers := []func() error{
+		func() error {
+			if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
+				return fmt.Errorf("reverse-NAT map: %w", err)
+			}
+			if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
+				return fmt.Errorf("Maglev map: %w", err)
+			}
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
+				return fmt.Errorf("service map: %w", err)
+			}
+			a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
+				return fmt.Errorf("member map: %w", err)
+			}
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+				return fmt.Errorf("backend map: %w", err)
+			}
+			return nil
+		},
+	}
+	if err := parallel(readers...); err != nil {
 		return nil, err
 	}
 	return a.au, nil
+}
+
+// parallel runs fns each in a goroutine of its own and returns their
+// errors, joined, once all have returned.
+func parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // auditor is one auditMaps under way: the audit it fills, map entry by map
@@ -180,7 +216,8 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 		au: &audit{
 			revNatOK: newBitset(len(changes)),
 			masterOK: newBitset(len(changes)),
-			entryOK:  newBitset(nids),
+			memberOK: newBitset(nids),
+			slotOK:   newBitset(nids),
 		},
 		next:        next,
 		offs:        offs,
@@ -235,7 +272,8 @@ func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 }
 
 // serviceEntry audits one service entry: a master or slot of a desired
-// frontend is correct or to rewrite, a slot beyond its count stale; a
+// frontend is correct or to rewrite, a slot beyond its slot entries
+// (any slot entry of a dense frontend) stale; a
 // master of a draining frontend stays; the rest is absent, masters first.
 func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 	au := a.au
@@ -256,10 +294,10 @@ func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 		} else {
 			au.wrong[mapServices]++
 		}
-	case int(sk.Slot) <= len(a.next[i].slotIDs):
+	case int(sk.Slot) <= a.next[i].fe.slotEntries():
 		j := int(sk.Slot) - 1
 		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs[j], Weight: a.next[i].fe.slots[j].cum}) {
-			au.entryOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
+			au.slotOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
 			au.ok[mapServices]++
 		} else {
 			au.wrong[mapServices]++
@@ -305,7 +343,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	case j < 0:
 		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
 	case a.next[i].fe.members[j].flags == flags:
-		au.entryOK.set(int(a.offs[i]) + j)
+		au.memberOK.set(int(a.offs[i]) + j)
 		au.ok[mapMembers]++
 	default:
 		au.wrong[mapMembers]++

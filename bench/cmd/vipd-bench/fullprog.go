@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vipd/vipd/internal/testkit/netlab"
@@ -82,7 +84,7 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 	}
 	var firstErr error
 	for _, n := range b.cfg.fullSizes {
-		for _, dp := range []string{"ebpf", "iptables"} {
+		for _, dp := range b.cfg.fullDataplanes {
 			runs := b.cfg.fullRuns
 			if dp == "iptables" && n > b.cfg.fullIptablesMax {
 				t.note("iptables not measured at %s × 10: SyncServices takes about a minute, but a restart does not become ready: its full sync diffs against iptables-nft-save, and iptables-nft-save 1.8.9 crashes (SIGSEGV, after about 2 minutes) on that ruleset of about 1.35 million rules; the old rules keep forwarding while vipd retries.", count(n))
@@ -127,4 +129,41 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		}
 	}
 	return t, firstErr
+}
+
+// fullFlags are the command line's overrides of the full section's sizes,
+// runs and dataplanes (to measure one size alone).
+type fullFlags struct {
+	sizes      intList
+	runs       int
+	dataplanes string
+}
+
+var fullOverride fullFlags
+
+func (f fullFlags) apply(c *config) {
+	if len(f.sizes) > 0 {
+		c.fullSizes = f.sizes
+	}
+	if f.runs > 0 {
+		c.fullRuns = f.runs
+	}
+	c.fullDataplanes = strings.Split(f.dataplanes, ",")
+}
+
+// intList is a flag of comma-separated integers.
+type intList []int
+
+func (l *intList) String() string { return fmt.Sprint([]int(*l)) }
+
+func (l *intList) Set(s string) error {
+	*l = nil
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("%q: %w", f, err)
+		}
+		*l = append(*l, n)
+	}
+	return nil
 }
