@@ -78,6 +78,11 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	if err != nil {
 		return p.fail(err)
 	}
+	if pl.writesEntries() {
+		// An apply of no frontend (a start with an empty state) leaves
+		// clean maps clean: the first sync after it needs no audit.
+		p.clean = false
+	}
 	if err := p.removeLeaving(pl, au); err != nil {
 		return p.fail(err)
 	}
@@ -164,6 +169,12 @@ func (p *programmer) allocateIDs(changes []change, prune bool) *applyPlan {
 	return pl
 }
 
+// writesEntries reports whether the apply writes any service map entry:
+// whether it programs or removes any frontend.
+func (pl *applyPlan) writesEntries() bool {
+	return len(pl.gone) > 0 || slices.ContainsFunc(pl.next, func(pr *programmed) bool { return pr != nil })
+}
+
 // takeBack drops the references allocateIDs counted for a failed apply.
 // The backends stay in the table (and their IDs taken), for a later full
 // apply to rewrite or prune.
@@ -190,7 +201,6 @@ func (p *programmer) auditFull(pl *applyPlan, prune bool) (*audit, error) {
 			return nil, fmt.Errorf("read maps: %w", err)
 		}
 	}
-	p.clean = false
 	p.changed = au.counts(pl.next, &p.backendIDs)
 	return au, nil
 }

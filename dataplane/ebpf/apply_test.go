@@ -750,3 +750,28 @@ func TestAuditDense(t *testing.T) {
 		t.Errorf("master without its inline slots found correct")
 	}
 }
+
+// TestEmptyApplyKeepsMapsClean: a full apply of no frontend writes no
+// service entry, so clean maps stay clean and the next full apply reads
+// nothing (the step programmer has no maps: reading would panic); an
+// apply that programs or removes a frontend writes.
+func TestEmptyApplyKeepsMapsClean(t *testing.T) {
+	p := newStepProgrammer()
+	p.clean = true
+	empty := p.allocateIDs(nil, true)
+	if empty.writesEntries() {
+		t.Fatal("an apply of no frontend writes entries")
+	}
+	if au, err := p.auditFull(empty, true); au != nil || err != nil {
+		t.Fatalf("auditFull on clean maps: %v, %v; want no audit", au, err)
+	}
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080")
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	if !pl.writesEntries() {
+		t.Error("an apply of a frontend writes no entries")
+	}
+	p.commit(pl)
+	if gone := p.allocateIDs([]change{{key: a.key}}, false); !gone.writesEntries() {
+		t.Error("an apply that removes a frontend writes no entries")
+	}
+}

@@ -46,6 +46,7 @@ type config struct {
 	fullSizes                    []int
 	fullRuns, fullIptablesMax    int
 	fullDataplanes               []string
+	fullStream                   bool // sync by SyncServicesStream, not SyncServices
 	fullTimeout                  time.Duration
 	dataSizes                    []int
 	dataRuns, workers            int
@@ -112,6 +113,7 @@ func main() {
 	flag.Var(&fullOverride.sizes, "full-sizes", "comma-separated service counts of the full section, instead of its defaults (for example 100000)")
 	flag.IntVar(&fullOverride.runs, "full-runs", 0, "runs per size of the full section, instead of its default (0: default)")
 	flag.StringVar(&fullOverride.dataplanes, "full-dataplanes", "ebpf,iptables", "comma-separated dataplanes of the full section")
+	flag.BoolVar(&fullOverride.unary, "full-unary", false, "sync the full section with one SyncServices instead of SyncServicesStream")
 	flag.Parse()
 	if err := run(*quick, *out, *vipdBin, strings.Fields(*vipdArgs), strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "vipd-bench:", err)
