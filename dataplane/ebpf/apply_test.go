@@ -212,7 +212,7 @@ func TestChunkEnd(t *testing.T) {
 
 func TestLeavingWrites(t *testing.T) {
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
-	a.flags |= svcFlagMaglev
+	a.flags |= svcFlagMaglev | svcFlagWeighted // weighted: slot entries of its own
 	setup := func() (*programmer, []change) {
 		p := newStepProgrammer()
 		stepApply(p, false, change{key: a.key, fe: a})
@@ -322,8 +322,8 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 		if _, ok := p.byService["ns/a"]; ok {
 			t.Errorf("the gone service stays indexed: %v", p.byService)
 		}
-		if p.svcEntries != 3 || p.memberEntries != 2 {
-			t.Errorf("entry counts: %d service, %d member; want b's 3 and 2", p.svcEntries, p.memberEntries)
+		if p.svcEntries != 1 || p.memberEntries != 2 {
+			t.Errorf("entry counts: %d service, %d member; want b's 1 (dense: its master holds its slots) and 2", p.svcEntries, p.memberEntries)
 		}
 	})
 
@@ -773,5 +773,27 @@ func TestEmptyApplyKeepsMapsClean(t *testing.T) {
 	p.commit(pl)
 	if gone := p.allocateIDs([]change{{key: a.key}}, false); !gone.writesEntries() {
 		t.Error("an apply that removes a frontend writes no entries")
+	}
+}
+
+// TestAuditBackendsBothFamilies: the audit checks an IPv4 backend by its
+// packed key and an IPv6 one through the backend table; either is correct
+// only under its own ID.
+func TestAuditBackendsBothFamilies(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "[fd00:198::5]:8080")
+	p := newStepProgrammer()
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	au.countUsed()
+	v4, v6 := refOf(t, p, "10.0.0.1:8080").id, refOf(t, p, "[fd00:198::5]:8080").id
+	var be4, be6 bpfBackend
+	be4.Addr.W, be4.Port = toWords(netip.MustParseAddr("10.0.0.1")), be16(8080)
+	be6.Addr.W, be6.Port = toWords(netip.MustParseAddr("fd00:198::5")), be16(8080)
+	au.backendEntry(v4, be4) // correct
+	au.backendEntry(v6, be6) // correct
+	au.backendEntry(v4, be6) // the IPv6 backend under the IPv4 one's ID
+	au.backendEntry(v6, be4) // and the other way round
+	if au.au.ok[mapBackends] != 2 || au.au.wrong[mapBackends] != 2 {
+		t.Errorf("backends found correct %d, wrong %d; want 2 and 2", au.au.ok[mapBackends], au.au.wrong[mapBackends])
 	}
 }

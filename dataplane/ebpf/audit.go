@@ -5,6 +5,7 @@ package ebpf
 // missing or wrong and deletes what no frontend accounts for.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -206,8 +207,8 @@ type auditor struct {
 	// memberIndex maps backend IDs to member indexes, for the frontends
 	// with many members, as they are met.
 	memberIndex map[int]map[uint32]int
-	// used are the IDs of the backends referenced after the apply, sorted.
-	used []uint32
+	// used are the backends referenced after the apply, sorted by ID.
+	used []usedBackend
 }
 
 func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
@@ -363,28 +364,54 @@ func (a *auditor) maglevEntry(id uint32, _ uint32) {
 	}
 }
 
-// countUsed collects the IDs of the backends referenced after the apply,
-// which backendEntry needs.
+// usedBackend is a backend referenced after the apply: its ID, and its
+// address and port as v4Key packs them, or usedV6 for an IPv6 backend
+// (found in the backend table instead).
+type usedBackend struct {
+	id  uint32
+	key uint64
+}
+
+const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
+
+// countUsed collects the backends referenced after the apply, sorted by
+// ID, which backendEntry needs.
 func (a *auditor) countUsed() {
 	a.used = a.used[:0]
-	for _, ref := range a.p.backendIDs.all() {
+	for k, ref := range a.p.backendIDs.all() {
 		if ref.refs > 0 {
-			a.used = append(a.used, ref.id)
+			k4, ok := v4Key(k)
+			if !ok {
+				k4 = usedV6
+			}
+			a.used = append(a.used, usedBackend{id: ref.id, key: k4})
 		}
 	}
-	slices.Sort(a.used)
+	slices.SortFunc(a.used, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
 	a.au.used = len(a.used)
 }
 
 // backendEntry audits one backend entry: stale when no frontend
-// references it after the apply, else correct or to rewrite.
+// references it after the apply, else correct or to rewrite. It finds the
+// backend by ID in a.used, where an IPv4 backend's key is at hand: no
+// lookup in the (large) backend table.
 func (a *auditor) backendEntry(id uint32, be bpfBackend) {
 	au := a.au
-	if _, ok := slices.BinarySearch(a.used, id); !ok {
+	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	if !ok {
 		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
 		return
 	}
-	if ref, _ := a.p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
+	k := packWords(be.Addr.W, fromBE16(be.Port))
+	var same bool
+	if want := a.used[i].key; want == usedV6 {
+		ref, _ := a.p.backendIDs.get(k)
+		same = ref.id == id
+	} else {
+		k4, ok := v4Key(k)
+		same = ok && k4 == want
+	}
+	if !same {
 		au.wrong[mapBackends]++
 		return
 	}
