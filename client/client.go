@@ -273,6 +273,38 @@ func (c *Client) SyncServices(ctx context.Context, owner string, svcs []*vipdv1.
 	return c.lb.SyncServices(ctx, &vipdv1.SyncServicesRequest{Owner: owner, Services: svcs})
 }
 
+// SyncChunk is the number of services SyncServicesStream sends per chunk.
+const SyncChunk = 1000
+
+// SyncServicesStream is SyncServices over the SyncServicesStream RPC: the
+// services go in chunks of SyncChunk, so that no message holds the whole
+// list; vipd syncs them all at once, all or nothing, when the stream ends.
+// Use it for lists too big for one message (see --max-recv-msg-size).
+// Cancelling ctx before it returns changes nothing.
+func (c *Client) SyncServicesStream(ctx context.Context, owner string, svcs []*vipdv1.Service) (*vipdv1.SyncServicesResponse, error) {
+	stream, err := c.lb.SyncServicesStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for first := true; first || len(svcs) > 0; first = false {
+		n := min(len(svcs), SyncChunk)
+		req := &vipdv1.SyncServicesStreamRequest{Services: svcs[:n]}
+		if first {
+			req.Owner = owner
+		}
+		if err := stream.Send(req); err != nil {
+			// The server ended the call: CloseAndRecv says why.
+			break
+		}
+		svcs = svcs[n:]
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, err
+	}
+	return &vipdv1.SyncServicesResponse{Created: resp.Created, Updated: resp.Updated, Deleted: resp.Deleted, Unchanged: resp.Unchanged}, nil
+}
+
 // UpdateBackends changes part of the named service's backend set: it adds
 // the upsert backends or replaces those with the same IP, removes the remove
 // IPs (ignoring absent ones), and returns the service as stored.

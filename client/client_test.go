@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
@@ -401,5 +403,46 @@ func TestFieldViolations(t *testing.T) {
 				t.Errorf("FieldViolations (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestSyncServicesStream: the client sends a list longer than a chunk in
+// chunks of SyncChunk, and vipd syncs it as one list; an invalid service
+// in a later chunk fails it all, naming the service by its place in the
+// list.
+func TestSyncServicesStream(t *testing.T) {
+	srv := testserver.Start(t)
+	c := newClient(t, srv.Target())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := 2*client.SyncChunk + 10
+	svcs := make([]*vipdv1.Service, n)
+	for i := range svcs {
+		svcs[i] = &vipdv1.Service{
+			Name:  fmt.Sprintf("default/s%04d", i),
+			Vips:  []string{fmt.Sprintf("198.19.%d.%d", i/250, i%250+1)},
+			Ports: []*vipdv1.Port{{Port: 80}},
+		}
+	}
+	bad := proto.Clone(svcs[n-1]).(*vipdv1.Service)
+	bad.Vips = []string{"10.0.0.256"}
+	_, err := c.SyncServicesStream(ctx, "ctl", append(slices.Clone(svcs[:n-1]), bad))
+	if status.Code(err) != codes.InvalidArgument || len(client.FieldViolations(err)) != 1 ||
+		client.FieldViolations(err)[0].Field != fmt.Sprintf("services[%d].vips[0]", n-1) {
+		t.Fatalf("SyncServicesStream with an invalid last service: %v, want InvalidArgument naming services[%d].vips[0]", err, n-1)
+	}
+	if got, err := c.ListServices(ctx, "ctl"); err != nil || len(got) != 0 {
+		t.Fatalf("after a refused stream: %d services (%v), want none", len(got), err)
+	}
+
+	resp, err := c.SyncServicesStream(ctx, "ctl", svcs)
+	if err != nil {
+		t.Fatalf("SyncServicesStream: %v", err)
+	}
+	if len(resp.GetCreated()) != n {
+		t.Errorf("created %d services, want %d", len(resp.GetCreated()), n)
+	}
+	if got, err := c.ListServices(ctx, "ctl"); err != nil || len(got) != n {
+		t.Errorf("ListServices after the stream: %d services (%v), want %d", len(got), err, n)
 	}
 }

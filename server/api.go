@@ -1,9 +1,11 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -367,58 +369,142 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 // internal/kubeadapter reads AlreadyExists from a sync as a name taken
 // since it listed, and lists again.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
-	var v validation.Violations
-	v = append(v, validation.Owner(req.Owner, "owner")...)
+	b := a.newSync(req.Owner, req.ValidateOnly)
+	b.add(req.Services)
+	// The request is dropped before the dataplane programs the change:
+	// for 100,000 services with 10 backends each its decoded messages are
+	// over 100 MB.
+	req.Services = nil
+	return b.commit(ctx)
+}
+
+// SyncServicesStream implements vipdv1.LoadBalancerServiceServer: a
+// SyncServices whose list arrives in chunks. Each chunk is validated and
+// encoded as it arrives, then dropped; nothing touches the state before the
+// client ends the stream, and a stream that breaks off changes nothing.
+func (a *API) SyncServicesStream(stream vipdv1.LoadBalancerService_SyncServicesStreamServer) error {
+	ctx := stream.Context()
+	var b *syncBuilder
+	for chunk := 0; ; chunk++ {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			// The client cancelled or went away: nothing was staged.
+			return err
+		}
+		if b == nil {
+			b = a.newSync(req.Owner, req.ValidateOnly)
+		} else {
+			b.chunk(chunk, req)
+		}
+		b.add(req.Services)
+	}
+	if b == nil {
+		return toStatus(validation.Violations{{Field: "owner", Description: "the stream sent no chunk: the first one names the owner"}})
+	}
+	resp, err := b.commit(ctx)
+	if err != nil {
+		return err
+	}
+	return stream.SendAndClose(&vipdv1.SyncServicesStreamResponse{
+		Created: resp.Created, Updated: resp.Updated, Deleted: resp.Deleted, Unchanged: resp.Unchanged})
+}
+
+// syncBuilder is one SyncServices (or SyncServicesStream) under way: the
+// services listed so far, validated and encoded, and the violations found.
+type syncBuilder struct {
+	a            *API
+	owner        string
+	validateOnly bool
+	v            validation.Violations
 	// A desired service is kept encoded (store.EncodeSpec) rather than as
 	// the request's message, so that the request can be dropped before the
-	// dataplane programs the change: for 100,000 services with 10 backends
-	// each, its decoded messages are over 100 MB.
-	type desired struct {
-		spec []byte
-		dp   *dataplane.Service
-		// index is the service's place in the request, and order its
-		// backends' (requestOrder), to name a field in an error.
-		index int
-		order []int32
+	// dataplane programs the change.
+	want  []desiredService
+	index map[string]int
+	n     int // services listed so far
+	orig  []*vipdv1.Backend
+	err   error // the first failure that is not the request's fault
+}
+
+// desiredService is one listed service, validated.
+type desiredService struct {
+	spec []byte
+	dp   *dataplane.Service
+	// index is the service's place in the list, and order its backends'
+	// (requestOrder), to name a field in an error.
+	index int
+	order []int32
+}
+
+func (a *API) newSync(owner string, validateOnly bool) *syncBuilder {
+	return &syncBuilder{a: a, owner: owner, validateOnly: validateOnly,
+		v: validation.Owner(owner, "owner"), index: map[string]int{}}
+}
+
+// chunk checks a later chunk's owner and validate_only against the first's.
+func (b *syncBuilder) chunk(i int, req *vipdv1.SyncServicesStreamRequest) {
+	if req.Owner != "" && req.Owner != b.owner {
+		b.v = append(b.v, validation.Violation{Field: "owner", Description: fmt.Sprintf("chunk %d names owner %q, the first chunk %q", i, req.Owner, b.owner)})
 	}
-	want := make([]desired, 0, len(req.Services))
-	index := make(map[string]int, len(req.Services))
+	if req.ValidateOnly && !b.validateOnly {
+		b.v = append(b.v, validation.Violation{Field: "validate_only", Description: fmt.Sprintf("chunk %d sets it, the first chunk does not", i)})
+	}
+}
+
+// add validates and encodes services, the next ones of the list.
+func (b *syncBuilder) add(services []*vipdv1.Service) {
+	if b.want == nil {
+		b.want = make([]desiredService, 0, len(services))
+	}
 	// The request is this call's own (gRPC decoded it for the call), so its
 	// services are normalized in place rather than copied first: a sync of
 	// 100,000 services would otherwise copy a million backends.
-	var orig []*vipdv1.Backend
-	for i, in := range req.Services {
+	for j, in := range services {
+		i := b.n
+		b.n++
 		// Each message is dropped once handled, so that the collector can
 		// take the request piece by piece while its encoded form grows.
-		req.Services[i] = nil
-		orig = append(orig[:0], in.GetBackends()...)
+		services[j] = nil
+		b.orig = append(b.orig[:0], in.GetBackends()...)
 		field := "services[" + strconv.Itoa(i) + "]"
-		if in != nil && in.Owner != "" && in.Owner != req.Owner {
-			v = append(v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, req.Owner)})
+		if in != nil && in.Owner != "" && in.Owner != b.owner {
+			b.v = append(b.v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, b.owner)})
 			continue
 		}
 		if in != nil && in.Owner == "" {
-			in.Owner = req.Owner
+			in.Owner = b.owner
 		}
-		svc, dp, vs := validation.ServiceInPlace(in, a.limits, field)
+		svc, dp, vs := validation.ServiceInPlace(in, b.a.limits, field)
 		if len(vs) > 0 {
-			v = append(v, vs...)
+			b.v = append(b.v, vs...)
 			continue
 		}
-		if j, dup := index[svc.Name]; dup {
-			v = append(v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
+		if j, dup := b.index[svc.Name]; dup {
+			b.v = append(b.v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
 			continue
 		}
 		spec, err := store.EncodeSpec(svc)
 		if err != nil {
-			return nil, toStatus(err)
+			b.err = cmp.Or(b.err, err)
+			continue
 		}
-		index[svc.Name] = i
-		want = append(want, desired{spec, dp, i, requestOrder(orig, svc.Backends)})
+		b.index[svc.Name] = i
+		b.want = append(b.want, desiredService{spec, dp, i, requestOrder(b.orig, svc.Backends)})
 	}
-	req.Services = nil
-	if len(v) > 0 {
-		return nil, toStatus(v)
+}
+
+// commit syncs the owner's services to the list, all or nothing, unless
+// any of it failed validation.
+func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse, error) {
+	a, want, index, owner := b.a, b.want, b.index, b.owner
+	if b.err != nil {
+		return nil, toStatus(b.err)
+	}
+	if len(b.v) > 0 {
+		return nil, toStatus(b.v)
 	}
 	for _, d := range want {
 		if err := a.caps.Check(d.dp); err != nil {
@@ -430,16 +516,16 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 	// Release: under vipd --recover, the first SyncServices ends the hold
 	// with a full sync.
 	release := a.rec.Release
-	if req.ValidateOnly {
+	if b.validateOnly {
 		release = a.rec.ValidateRelease
 	}
 	res, err := release(ctx, func(tx *store.Txn) (any, error) {
 		// The owner and the names of services it does not have yet are
 		// created here: see newNames.
-		stored := tx.Names(req.Owner)
+		stored := tx.Names(owner)
 		var v validation.Violations
 		if len(stored) == 0 {
-			v = append(v, validation.NewOwner(req.Owner, "owner")...)
+			v = append(v, validation.NewOwner(owner, "owner")...)
 		}
 		for _, d := range want {
 			if _, exists := tx.Get(d.dp.Name); !exists {
@@ -449,7 +535,7 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		if len(v) > 0 {
 			return nil, v
 		}
-		if err := p.CheckOwner(req.Owner); err != nil {
+		if err := p.CheckOwner(owner); err != nil {
 			return nil, err
 		}
 		resp := &vipdv1.SyncServicesResponse{}
@@ -462,14 +548,14 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 		// Release the claims of every service that is about to change before
 		// any is written, so that services of this owner may swap VIPs or
 		// ports in one call without a spurious conflict.
-		var changes []desired
+		var changes []desiredService
 		for _, d := range want {
 			old, exists := tx.Get(d.dp.Name)
 			switch {
 			case !exists:
 				resp.Created = append(resp.Created, d.dp.Name)
-			case old.Owner() != req.Owner:
-				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.dp.Name, old.Owner(), req.Owner)
+			case old.Owner() != owner:
+				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.dp.Name, old.Owner(), owner)
 			case old.SameEncodedSpec(d.spec):
 				resp.Unchanged = append(resp.Unchanged, d.dp.Name)
 				continue

@@ -24,7 +24,7 @@ import (
 const syncNamesLogged = 10
 
 // callLogger logs every call once, when it ends: a change (UpsertService,
-// DeleteService, SyncServices, UpdateBackends) at info level, with its
+// DeleteService, SyncServices, SyncServicesStream, UpdateBackends) at info level, with its
 // caller, the owner and service names, validate_only when set, and the
 // outcome code; every other call (reads, health, reflection) at debug
 // level. Calls that fail in a way that is vipd's fault log at error level.
@@ -47,8 +47,38 @@ func (l *callLogger) unary(ctx context.Context, req any, info *grpc.UnaryServerI
 
 func (l *callLogger) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	start := time.Now()
+	if info.FullMethod == vipdv1.LoadBalancerService_SyncServicesStream_FullMethodName {
+		// A change: logged as SyncServices is, from what its chunks said.
+		sf := &syncStreamFields{ServerStream: ss}
+		err := handler(srv, sf)
+		fields := []any{"owner", sf.owner, "services", sf.services, "chunks", sf.chunks}
+		l.logCall(ss.Context(), info.FullMethod, true, withValidateOnly(fields, sf.validateOnly), start, err)
+		return err
+	}
 	err := handler(srv, ss)
 	l.logCall(ss.Context(), info.FullMethod, false, nil, start, err)
+	return err
+}
+
+// syncStreamFields notes, as a SyncServicesStream's chunks arrive, what
+// its log line says: the first chunk's owner and validate_only, and how
+// many chunks and services came.
+type syncStreamFields struct {
+	grpc.ServerStream
+	owner            string
+	validateOnly     bool
+	chunks, services int
+}
+
+func (s *syncStreamFields) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if r, ok := m.(*vipdv1.SyncServicesStreamRequest); ok && err == nil {
+		if s.chunks == 0 {
+			s.owner, s.validateOnly = r.GetOwner(), r.GetValidateOnly()
+		}
+		s.chunks++
+		s.services += len(r.GetServices())
+	}
 	return err
 }
 

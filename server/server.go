@@ -571,6 +571,14 @@ func (s *Server) limitInflight(ctx context.Context, req any, info *grpc.UnarySer
 }
 
 func (s *Server) limitWatchers(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod == vipdv1.LoadBalancerService_SyncServicesStream_FullMethodName {
+		// A change like the unary ones: under their in-flight limit.
+		if !s.inflight.acquire() {
+			return status.Errorf(codes.ResourceExhausted, "vipd has %d requests in progress, its limit (--max-inflight-requests); retry later", s.inflight.max)
+		}
+		defer s.inflight.release()
+		return handler(srv, ss)
+	}
 	if info.FullMethod != vipdv1.FlowService_WatchFlows_FullMethodName {
 		return handler(srv, ss)
 	}

@@ -47,10 +47,11 @@ type applyPlan struct {
 //     then frontend by frontend, in chunks of about a batch of entries:
 //  2. reverse-NAT entries and members;
 //  3. Maglev tables (a new inner map, swapped in whole);
-//  4. slots 1..n;
-//  5. the master entry (slot 0, with the count) last of the frontend's
-//     entries: before it, packets use the old slots 1..old count, which all
-//     still name live backends;
+//  4. slots 1..n (none for a dense frontend: see frontend.dense);
+//  5. the master entry (slot 0, with the count, and a dense frontend's
+//     slots) last of the frontend's entries, in one update: before it,
+//     packets use the old slots 1..old count, which all still name live
+//     backends;
 //  6. then stale slots beyond the new count, members and Maglev tables no
 //     longer used;
 //     and once every chunk is done, backends no frontend references any more.
@@ -76,6 +77,11 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 	au, err := p.auditFull(pl, prune)
 	if err != nil {
 		return p.fail(err)
+	}
+	if pl.writesEntries() {
+		// An apply of no frontend (a start with an empty state) leaves
+		// clean maps clean: the first sync after it needs no audit.
+		p.clean = false
 	}
 	if err := p.removeLeaving(pl, au); err != nil {
 		return p.fail(err)
@@ -163,6 +169,12 @@ func (p *programmer) allocateIDs(changes []change, prune bool) *applyPlan {
 	return pl
 }
 
+// writesEntries reports whether the apply writes any service map entry:
+// whether it programs or removes any frontend.
+func (pl *applyPlan) writesEntries() bool {
+	return len(pl.gone) > 0 || slices.ContainsFunc(pl.next, func(pr *programmed) bool { return pr != nil })
+}
+
 // takeBack drops the references allocateIDs counted for a failed apply.
 // The backends stay in the table (and their IDs taken), for a later full
 // apply to rewrite or prune.
@@ -189,7 +201,6 @@ func (p *programmer) auditFull(pl *applyPlan, prune bool) (*audit, error) {
 			return nil, fmt.Errorf("read maps: %w", err)
 		}
 	}
-	p.clean = false
 	p.changed = au.counts(pl.next, &p.backendIDs)
 	return au, nil
 }
@@ -225,7 +236,7 @@ func (p *programmer) leavingWrites(gone []change) writes {
 			leaving.svcKeys = append(leaving.svcKeys, svcKeyOf(c.key, 0))
 			leaving.svcVals = append(leaving.svcVals, bpfSvcVal{RevNatId: old.revNat, Flags: svcFlagDraining})
 		}
-		for i := range old.slotIDs {
+		for i := range old.fe.slotEntries() {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
 		for _, id := range old.memberIDs {
@@ -304,7 +315,7 @@ func chunkEnd(next []*programmed, lo, limit int) int {
 	hi, n := lo, 0
 	for hi < len(next) && n < limit {
 		if pr := next[hi]; pr != nil {
-			n += 1 + len(pr.slotIDs) + len(pr.memberIDs)
+			n += 1 + pr.fe.slotEntries() + len(pr.memberIDs)
 		}
 		hi++
 	}
@@ -365,7 +376,7 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 				w.revNat(pr.revNat, c.key)
 			}
 			for j, id := range pr.memberIDs {
-				if !au.entryOK.has(int(ch.offs[i]) + j) {
+				if !au.memberOK.has(int(ch.offs[i]) + j) {
 					w.member(pr.revNat, id, pr.fe.members[j].flags)
 				}
 			}
@@ -407,8 +418,9 @@ func sameMaglevTable(old, pr *programmed) bool {
 		slices.EqualFunc(old.fe.slots, pr.fe.slots, func(a, b slot) bool { return a.weight == b.weight })
 }
 
-// queueSlots queues step 4: the slots that are new or changed (all of
-// them on a full apply), but those au found correct. It touches no map.
+// queueSlots queues step 4: the slot entries that are new or changed (all
+// of them on a full apply), but those au found correct. A dense frontend
+// has none: its master holds its slots. It touches no map.
 func (p *programmer) queueSlots(w *writes, ch chunk, prune bool, au *audit) {
 	for i, c := range ch.changes {
 		pr := ch.next[i]
@@ -417,9 +429,9 @@ func (p *programmer) queueSlots(w *writes, ch chunk, prune bool, au *audit) {
 		}
 		old := p.frontends[c.key]
 		m := int(ch.offs[i]) + len(pr.memberIDs)
-		for j, id := range pr.slotIDs {
-			if old == nil || prune || j >= len(old.slotIDs) || old.slotIDs[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
-				if !au.entryOK.has(m + j) {
+		for j, id := range pr.slotIDs[:pr.fe.slotEntries()] {
+			if old == nil || prune || j >= old.fe.slotEntries() || old.slotIDs[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
+				if !au.slotOK.has(m + j) {
 					w.slot(c.key, uint32(j+1), id, pr.fe.slots[j].cum)
 				}
 			}
@@ -454,7 +466,7 @@ func (p *programmer) queueStale(w *writes, ch chunk) {
 		if pr == nil || old == nil {
 			continue
 		}
-		for j := len(pr.slotIDs); j < len(old.slotIDs); j++ {
+		for j := pr.fe.slotEntries(); j < old.fe.slotEntries(); j++ {
 			w.deleteSlot(c.key, uint32(j+1))
 		}
 		walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
@@ -486,7 +498,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			udpGone = append(udpGone, func() { p.onMembersRemoved(key, revNat, members) })
 		}
 		p.unref(old, &dead)
-		p.svcEntries -= 1 + len(old.slotIDs)
+		p.svcEntries -= 1 + old.fe.slotEntries()
 		p.memberEntries -= len(old.memberIDs)
 		p.unindex(old.fe.service, c.key)
 		delete(p.frontends, c.key)
@@ -503,7 +515,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 		key := pl.changes[i].key
 		old := p.frontends[key]
 		if old != nil {
-			p.svcEntries -= 1 + len(old.slotIDs)
+			p.svcEntries -= 1 + old.fe.slotEntries()
 			p.memberEntries -= len(old.memberIDs)
 			if key.proto == ipprotoUDP && p.onMembersRemoved != nil {
 				var removed []beKey
@@ -518,7 +530,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			}
 			p.unref(old, &dead)
 		}
-		p.svcEntries += 1 + len(pr.slotIDs)
+		p.svcEntries += 1 + pr.fe.slotEntries()
 		p.memberEntries += len(pr.memberIDs)
 		delete(p.draining, key) // back before it drained: a live master again
 		if old == nil || old.fe.service != pr.fe.service {

@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -168,7 +169,9 @@ func TestAllocateIDs(t *testing.T) {
 
 func TestChunkEnd(t *testing.T) {
 	pr := func(members, slots int) *programmed {
-		return &programmed{memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
+		// Weighted: its slots are entries of their own (not dense).
+		fe := &frontend{flags: svcFlagWeighted, slots: make([]slot, slots)}
+		return &programmed{fe: fe, memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
 	}
 	// Entries each: 1 + slots + members.
 	next := []*programmed{pr(2, 2), nil, pr(1, 0), pr(4, 4), nil, nil, pr(0, 0)}
@@ -209,7 +212,7 @@ func TestChunkEnd(t *testing.T) {
 
 func TestLeavingWrites(t *testing.T) {
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
-	a.flags |= svcFlagMaglev
+	a.flags |= svcFlagMaglev | svcFlagWeighted // weighted: slot entries of its own
 	setup := func() (*programmer, []change) {
 		p := newStepProgrammer()
 		stepApply(p, false, change{key: a.key, fe: a})
@@ -319,8 +322,8 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 		if _, ok := p.byService["ns/a"]; ok {
 			t.Errorf("the gone service stays indexed: %v", p.byService)
 		}
-		if p.svcEntries != 3 || p.memberEntries != 2 {
-			t.Errorf("entry counts: %d service, %d member; want b's 3 and 2", p.svcEntries, p.memberEntries)
+		if p.svcEntries != 1 || p.memberEntries != 2 {
+			t.Errorf("entry counts: %d service, %d member; want b's 1 (dense: its master holds its slots) and 2", p.svcEntries, p.memberEntries)
 		}
 	})
 
@@ -369,12 +372,15 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 }
 
 func TestQueueChangedFrontend(t *testing.T) {
+	// Weighted: slots in entries of their own (TestQueueDenseFrontend
+	// has the dense ones).
 	old := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080")
-	old.flags |= svcFlagMaglev
+	old.flags |= svcFlagMaglev | svcFlagWeighted
 	p := newStepProgrammer()
 	stepApply(p, false, change{key: old.key, fe: old})
 	// 10.0.0.2 leaves, 10.0.0.1 may take no new connections, Maglev goes.
 	fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.3:8080")
+	fe.flags |= svcFlagWeighted
 	fe.members[0].flags = 0
 	pl := p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
 	ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
@@ -408,10 +414,10 @@ func TestQueueChangedFrontend(t *testing.T) {
 	}
 
 	// A full apply writes every entry but those the audit found correct.
-	au := &audit{revNatOK: newBitset(1), masterOK: newBitset(1), entryOK: newBitset(pl.nids)}
+	au := &audit{revNatOK: newBitset(1), masterOK: newBitset(1), memberOK: newBitset(pl.nids), slotOK: newBitset(pl.nids)}
 	au.revNatOK.set(0)
-	au.entryOK.set(1)     // member 1 (10.0.0.3)
-	au.entryOK.set(2 + 0) // slot 1
+	au.memberOK.set(1)   // member 1 (10.0.0.3)
+	au.slotOK.set(2 + 0) // slot 1
 	w.reset()
 	p.queueMembers(&w, ch, true, au)
 	p.queueSlots(&w, ch, true, au)
@@ -467,6 +473,7 @@ func TestSameMaglevTable(t *testing.T) {
 // a draining frontend still needs.
 func TestAuditEntries(t *testing.T) {
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	a.flags |= svcFlagWeighted // slot entries of its own (TestAuditDense has a dense one)
 	gone := stepFE("ns/gone", "198.18.0.2", 80, ipprotoTCP, "10.0.0.3:8080")
 	p := newStepProgrammer()
 	stepApply(p, false, change{key: a.key, fe: a}, change{key: gone.key, fe: gone})
@@ -513,8 +520,12 @@ func TestAuditEntries(t *testing.T) {
 	}
 	// The ID slab: members 0-1, then slots 2-3.
 	for i, want := range []bool{true, false, true, false} {
-		if got.entryOK.has(i) != want {
-			t.Errorf("entry %d found correct: %v, want %v", i, got.entryOK.has(i), want)
+		ok := got.memberOK
+		if i >= 2 {
+			ok = got.slotOK
+		}
+		if ok.has(i) != want {
+			t.Errorf("entry %d found correct: %v, want %v", i, ok.has(i), want)
 		}
 	}
 	if !got.backendOK.has(1) || got.backendOK.has(2) {
@@ -632,5 +643,157 @@ func TestChangesFor(t *testing.T) {
 	bad.Ports[0].Protocol = dataplane.Protocol(99)
 	if _, _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
 		t.Errorf("a service with an unsupported protocol: %v, want an error wrapping ErrUnsupported", err)
+	}
+}
+
+// TestQueueDenseFrontend: a dense frontend (unweighted, at most
+// svcInlineSlots slots) has its slots in its master's value and no slot
+// entries; one that becomes dense has its slot entries deleted after its
+// master is written, one that stops being dense gets them before.
+func TestQueueDenseFrontend(t *testing.T) {
+	backends := func(n int) []string {
+		var bs []string
+		for i := range n {
+			bs = append(bs, fmt.Sprintf("10.0.%d.%d:8080", i/200, i%200+1))
+		}
+		return bs
+	}
+	queue := func(p *programmer, fe *frontend) (slots, masters, stale writes, pl *applyPlan) {
+		pl = p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+		ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
+		p.queueSlots(&slots, ch, false, &audit{})
+		p.queueMasters(&masters, ch, false, &audit{})
+		p.queueStale(&stale, ch)
+		p.commit(pl)
+		return slots, masters, stale, pl
+	}
+
+	p := newStepProgrammer()
+	dense := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, backends(3)...)
+	slots, masters, stale, pl := queue(p, dense)
+	if len(slots.svcKeys) != 0 || len(stale.svcDeletes) != 0 {
+		t.Errorf("dense frontend: slot entries %v written, %v deleted; want none", slots.svcKeys, stale.svcDeletes)
+	}
+	want := bpfSvcVal{Count: 3, RevNatId: 1}
+	copy(want.Slots[:], pl.next[0].slotIDs)
+	if len(masters.svcVals) != 1 || masters.svcVals[0] != want || want.Slots[2] == 0 {
+		t.Errorf("dense frontend: masters %+v, want %+v with its 3 slots", masters.svcVals, want)
+	}
+	if p.svcEntries != 1 {
+		t.Errorf("dense frontend counts %d service entries, want 1", p.svcEntries)
+	}
+
+	// More slots than a master holds: slot entries, written before the
+	// master (step 4 before step 5), which holds no slot.
+	big := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, backends(svcInlineSlots+1)...)
+	slots, masters, stale, _ = queue(p, big)
+	if len(slots.svcKeys) != svcInlineSlots+1 || len(stale.svcDeletes) != 0 {
+		t.Errorf("frontend grown past %d slots: %d slot entries written, %v deleted; want %d and none",
+			svcInlineSlots, len(slots.svcKeys), stale.svcDeletes, svcInlineSlots+1)
+	}
+	if len(masters.svcVals) != 1 || masters.svcVals[0].Slots != ([svcInlineSlots]uint32{}) || masters.svcVals[0].Count != svcInlineSlots+1 {
+		t.Errorf("frontend grown past %d slots: master %+v, want count %d and no inline slot", svcInlineSlots, masters.svcVals, svcInlineSlots+1)
+	}
+	if p.svcEntries != svcInlineSlots+2 {
+		t.Errorf("%d service entries, want %d", p.svcEntries, svcInlineSlots+2)
+	}
+
+	// Back to dense: the master with its slots, then (step 6) every
+	// slot entry deleted.
+	slots, masters, stale, _ = queue(p, dense)
+	if len(slots.svcKeys) != 0 || len(masters.svcVals) != 1 || masters.svcVals[0].Count != 3 || masters.svcVals[0].Slots[0] == 0 {
+		t.Errorf("frontend dense again: slots %v, masters %+v; want no slot entry and a master with 3 inline slots", slots.svcKeys, masters.svcVals)
+	}
+	if len(stale.svcDeletes) != svcInlineSlots+1 || stale.svcDeletes[0].Slot != 1 {
+		t.Errorf("frontend dense again: deletes %v, want slot entries 1..%d", stale.svcDeletes, svcInlineSlots+1)
+	}
+	if p.svcEntries != 1 {
+		t.Errorf("%d service entries, want 1", p.svcEntries)
+	}
+
+	// A weighted frontend is never dense: cumulative weights need entries.
+	w := stepFE("ns/w", "198.18.0.2", 80, ipprotoTCP, backends(2)...)
+	w.flags |= svcFlagWeighted
+	if w.dense() || w.slotEntries() != 2 {
+		t.Errorf("weighted frontend: dense %v, %d slot entries; want not dense, 2", w.dense(), w.slotEntries())
+	}
+}
+
+// TestAuditDense: a dense frontend's master is correct only with its slots
+// inline, and any slot entry it has (left by an earlier layout of it) is
+// stale.
+func TestAuditDense(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
+	p := newStepProgrammer()
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	master := masterVal(pl.next[0])
+	if master.Slots[0] == 0 || master.Slots[1] == 0 || master.Slots[2] != 0 {
+		t.Fatalf("dense master %+v: want its 2 slots inline", master)
+	}
+	au.serviceEntry(svcKeyOf(a.key, 0), master)
+	au.serviceEntry(svcKeyOf(a.key, 1), bpfSvcVal{BackendId: master.Slots[0], Weight: 1})
+	if !au.au.masterOK.has(0) || au.au.ok[mapServices] != 1 {
+		t.Errorf("dense master not found correct")
+	}
+	if want := []bpfSvcKey{svcKeyOf(a.key, 1)}; !slices.Equal(au.au.stale.svcDeletes, want) {
+		t.Errorf("stale service entries %v, want the slot entry %v", au.au.stale.svcDeletes, want)
+	}
+
+	// The same master without its inline slots (as the old layout wrote
+	// it) is wrong: rewritten.
+	au = p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	bare := master
+	bare.Slots = [svcInlineSlots]uint32{}
+	au.serviceEntry(svcKeyOf(a.key, 0), bare)
+	if au.au.masterOK.has(0) || au.au.wrong[mapServices] != 1 {
+		t.Errorf("master without its inline slots found correct")
+	}
+}
+
+// TestEmptyApplyKeepsMapsClean: a full apply of no frontend writes no
+// service entry, so clean maps stay clean and the next full apply reads
+// nothing (the step programmer has no maps: reading would panic); an
+// apply that programs or removes a frontend writes.
+func TestEmptyApplyKeepsMapsClean(t *testing.T) {
+	p := newStepProgrammer()
+	p.clean = true
+	empty := p.allocateIDs(nil, true)
+	if empty.writesEntries() {
+		t.Fatal("an apply of no frontend writes entries")
+	}
+	if au, err := p.auditFull(empty, true); au != nil || err != nil {
+		t.Fatalf("auditFull on clean maps: %v, %v; want no audit", au, err)
+	}
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080")
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	if !pl.writesEntries() {
+		t.Error("an apply of a frontend writes no entries")
+	}
+	p.commit(pl)
+	if gone := p.allocateIDs([]change{{key: a.key}}, false); !gone.writesEntries() {
+		t.Error("an apply that removes a frontend writes no entries")
+	}
+}
+
+// TestAuditBackendsBothFamilies: the audit checks an IPv4 backend by its
+// packed key and an IPv6 one through the backend table; either is correct
+// only under its own ID.
+func TestAuditBackendsBothFamilies(t *testing.T) {
+	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "[fd00:198::5]:8080")
+	p := newStepProgrammer()
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+	au.countUsed()
+	v4, v6 := refOf(t, p, "10.0.0.1:8080").id, refOf(t, p, "[fd00:198::5]:8080").id
+	var be4, be6 bpfBackend
+	be4.Addr.W, be4.Port = toWords(netip.MustParseAddr("10.0.0.1")), be16(8080)
+	be6.Addr.W, be6.Port = toWords(netip.MustParseAddr("fd00:198::5")), be16(8080)
+	au.backendEntry(v4, be4) // correct
+	au.backendEntry(v6, be6) // correct
+	au.backendEntry(v4, be6) // the IPv6 backend under the IPv4 one's ID
+	au.backendEntry(v6, be4) // and the other way round
+	if au.au.ok[mapBackends] != 2 || au.au.wrong[mapBackends] != 2 {
+		t.Errorf("backends found correct %d, wrong %d; want 2 and 2", au.au.ok[mapBackends], au.au.wrong[mapBackends])
 	}
 }

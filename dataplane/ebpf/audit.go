@@ -5,8 +5,11 @@ package ebpf
 // missing or wrong and deletes what no frontend accounts for.
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 )
 
 // audit is what one read of the maps found, before a full apply writes
@@ -21,9 +24,10 @@ type audit struct {
 	// unreferenced backends, deleted after the writes.
 	stale writes
 	// Entries found correct: reverse NAT and master by change index;
-	// members and slots by their index in the apply's ID slab; backends
-	// by ID (nil when IDs run too high for a bitset).
-	revNatOK, masterOK, entryOK, backendOK bitset
+	// members and slots by their index in the apply's ID slab (one bitset
+	// each, so that the maps are audited in parallel); backends by ID (nil
+	// when IDs run too high for a bitset).
+	revNatOK, masterOK, memberOK, slotOK, backendOK bitset
 	// ok and wrong count, by map, the desired entries found correct and
 	// those found holding another value.
 	ok, wrong [numServiceMaps]int
@@ -72,7 +76,7 @@ func (au *audit) counts(next []*programmed, backends *backendTable) entryCounts 
 		if pr == nil {
 			continue
 		}
-		want[mapServices] += 1 + len(pr.slotIDs)
+		want[mapServices] += 1 + pr.fe.slotEntries()
 		want[mapMembers] += len(pr.memberIDs)
 		want[mapRevNat]++
 		if pr.fe.flags&svcFlagMaglev != 0 {
@@ -124,26 +128,59 @@ const maxBackendBitset = 64 << 20
 // for index, offs their offsets in the ID slab of nids IDs), and gone, the
 // frontends leaving. It replaces a prune after the writes: a full apply
 // ends with the desired frontends and the draining ones alone.
+//
+// The maps are read in parallel, one goroutine each (reverse NAT and
+// Maglev together): each fills parts of the audit no other touches, and
+// all only read the desired state.
 func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
 	a := p.newAuditor(changes, next, offs, nids, gone)
-	if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
-		return nil, err
-	}
-	if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
-		return nil, err
-	}
-	a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
-	if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
-		return nil, err
-	}
-	if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
-		return nil, err
-	}
 	a.countUsed()
-	if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+	readers := []func() error{
+		func() error {
+			if err := forEach(p.maps.VipdRevnat, a.revNatEntry); err != nil {
+				return fmt.Errorf("reverse-NAT map: %w", err)
+			}
+			if err := forEach(p.maps.VipdMaglev, a.maglevEntry); err != nil {
+				return fmt.Errorf("Maglev map: %w", err)
+			}
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdServices, a.serviceEntry); err != nil {
+				return fmt.Errorf("service map: %w", err)
+			}
+			a.au.absent.svcDeletes = append(a.au.absent.svcDeletes, a.absentSlots...)
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdMembers, a.memberEntry); err != nil {
+				return fmt.Errorf("member map: %w", err)
+			}
+			return nil
+		},
+		func() error {
+			if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+				return fmt.Errorf("backend map: %w", err)
+			}
+			return nil
+		},
+	}
+	if err := parallel(readers...); err != nil {
 		return nil, err
 	}
 	return a.au, nil
+}
+
+// parallel runs fns each in a goroutine of its own and returns their
+// errors, joined, once all have returned.
+func parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // auditor is one auditMaps under way: the audit it fills, map entry by map
@@ -170,8 +207,8 @@ type auditor struct {
 	// memberIndex maps backend IDs to member indexes, for the frontends
 	// with many members, as they are met.
 	memberIndex map[int]map[uint32]int
-	// used are the IDs of the backends referenced after the apply, sorted.
-	used []uint32
+	// used are the backends referenced after the apply, sorted by ID.
+	used []usedBackend
 }
 
 func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
@@ -180,7 +217,8 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 		au: &audit{
 			revNatOK: newBitset(len(changes)),
 			masterOK: newBitset(len(changes)),
-			entryOK:  newBitset(nids),
+			memberOK: newBitset(nids),
+			slotOK:   newBitset(nids),
 		},
 		next:        next,
 		offs:        offs,
@@ -235,7 +273,8 @@ func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 }
 
 // serviceEntry audits one service entry: a master or slot of a desired
-// frontend is correct or to rewrite, a slot beyond its count stale; a
+// frontend is correct or to rewrite, a slot beyond its slot entries
+// (any slot entry of a dense frontend) stale; a
 // master of a draining frontend stays; the rest is absent, masters first.
 func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 	au := a.au
@@ -256,10 +295,10 @@ func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 		} else {
 			au.wrong[mapServices]++
 		}
-	case int(sk.Slot) <= len(a.next[i].slotIDs):
+	case int(sk.Slot) <= a.next[i].fe.slotEntries():
 		j := int(sk.Slot) - 1
 		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs[j], Weight: a.next[i].fe.slots[j].cum}) {
-			au.entryOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
+			au.slotOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
 			au.ok[mapServices]++
 		} else {
 			au.wrong[mapServices]++
@@ -305,7 +344,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	case j < 0:
 		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
 	case a.next[i].fe.members[j].flags == flags:
-		au.entryOK.set(int(a.offs[i]) + j)
+		au.memberOK.set(int(a.offs[i]) + j)
 		au.ok[mapMembers]++
 	default:
 		au.wrong[mapMembers]++
@@ -325,28 +364,54 @@ func (a *auditor) maglevEntry(id uint32, _ uint32) {
 	}
 }
 
-// countUsed collects the IDs of the backends referenced after the apply,
-// which backendEntry needs.
+// usedBackend is a backend referenced after the apply: its ID, and its
+// address and port as v4Key packs them, or usedV6 for an IPv6 backend
+// (found in the backend table instead).
+type usedBackend struct {
+	id  uint32
+	key uint64
+}
+
+const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
+
+// countUsed collects the backends referenced after the apply, sorted by
+// ID, which backendEntry needs.
 func (a *auditor) countUsed() {
 	a.used = a.used[:0]
-	for _, ref := range a.p.backendIDs.all() {
+	for k, ref := range a.p.backendIDs.all() {
 		if ref.refs > 0 {
-			a.used = append(a.used, ref.id)
+			k4, ok := v4Key(k)
+			if !ok {
+				k4 = usedV6
+			}
+			a.used = append(a.used, usedBackend{id: ref.id, key: k4})
 		}
 	}
-	slices.Sort(a.used)
+	slices.SortFunc(a.used, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
 	a.au.used = len(a.used)
 }
 
 // backendEntry audits one backend entry: stale when no frontend
-// references it after the apply, else correct or to rewrite.
+// references it after the apply, else correct or to rewrite. It finds the
+// backend by ID in a.used, where an IPv4 backend's key is at hand: no
+// lookup in the (large) backend table.
 func (a *auditor) backendEntry(id uint32, be bpfBackend) {
 	au := a.au
-	if _, ok := slices.BinarySearch(a.used, id); !ok {
+	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	if !ok {
 		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
 		return
 	}
-	if ref, _ := a.p.backendIDs.get(packWords(be.Addr.W, fromBE16(be.Port))); ref.id != id {
+	k := packWords(be.Addr.W, fromBE16(be.Port))
+	var same bool
+	if want := a.used[i].key; want == usedV6 {
+		ref, _ := a.p.backendIDs.get(k)
+		same = ref.id == id
+	} else {
+		k4, ok := v4Key(k)
+		same = ok && k4 == want
+	}
+	if !same {
 		au.wrong[mapBackends]++
 		return
 	}

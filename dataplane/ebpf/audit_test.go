@@ -31,16 +31,15 @@ func TestRestartAuditRepairs(t *testing.T) {
 	if err := m.VipdServices.Lookup(&master, &mv); err != nil {
 		t.Fatalf("read A's master: %v", err)
 	}
-	// A slot with a wrong cumulative weight, and one past the count.
-	slot1 := master
-	slot1.Slot = 1
-	var sv bpfSvcVal
-	if err := m.VipdServices.Lookup(&slot1, &sv); err != nil {
-		t.Fatalf("read A's slot 1: %v", err)
+	// A is dense: its master holds its slots. Its slot 1 naming another
+	// backend, and a slot entry (which it should not have) past the count.
+	if mv.Count > svcInlineSlots || mv.Slots[0] == 0 {
+		t.Fatalf("A's master %+v: want a dense frontend", mv)
 	}
-	wrong := sv
-	wrong.Weight += 7
-	put("slot", m.VipdServices, &slot1, &wrong)
+	sv := bpfSvcVal{BackendId: mv.Slots[0], Weight: 1}
+	wrong := mv
+	wrong.Slots[0] = 4242
+	put("master", m.VipdServices, &master, &wrong)
 	past := master
 	past.Slot = 9
 	put("slot", m.VipdServices, &past, &sv)

@@ -236,6 +236,7 @@ type bpfSvcVal struct {
 	Weight          uint32
 	MaglevSize      uint32
 	Pad             uint32
+	Slots           [16]uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -271,7 +271,20 @@ func TestDriftMapEntries(t *testing.T) {
 	if err := m.VipdServices.Lookup(svcKeyOf(udp, 0), &master); err != nil {
 		t.Fatalf("read the master of %s: %v", udp, err)
 	}
-	for slot := uint32(1); slot <= master.Count; slot++ {
+	// Dense (unweighted, few slots): the slots are in the master, which is
+	// then the one wrong entry; else every slot entry is.
+	nslots := int(master.Count)
+	slotEntries := master.Count
+	if master.Flags&svcFlagWeighted == 0 && master.Count <= svcInlineSlots {
+		for i := range master.Count {
+			master.Slots[i] = 4242
+		}
+		if err := m.VipdServices.Put(svcKeyOf(udp, 0), &master); err != nil {
+			t.Fatalf("write the master of %s: %v", udp, err)
+		}
+		nslots, slotEntries = 1, 0
+	}
+	for slot := uint32(1); slot <= slotEntries; slot++ {
 		var v bpfSvcVal
 		if err := m.VipdServices.Lookup(svcKeyOf(udp, slot), &v); err != nil {
 			t.Fatalf("read slot %d of %s: %v", slot, udp, err)
@@ -291,8 +304,8 @@ func TestDriftMapEntries(t *testing.T) {
 	for what, err := range map[string]error{
 		"reverse NAT": m.VipdRevnat.Put(uint32(bogusRevNat), &rn),
 		"member":      m.VipdMembers.Put(&bpfMemberKey{RevNatId: bogusRevNat, BackendId: be1}, uint32(memberFlagEligible)),
-		"slot":        m.VipdServices.Put(svcKeyOf(bogus, 1), &bpfSvcVal{BackendId: be1, Weight: 1}),
-		"master":      m.VipdServices.Put(svcKeyOf(bogus, 0), &bpfSvcVal{Count: 1, RevNatId: bogusRevNat}),
+		"master": m.VipdServices.Put(svcKeyOf(bogus, 0), &bpfSvcVal{Count: 1, RevNatId: bogusRevNat,
+			Slots: [svcInlineSlots]uint32{be1}}), // dense: its one slot in the master
 	} {
 		if err != nil {
 			t.Fatalf("insert a bogus %s entry: %v", what, err)
@@ -305,10 +318,9 @@ func TestDriftMapEntries(t *testing.T) {
 	if r, err := e.request(false, "tcp", dpVIPC, dpReplyTimeout); err != nil || r.Backend != "be1" {
 		t.Fatalf("the bogus entries do not take effect (reply %+v, %v): the test tampers wrongly", r, err)
 	}
-	nslots := int(master.Count)
-	e.expectDrift(driftMapEntries, "vipd_services: 1 entries missing, "+itoa(nslots)+" wrong, 2 no service accounts for")
+	e.expectDrift(driftMapEntries, "vipd_services: 1 entries missing, "+itoa(nslots)+" wrong, 1 no service accounts for")
 
-	e.repairAndCheck("vipd_services=\"added=1 fixed="+itoa(nslots)+" removed=2\"",
+	e.repairAndCheck("vipd_services=\"added=1 fixed="+itoa(nslots)+" removed=1\"",
 		"vipd_members=\"added=0 fixed=0 removed=1\"", "vipd_revnat=\"added=0 fixed=0 removed=1\"")
 	dpWantSnap(t, "the maps after the repair", dpSnapshot(t, m), want)
 	e.expectBroken(false, "tcp", dpVIPC, "after the repair")

@@ -182,6 +182,26 @@ func (f *frontend) memberIndex(k bePacked) int {
 	return i
 }
 
+// svcInlineSlots is SVC_INLINE_SLOTS of bpf/maps.h: the most slots a
+// master's value holds.
+const svcInlineSlots = 16
+
+// dense reports whether f keeps its slots in its master's value and has
+// no slot entries (svc_dense of bpf/lb.h): unweighted, with at most
+// svcInlineSlots slots.
+func (f *frontend) dense() bool {
+	return f.flags&svcFlagWeighted == 0 && len(f.slots) <= svcInlineSlots
+}
+
+// slotEntries is the number of slot entries (besides its master) f has in
+// vipd_services: none when it is dense, else one per slot.
+func (f *frontend) slotEntries() int {
+	if f.dense() {
+		return 0
+	}
+	return len(f.slots)
+}
+
 // slotBackend returns the backend of slot i (0-based).
 func (f *frontend) slotBackend(i int) beKey { return f.members[f.slots[i].member].key.unpack() }
 

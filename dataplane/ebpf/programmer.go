@@ -88,29 +88,41 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 // restore reads the IDs a previous vipd left in the pinned maps, so that
 // the entries it wrote keep their meaning: conntrack and affinity entries
 // name backends and frontends by ID.
+//
+// The three maps are read in parallel: each fills its own fields.
 func (p *programmer) restore() error {
-	err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
-		k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto, scope: rn.Scope}
-		p.revNatIDs[k] = id
-		p.nextRevNat = max(p.nextRevNat, id+1)
-	})
-	if err != nil {
-		return fmt.Errorf("read reverse-NAT map: %w", err)
-	}
-	err = forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
-		p.backendIDs.put(packWords(be.Addr.W, fromBE16(be.Port)), backendRef{id: id})
-		p.nextBackend = max(p.nextBackend, id+1)
-	})
-	if err != nil {
-		return fmt.Errorf("read backend map: %w", err)
-	}
-	err = forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
-		if sk.Slot == 0 && sv.Flags&svcFlagDraining != 0 {
-			p.draining[feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto, scope: sk.Scope}] = sv.RevNatId
+	err := parallel(func() error {
+		err := forEach(p.maps.VipdRevnat, func(id uint32, rn bpfRevNat) {
+			k := feKey{addr: fromWords(rn.Addr.W), port: fromBE16(rn.Port), proto: rn.Proto, scope: rn.Scope}
+			p.revNatIDs[k] = id
+			p.nextRevNat = max(p.nextRevNat, id+1)
+		})
+		if err != nil {
+			return fmt.Errorf("read reverse-NAT map: %w", err)
 		}
+		return nil
+	}, func() error {
+		err := forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
+			p.backendIDs.put(packWords(be.Addr.W, fromBE16(be.Port)), backendRef{id: id})
+			p.nextBackend = max(p.nextBackend, id+1)
+		})
+		if err != nil {
+			return fmt.Errorf("read backend map: %w", err)
+		}
+		return nil
+	}, func() error {
+		err := forEach(p.maps.VipdServices, func(sk bpfSvcKey, sv bpfSvcVal) {
+			if sk.Slot == 0 && sv.Flags&svcFlagDraining != 0 {
+				p.draining[feKey{addr: fromWords(sk.Addr.W), port: fromBE16(sk.Port), proto: sk.Proto, scope: sk.Scope}] = sv.RevNatId
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("read service map: %w", err)
+		}
+		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("read service map: %w", err)
+		return err
 	}
 	// The counters survive restarts: IDs freed before one are not reused.
 	var next uint32
@@ -262,7 +274,7 @@ func (p *programmer) checkCapacity(changes []change) error {
 	for _, c := range changes {
 		old := p.frontends[c.key]
 		if old != nil {
-			svc -= 1 + len(old.slotIDs)
+			svc -= 1 + old.fe.slotEntries()
 			members -= len(old.memberIDs)
 			frontends--
 		}
@@ -274,10 +286,10 @@ func (p *programmer) checkCapacity(changes []change) error {
 			continue
 		}
 		frontends++
-		svc += 1 + len(c.fe.slots)
+		svc += 1 + c.fe.slotEntries()
 		members += len(c.fe.members)
 		if old != nil {
-			svc += max(len(old.slotIDs)-len(c.fe.slots), 0)
+			svc += max(old.fe.slotEntries()-c.fe.slotEntries(), 0)
 			walkMembers(old.fe.members, c.fe.members, func(_, j int) {
 				if j < 0 {
 					members++

@@ -198,15 +198,23 @@ func (r *prEnv) addService(fe prFrontend, bes ...prBackend) {
 
 // setSlots points the frontend at bes (slots first, then the master, as
 // the dataplane orders its updates), and removes slots past the new count.
+// A dense frontend (unweighted, at most svcInlineSlots backends) has its
+// slots in the master's value, as the dataplane writes it.
 func (r *prEnv) setSlots(fe prFrontend, bes ...prBackend) {
 	r.t.Helper()
+	dense := fe.flags&prSvcWeighted == 0 && len(bes) <= svcInlineSlots
 	var cum uint32
+	var inline [svcInlineSlots]uint32
 	for i, be := range bes {
 		w := be.weight
 		if w == 0 {
 			w = 1
 		}
 		cum += w
+		if dense {
+			inline[i] = be.id
+			continue
+		}
 		v := bpfSvcVal{BackendId: be.id, Weight: cum}
 		k := fe.key(uint32(i + 1))
 		if err := r.objs.VipdServices.Put(&k, &v); err != nil {
@@ -220,12 +228,17 @@ func (r *prEnv) setSlots(fe prFrontend, bes ...prBackend) {
 		AffinityTimeout: fe.affinityTimeout,
 		Weight:          cum,
 		MaglevSize:      fe.maglevSize,
+		Slots:           inline,
 	}
 	k := fe.key(0)
 	if err := r.objs.VipdServices.Put(&k, &master); err != nil {
 		r.t.Fatalf("put master: %v", err)
 	}
-	for slot := uint32(len(bes) + 1); ; slot++ {
+	first := uint32(len(bes) + 1)
+	if dense {
+		first = 1
+	}
+	for slot := first; ; slot++ {
 		k := fe.key(slot)
 		if err := r.objs.VipdServices.Delete(&k); err != nil {
 			break

@@ -144,6 +144,10 @@ func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[
 	usedSvc[mk] = true
 	want := bpfSvcVal{Count: uint32(len(fe.slots)), RevNatId: master.RevNatId, Flags: fe.flags,
 		AffinityTimeout: fe.timeout, Weight: fe.weight, MaglevSize: fe.maglevM}
+	if fe.dense() {
+		// The slots' IDs are the maps' business: compared by backend below.
+		copy(want.Slots[:len(fe.slots)], master.Slots[:len(fe.slots)])
+	}
 	if master != want {
 		diff("frontend %s (service %s): master entry %+v, want %+v", fe.key, fe.service, master, want)
 	}
@@ -155,6 +159,14 @@ func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[
 		diff("frontend %s (service %s): no Maglev table", fe.key, fe.service)
 	}
 	for j := range fe.slots {
+		if fe.dense() {
+			id := master.Slots[j]
+			usedBackend[id] = true
+			if got, want := backends[id], fe.slotBackend(j); got != want {
+				diff("frontend %s (service %s): slot %d is backend %d (%v), want %v", fe.key, fe.service, j+1, id, got, want)
+			}
+			continue
+		}
 		sk := svcKeyOf(fe.key, uint32(j+1))
 		v, ok := services[sk]
 		if !ok {

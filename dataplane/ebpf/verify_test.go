@@ -85,8 +85,14 @@ func TestDataplaneFullAfterRefusal(t *testing.T) {
 	first := e.service("test/first", dpVIPA, dataplane.TCP, dpReady("be1"), dpReady("be2"))
 	e.apply(dpState(1, nil, first))
 
-	// Drift: first's slot 2 is gone.
-	if err := e.dp.objs.VipdServices.Delete(svcKeyOf(feKey{addr: dpVIPA, port: 80, proto: ipprotoTCP}, 2)); err != nil {
+	// Drift: first's slot 2 (in its master: it is dense) names no backend.
+	mk := svcKeyOf(feKey{addr: dpVIPA, port: 80, proto: ipprotoTCP}, 0)
+	var master bpfSvcVal
+	if err := e.dp.objs.VipdServices.Lookup(mk, &master); err != nil {
+		t.Fatal(err)
+	}
+	master.Slots[1] = 0
+	if err := e.dp.objs.VipdServices.Put(mk, master); err != nil {
 		t.Fatal(err)
 	}
 	many := e.service("test/many", dpVIPB, dataplane.TCP)

@@ -88,9 +88,10 @@ func (w *writes) master(k feKey, pr *programmed) {
 	w.svcVals = append(w.svcVals, masterVal(pr))
 }
 
-// masterVal is the master entry of a programmed frontend.
+// masterVal is the master entry of a programmed frontend: with its slots'
+// backend IDs when it is dense.
 func masterVal(pr *programmed) bpfSvcVal {
-	return bpfSvcVal{
+	v := bpfSvcVal{
 		Count:           uint32(len(pr.slotIDs)),
 		RevNatId:        pr.revNat,
 		Flags:           pr.fe.flags,
@@ -98,6 +99,10 @@ func masterVal(pr *programmed) bpfSvcVal {
 		Weight:          pr.fe.weight,
 		MaglevSize:      pr.fe.maglevM,
 	}
+	if pr.fe.dense() {
+		copy(v.Slots[:], pr.slotIDs)
+	}
+	return v
 }
 
 func (w *writes) deleteSlot(k feKey, slot uint32) {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vipd/vipd/internal/testkit/netlab"
@@ -40,7 +42,11 @@ func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run full
 	sctx, cancel := context.WithTimeout(ctx, b.cfg.fullTimeout)
 	defer cancel()
 	start := time.Now()
-	if _, err := d.api.SyncServices(sctx, owner, svcs); err != nil {
+	sync := d.api.SyncServicesStream
+	if !b.cfg.fullStream {
+		sync = d.api.SyncServices
+	}
+	if _, err := sync(sctx, owner, svcs); err != nil {
 		return run, fmt.Errorf("sync %d services: %w", n, err)
 	}
 	run.sync = time.Since(start)
@@ -74,15 +80,15 @@ func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run full
 func (b *bench) fullSection(ctx context.Context) (*table, error) {
 	t := &table{
 		title: "2. Full programming",
-		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one SyncServices RPC (until it returns: applied and saved), "+
+		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one %s (until it returns: applied and saved), "+
 			"then a restart of vipd on the same state dir (SIGTERM, start, until GetStatus says ready: the restored state applied over what the kernel kept). "+
 			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock). "+
-			"Median (min–max) of %d runs.", b.cfg.fullRuns),
+			"Median (min–max) of %d runs.", b.fullSyncName(), b.cfg.fullRuns),
 		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory"},
 	}
 	var firstErr error
 	for _, n := range b.cfg.fullSizes {
-		for _, dp := range []string{"ebpf", "iptables"} {
+		for _, dp := range b.cfg.fullDataplanes {
 			runs := b.cfg.fullRuns
 			if dp == "iptables" && n > b.cfg.fullIptablesMax {
 				t.note("iptables not measured at %s × 10: SyncServices takes about a minute, but a restart does not become ready: its full sync diffs against iptables-nft-save, and iptables-nft-save 1.8.9 crashes (SIGSEGV, after about 2 minutes) on that ruleset of about 1.35 million rules; the old rules keep forwarding while vipd retries.", count(n))
@@ -127,4 +133,51 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		}
 	}
 	return t, firstErr
+}
+
+// fullSyncName names the call the full section syncs with.
+func (b *bench) fullSyncName() string {
+	if b.cfg.fullStream {
+		return "SyncServicesStream (chunks of 1,000 services)"
+	}
+	return "SyncServices RPC"
+}
+
+// fullFlags are the command line's overrides of the full section's sizes,
+// runs and dataplanes (to measure one size alone).
+type fullFlags struct {
+	sizes      intList
+	runs       int
+	dataplanes string
+	unary      bool
+}
+
+var fullOverride fullFlags
+
+func (f fullFlags) apply(c *config) {
+	if len(f.sizes) > 0 {
+		c.fullSizes = f.sizes
+	}
+	if f.runs > 0 {
+		c.fullRuns = f.runs
+	}
+	c.fullDataplanes = strings.Split(f.dataplanes, ",")
+	c.fullStream = !f.unary
+}
+
+// intList is a flag of comma-separated integers.
+type intList []int
+
+func (l *intList) String() string { return fmt.Sprint([]int(*l)) }
+
+func (l *intList) Set(s string) error {
+	*l = nil
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("%q: %w", f, err)
+		}
+		*l = append(*l, n)
+	}
+	return nil
 }

@@ -45,6 +45,8 @@ type config struct {
 	kubeProxyMax                 int
 	fullSizes                    []int
 	fullRuns, fullIptablesMax    int
+	fullDataplanes               []string
+	fullStream                   bool // sync by SyncServicesStream, not SyncServices
 	fullTimeout                  time.Duration
 	dataSizes                    []int
 	dataRuns, workers            int
@@ -108,6 +110,10 @@ func main() {
 	vipdBin := flag.String("vipd", "", "the vipd binary (default: build ./cmd/vipd)")
 	vipdArgs := flag.String("vipd-args", "", "extra arguments for every vipd, space-separated (for example \"--pprof --metrics-addr=127.0.0.1:9641\")")
 	only := flag.String("only", strings.Join(sections, ","), "comma-separated sections to run: "+strings.Join(sections, ", "))
+	flag.Var(&fullOverride.sizes, "full-sizes", "comma-separated service counts of the full section, instead of its defaults (for example 100000)")
+	flag.IntVar(&fullOverride.runs, "full-runs", 0, "runs per size of the full section, instead of its default (0: default)")
+	flag.StringVar(&fullOverride.dataplanes, "full-dataplanes", "ebpf,iptables", "comma-separated dataplanes of the full section")
+	flag.BoolVar(&fullOverride.unary, "full-unary", false, "sync the full section with one SyncServices instead of SyncServicesStream")
 	flag.Parse()
 	if err := run(*quick, *out, *vipdBin, strings.Fields(*vipdArgs), strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "vipd-bench:", err)
@@ -132,6 +138,7 @@ func run(quick bool, out, vipdBin string, vipdArgs, only []string) error {
 	if quick {
 		b.cfg = quickConfig
 	}
+	fullOverride.apply(&b.cfg)
 	work, err := os.MkdirTemp("", "vipd-bench-")
 	if err != nil {
 		return err

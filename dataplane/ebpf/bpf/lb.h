@@ -58,16 +58,31 @@ static __always_inline int member_flags(__u32 rev_nat_id, __u32 backend_id)
 	return f ? (int)*f : -1;
 }
 
+/* svc_dense reports whether a master keeps its slots in its value. */
+static __always_inline int svc_dense(const struct svc_val *svc)
+{
+	return !(svc->flags & SVC_F_WEIGHTED) && svc->count <= SVC_INLINE_SLOTS;
+}
+
 /*
  * slot_backend returns the backend ID in slot (1..count) of a frontend, or 0
  * when the slot is missing (never for a consistent service, see the update
- * order in dataplane/ebpf).
+ * order in dataplane/ebpf): a dense frontend's from its master value svc,
+ * another's from its slot entry.
  */
-static __always_inline __u32 slot_backend(const struct svc_key *master, __u32 slot, __u32 *cum)
+static __always_inline __u32 slot_backend(const struct svc_key *master, const struct svc_val *svc, __u32 slot,
+					  __u32 *cum)
 {
 	struct svc_key k = *master;
 	struct svc_val *v;
 
+	if (svc_dense(svc)) {
+		__u32 i = slot - 1;
+
+		if (i >= SVC_INLINE_SLOTS)
+			return 0;
+		return svc->slots[i];
+	}
 	k.slot = slot;
 	v = bpf_map_lookup_elem(&vipd_services, &k);
 	if (!v)
@@ -87,14 +102,14 @@ static __always_inline __u32 pick_weighted(const struct svc_key *master, const s
 	for (i = 0; i < 17 && lo < hi; i++) {
 		__u32 mid = lo + (hi - lo) / 2;
 
-		if (!slot_backend(master, mid, &cum))
+		if (!slot_backend(master, svc, mid, &cum))
 			return 0;
 		if (cum > r)
 			hi = mid;
 		else
 			lo = mid + 1;
 	}
-	return slot_backend(master, lo, NULL);
+	return slot_backend(master, svc, lo, NULL);
 }
 
 static __always_inline __u32 pick_maglev(const struct svc_val *svc, __u32 hash)
@@ -144,7 +159,7 @@ static __always_inline __u32 select_backend(const struct svc_key *master, const 
 		if (svc->flags & SVC_F_WEIGHTED)
 			id = svc->weight ? pick_weighted(master, svc, bpf_get_prandom_u32() % svc->weight) : 0;
 		else
-			id = slot_backend(master, bpf_get_prandom_u32() % svc->count + 1, NULL);
+			id = slot_backend(master, svc, bpf_get_prandom_u32() % svc->count + 1, NULL);
 	}
 	if (id && (svc->flags & SVC_F_AFFINITY)) {
 		av.backend_id = id;

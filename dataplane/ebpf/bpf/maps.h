@@ -40,8 +40,13 @@ union addr {
 
 /*
  * One frontend is (VIP, port, protocol). Slot 0 is its master entry; slots
- * 1..count name the backends that may take new connections.
+ * 1..count name the backends that may take new connections. A dense
+ * frontend (svc_dense: unweighted, count <= SVC_INLINE_SLOTS) keeps its
+ * slots in its master's value (svc_val.slots) and has no slot entries:
+ * one entry per frontend instead of one per backend, written in one
+ * update. The others have slot entries 1..count (and slots[] all zero).
  */
+#define SVC_INLINE_SLOTS 16
 struct svc_key {
 	union addr addr;
 	__be16 port;
@@ -59,6 +64,7 @@ struct svc_val {
 	__u32 weight;           /* master: total weight; slot: cumulative weight, exclusive end */
 	__u32 maglev_size;      /* master: Maglev table size M */
 	__u32 pad;
+	__u32 slots[SVC_INLINE_SLOTS]; /* dense master: backend IDs of slots 1..count */
 };
 
 struct backend {

@@ -644,6 +644,141 @@ func (x *SyncServicesResponse) GetUnchanged() []string {
 	return nil
 }
 
+// SyncServicesStreamRequest is one chunk of a SyncServicesStream.
+type SyncServicesStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner is required in the first chunk (as SyncServicesRequest.owner); a
+	// later chunk leaves it empty or repeats it.
+	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// services are the next services of the list.
+	Services []*Service `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// validate_only, set in the first chunk, is SyncServicesRequest's.
+	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncServicesStreamRequest) Reset() {
+	*x = SyncServicesStreamRequest{}
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncServicesStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncServicesStreamRequest) ProtoMessage() {}
+
+func (x *SyncServicesStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncServicesStreamRequest.ProtoReflect.Descriptor instead.
+func (*SyncServicesStreamRequest) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SyncServicesStreamRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *SyncServicesStreamRequest) GetServices() []*Service {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *SyncServicesStreamRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+// SyncServicesStreamResponse is SyncServicesResponse, for the whole stream.
+type SyncServicesStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// created, updated, deleted and unchanged name the services in each class, sorted.
+	Created       []string `protobuf:"bytes,1,rep,name=created,proto3" json:"created,omitempty"`
+	Updated       []string `protobuf:"bytes,2,rep,name=updated,proto3" json:"updated,omitempty"`
+	Deleted       []string `protobuf:"bytes,3,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	Unchanged     []string `protobuf:"bytes,4,rep,name=unchanged,proto3" json:"unchanged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncServicesStreamResponse) Reset() {
+	*x = SyncServicesStreamResponse{}
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncServicesStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncServicesStreamResponse) ProtoMessage() {}
+
+func (x *SyncServicesStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncServicesStreamResponse.ProtoReflect.Descriptor instead.
+func (*SyncServicesStreamResponse) Descriptor() ([]byte, []int) {
+	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SyncServicesStreamResponse) GetCreated() []string {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *SyncServicesStreamResponse) GetUpdated() []string {
+	if x != nil {
+		return x.Updated
+	}
+	return nil
+}
+
+func (x *SyncServicesStreamResponse) GetDeleted() []string {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+func (x *SyncServicesStreamResponse) GetUnchanged() []string {
+	if x != nil {
+		return x.Unchanged
+	}
+	return nil
+}
+
 type UpdateBackendsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is the service to change.
@@ -668,7 +803,7 @@ type UpdateBackendsRequest struct {
 
 func (x *UpdateBackendsRequest) Reset() {
 	*x = UpdateBackendsRequest{}
-	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[10]
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +815,7 @@ func (x *UpdateBackendsRequest) String() string {
 func (*UpdateBackendsRequest) ProtoMessage() {}
 
 func (x *UpdateBackendsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[10]
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +828,7 @@ func (x *UpdateBackendsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBackendsRequest.ProtoReflect.Descriptor instead.
 func (*UpdateBackendsRequest) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{10}
+	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateBackendsRequest) GetName() string {
@@ -743,7 +878,7 @@ type UpdateBackendsResponse struct {
 
 func (x *UpdateBackendsResponse) Reset() {
 	*x = UpdateBackendsResponse{}
-	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[11]
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +890,7 @@ func (x *UpdateBackendsResponse) String() string {
 func (*UpdateBackendsResponse) ProtoMessage() {}
 
 func (x *UpdateBackendsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[11]
+	mi := &file_vipd_v1_load_balancer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +903,7 @@ func (x *UpdateBackendsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateBackendsResponse.ProtoReflect.Descriptor instead.
 func (*UpdateBackendsResponse) Descriptor() ([]byte, []int) {
-	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{11}
+	return file_vipd_v1_load_balancer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateBackendsResponse) GetService() *Service {
@@ -821,6 +956,15 @@ const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\acreated\x18\x01 \x03(\tR\acreated\x12\x18\n" +
 	"\aupdated\x18\x02 \x03(\tR\aupdated\x12\x18\n" +
 	"\adeleted\x18\x03 \x03(\tR\adeleted\x12\x1c\n" +
+	"\tunchanged\x18\x04 \x03(\tR\tunchanged\"\x84\x01\n" +
+	"\x19SyncServicesStreamRequest\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12,\n" +
+	"\bservices\x18\x02 \x03(\v2\x10.vipd.v1.ServiceR\bservices\x12#\n" +
+	"\rvalidate_only\x18\x03 \x01(\bR\fvalidateOnly\"\x88\x01\n" +
+	"\x1aSyncServicesStreamResponse\x12\x18\n" +
+	"\acreated\x18\x01 \x03(\tR\acreated\x12\x18\n" +
+	"\aupdated\x18\x02 \x03(\tR\aupdated\x12\x18\n" +
+	"\adeleted\x18\x03 \x03(\tR\adeleted\x12\x1c\n" +
 	"\tunchanged\x18\x04 \x03(\tR\tunchanged\"\xc3\x01\n" +
 	"\x15UpdateBackendsRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
@@ -835,14 +979,15 @@ const file_vipd_v1_load_balancer_service_proto_rawDesc = "" +
 	"\x19UPSERT_RESULT_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15UPSERT_RESULT_CREATED\x10\x01\x12\x1c\n" +
 	"\x18UPSERT_RESULT_CONFIGURED\x10\x02\x12\x1b\n" +
-	"\x17UPSERT_RESULT_UNCHANGED\x10\x032\xe9\x03\n" +
+	"\x17UPSERT_RESULT_UNCHANGED\x10\x032\xca\x04\n" +
 	"\x13LoadBalancerService\x12N\n" +
 	"\rUpsertService\x12\x1d.vipd.v1.UpsertServiceRequest\x1a\x1e.vipd.v1.UpsertServiceResponse\x12N\n" +
 	"\rDeleteService\x12\x1d.vipd.v1.DeleteServiceRequest\x1a\x1e.vipd.v1.DeleteServiceResponse\x12E\n" +
 	"\n" +
 	"GetService\x12\x1a.vipd.v1.GetServiceRequest\x1a\x1b.vipd.v1.GetServiceResponse\x12K\n" +
 	"\fListServices\x12\x1c.vipd.v1.ListServicesRequest\x1a\x1d.vipd.v1.ListServicesResponse\x12K\n" +
-	"\fSyncServices\x12\x1c.vipd.v1.SyncServicesRequest\x1a\x1d.vipd.v1.SyncServicesResponse\x12Q\n" +
+	"\fSyncServices\x12\x1c.vipd.v1.SyncServicesRequest\x1a\x1d.vipd.v1.SyncServicesResponse\x12_\n" +
+	"\x12SyncServicesStream\x12\".vipd.v1.SyncServicesStreamRequest\x1a#.vipd.v1.SyncServicesStreamResponse(\x01\x12Q\n" +
 	"\x0eUpdateBackends\x12\x1e.vipd.v1.UpdateBackendsRequest\x1a\x1f.vipd.v1.UpdateBackendsResponseB+Z)github.com/vipd/vipd/proto/vipd/v1;vipdv1b\x06proto3"
 
 var (
@@ -858,52 +1003,57 @@ func file_vipd_v1_load_balancer_service_proto_rawDescGZIP() []byte {
 }
 
 var file_vipd_v1_load_balancer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vipd_v1_load_balancer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_vipd_v1_load_balancer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_vipd_v1_load_balancer_service_proto_goTypes = []any{
-	(UpsertResult)(0),              // 0: vipd.v1.UpsertResult
-	(*UpsertServiceRequest)(nil),   // 1: vipd.v1.UpsertServiceRequest
-	(*UpsertServiceResponse)(nil),  // 2: vipd.v1.UpsertServiceResponse
-	(*DeleteServiceRequest)(nil),   // 3: vipd.v1.DeleteServiceRequest
-	(*DeleteServiceResponse)(nil),  // 4: vipd.v1.DeleteServiceResponse
-	(*GetServiceRequest)(nil),      // 5: vipd.v1.GetServiceRequest
-	(*GetServiceResponse)(nil),     // 6: vipd.v1.GetServiceResponse
-	(*ListServicesRequest)(nil),    // 7: vipd.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),   // 8: vipd.v1.ListServicesResponse
-	(*SyncServicesRequest)(nil),    // 9: vipd.v1.SyncServicesRequest
-	(*SyncServicesResponse)(nil),   // 10: vipd.v1.SyncServicesResponse
-	(*UpdateBackendsRequest)(nil),  // 11: vipd.v1.UpdateBackendsRequest
-	(*UpdateBackendsResponse)(nil), // 12: vipd.v1.UpdateBackendsResponse
-	(*Service)(nil),                // 13: vipd.v1.Service
-	(*BackendHealth)(nil),          // 14: vipd.v1.BackendHealth
-	(*Backend)(nil),                // 15: vipd.v1.Backend
+	(UpsertResult)(0),                  // 0: vipd.v1.UpsertResult
+	(*UpsertServiceRequest)(nil),       // 1: vipd.v1.UpsertServiceRequest
+	(*UpsertServiceResponse)(nil),      // 2: vipd.v1.UpsertServiceResponse
+	(*DeleteServiceRequest)(nil),       // 3: vipd.v1.DeleteServiceRequest
+	(*DeleteServiceResponse)(nil),      // 4: vipd.v1.DeleteServiceResponse
+	(*GetServiceRequest)(nil),          // 5: vipd.v1.GetServiceRequest
+	(*GetServiceResponse)(nil),         // 6: vipd.v1.GetServiceResponse
+	(*ListServicesRequest)(nil),        // 7: vipd.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),       // 8: vipd.v1.ListServicesResponse
+	(*SyncServicesRequest)(nil),        // 9: vipd.v1.SyncServicesRequest
+	(*SyncServicesResponse)(nil),       // 10: vipd.v1.SyncServicesResponse
+	(*SyncServicesStreamRequest)(nil),  // 11: vipd.v1.SyncServicesStreamRequest
+	(*SyncServicesStreamResponse)(nil), // 12: vipd.v1.SyncServicesStreamResponse
+	(*UpdateBackendsRequest)(nil),      // 13: vipd.v1.UpdateBackendsRequest
+	(*UpdateBackendsResponse)(nil),     // 14: vipd.v1.UpdateBackendsResponse
+	(*Service)(nil),                    // 15: vipd.v1.Service
+	(*BackendHealth)(nil),              // 16: vipd.v1.BackendHealth
+	(*Backend)(nil),                    // 17: vipd.v1.Backend
 }
 var file_vipd_v1_load_balancer_service_proto_depIdxs = []int32{
-	13, // 0: vipd.v1.UpsertServiceRequest.service:type_name -> vipd.v1.Service
-	13, // 1: vipd.v1.UpsertServiceResponse.service:type_name -> vipd.v1.Service
+	15, // 0: vipd.v1.UpsertServiceRequest.service:type_name -> vipd.v1.Service
+	15, // 1: vipd.v1.UpsertServiceResponse.service:type_name -> vipd.v1.Service
 	0,  // 2: vipd.v1.UpsertServiceResponse.result:type_name -> vipd.v1.UpsertResult
-	13, // 3: vipd.v1.GetServiceResponse.service:type_name -> vipd.v1.Service
-	14, // 4: vipd.v1.GetServiceResponse.backend_health:type_name -> vipd.v1.BackendHealth
-	13, // 5: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
-	13, // 6: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
-	15, // 7: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
-	13, // 8: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
-	1,  // 9: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
-	3,  // 10: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
-	5,  // 11: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
-	7,  // 12: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
-	9,  // 13: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
-	11, // 14: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
-	2,  // 15: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
-	4,  // 16: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
-	6,  // 17: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
-	8,  // 18: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
-	10, // 19: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
-	12, // 20: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	15, // 3: vipd.v1.GetServiceResponse.service:type_name -> vipd.v1.Service
+	16, // 4: vipd.v1.GetServiceResponse.backend_health:type_name -> vipd.v1.BackendHealth
+	15, // 5: vipd.v1.ListServicesResponse.services:type_name -> vipd.v1.Service
+	15, // 6: vipd.v1.SyncServicesRequest.services:type_name -> vipd.v1.Service
+	15, // 7: vipd.v1.SyncServicesStreamRequest.services:type_name -> vipd.v1.Service
+	17, // 8: vipd.v1.UpdateBackendsRequest.upsert:type_name -> vipd.v1.Backend
+	15, // 9: vipd.v1.UpdateBackendsResponse.service:type_name -> vipd.v1.Service
+	1,  // 10: vipd.v1.LoadBalancerService.UpsertService:input_type -> vipd.v1.UpsertServiceRequest
+	3,  // 11: vipd.v1.LoadBalancerService.DeleteService:input_type -> vipd.v1.DeleteServiceRequest
+	5,  // 12: vipd.v1.LoadBalancerService.GetService:input_type -> vipd.v1.GetServiceRequest
+	7,  // 13: vipd.v1.LoadBalancerService.ListServices:input_type -> vipd.v1.ListServicesRequest
+	9,  // 14: vipd.v1.LoadBalancerService.SyncServices:input_type -> vipd.v1.SyncServicesRequest
+	11, // 15: vipd.v1.LoadBalancerService.SyncServicesStream:input_type -> vipd.v1.SyncServicesStreamRequest
+	13, // 16: vipd.v1.LoadBalancerService.UpdateBackends:input_type -> vipd.v1.UpdateBackendsRequest
+	2,  // 17: vipd.v1.LoadBalancerService.UpsertService:output_type -> vipd.v1.UpsertServiceResponse
+	4,  // 18: vipd.v1.LoadBalancerService.DeleteService:output_type -> vipd.v1.DeleteServiceResponse
+	6,  // 19: vipd.v1.LoadBalancerService.GetService:output_type -> vipd.v1.GetServiceResponse
+	8,  // 20: vipd.v1.LoadBalancerService.ListServices:output_type -> vipd.v1.ListServicesResponse
+	10, // 21: vipd.v1.LoadBalancerService.SyncServices:output_type -> vipd.v1.SyncServicesResponse
+	12, // 22: vipd.v1.LoadBalancerService.SyncServicesStream:output_type -> vipd.v1.SyncServicesStreamResponse
+	14, // 23: vipd.v1.LoadBalancerService.UpdateBackends:output_type -> vipd.v1.UpdateBackendsResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_load_balancer_service_proto_init() }
@@ -918,7 +1068,7 @@ func file_vipd_v1_load_balancer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_load_balancer_service_proto_rawDesc), len(file_vipd_v1_load_balancer_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

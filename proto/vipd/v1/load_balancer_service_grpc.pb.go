@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LoadBalancerService_UpsertService_FullMethodName  = "/vipd.v1.LoadBalancerService/UpsertService"
-	LoadBalancerService_DeleteService_FullMethodName  = "/vipd.v1.LoadBalancerService/DeleteService"
-	LoadBalancerService_GetService_FullMethodName     = "/vipd.v1.LoadBalancerService/GetService"
-	LoadBalancerService_ListServices_FullMethodName   = "/vipd.v1.LoadBalancerService/ListServices"
-	LoadBalancerService_SyncServices_FullMethodName   = "/vipd.v1.LoadBalancerService/SyncServices"
-	LoadBalancerService_UpdateBackends_FullMethodName = "/vipd.v1.LoadBalancerService/UpdateBackends"
+	LoadBalancerService_UpsertService_FullMethodName      = "/vipd.v1.LoadBalancerService/UpsertService"
+	LoadBalancerService_DeleteService_FullMethodName      = "/vipd.v1.LoadBalancerService/DeleteService"
+	LoadBalancerService_GetService_FullMethodName         = "/vipd.v1.LoadBalancerService/GetService"
+	LoadBalancerService_ListServices_FullMethodName       = "/vipd.v1.LoadBalancerService/ListServices"
+	LoadBalancerService_SyncServices_FullMethodName       = "/vipd.v1.LoadBalancerService/SyncServices"
+	LoadBalancerService_SyncServicesStream_FullMethodName = "/vipd.v1.LoadBalancerService/SyncServicesStream"
+	LoadBalancerService_UpdateBackends_FullMethodName     = "/vipd.v1.LoadBalancerService/UpdateBackends"
 )
 
 // LoadBalancerServiceClient is the client API for LoadBalancerService service.
@@ -52,6 +53,19 @@ type LoadBalancerServiceClient interface {
 	// cannot take a service over, so for it the name is simply taken, and a
 	// control plane (vipd-k8s does) lists again and leaves that name out.
 	SyncServices(ctx context.Context, in *SyncServicesRequest, opts ...grpc.CallOption) (*SyncServicesResponse, error)
+	// SyncServicesStream is SyncServices with the list sent in chunks, so that
+	// no message holds a huge list: each message is a chunk,
+	// and the services of all chunks, in order, are the list. The first chunk
+	// sets owner and validate_only; a later one may leave owner empty or
+	// repeat it, and may not set validate_only alone. Field names in errors
+	// count services across the whole stream (services[i] is the i-th
+	// service sent). Nothing is checked against the state, applied or stored
+	// before the client closes its side: then the whole list is synced as one
+	// SyncServices, all or nothing. A stream that breaks off (the client
+	// cancels, or its connection drops) changes nothing; a chunk that does not
+	// validate fails the call once the stream ends (every violation is
+	// reported) and changes nothing.
+	SyncServicesStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SyncServicesStreamRequest, SyncServicesStreamResponse], error)
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(ctx context.Context, in *UpdateBackendsRequest, opts ...grpc.CallOption) (*UpdateBackendsResponse, error)
 }
@@ -114,6 +128,19 @@ func (c *loadBalancerServiceClient) SyncServices(ctx context.Context, in *SyncSe
 	return out, nil
 }
 
+func (c *loadBalancerServiceClient) SyncServicesStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SyncServicesStreamRequest, SyncServicesStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LoadBalancerService_ServiceDesc.Streams[0], LoadBalancerService_SyncServicesStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SyncServicesStreamRequest, SyncServicesStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadBalancerService_SyncServicesStreamClient = grpc.ClientStreamingClient[SyncServicesStreamRequest, SyncServicesStreamResponse]
+
 func (c *loadBalancerServiceClient) UpdateBackends(ctx context.Context, in *UpdateBackendsRequest, opts ...grpc.CallOption) (*UpdateBackendsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UpdateBackendsResponse)
@@ -149,6 +176,19 @@ type LoadBalancerServiceServer interface {
 	// cannot take a service over, so for it the name is simply taken, and a
 	// control plane (vipd-k8s does) lists again and leaves that name out.
 	SyncServices(context.Context, *SyncServicesRequest) (*SyncServicesResponse, error)
+	// SyncServicesStream is SyncServices with the list sent in chunks, so that
+	// no message holds a huge list: each message is a chunk,
+	// and the services of all chunks, in order, are the list. The first chunk
+	// sets owner and validate_only; a later one may leave owner empty or
+	// repeat it, and may not set validate_only alone. Field names in errors
+	// count services across the whole stream (services[i] is the i-th
+	// service sent). Nothing is checked against the state, applied or stored
+	// before the client closes its side: then the whole list is synced as one
+	// SyncServices, all or nothing. A stream that breaks off (the client
+	// cancels, or its connection drops) changes nothing; a chunk that does not
+	// validate fails the call once the stream ends (every violation is
+	// reported) and changes nothing.
+	SyncServicesStream(grpc.ClientStreamingServer[SyncServicesStreamRequest, SyncServicesStreamResponse]) error
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(context.Context, *UpdateBackendsRequest) (*UpdateBackendsResponse, error)
 	mustEmbedUnimplementedLoadBalancerServiceServer()
@@ -175,6 +215,9 @@ func (UnimplementedLoadBalancerServiceServer) ListServices(context.Context, *Lis
 }
 func (UnimplementedLoadBalancerServiceServer) SyncServices(context.Context, *SyncServicesRequest) (*SyncServicesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncServices not implemented")
+}
+func (UnimplementedLoadBalancerServiceServer) SyncServicesStream(grpc.ClientStreamingServer[SyncServicesStreamRequest, SyncServicesStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method SyncServicesStream not implemented")
 }
 func (UnimplementedLoadBalancerServiceServer) UpdateBackends(context.Context, *UpdateBackendsRequest) (*UpdateBackendsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateBackends not implemented")
@@ -290,6 +333,13 @@ func _LoadBalancerService_SyncServices_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LoadBalancerService_SyncServicesStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LoadBalancerServiceServer).SyncServicesStream(&grpc.GenericServerStream[SyncServicesStreamRequest, SyncServicesStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadBalancerService_SyncServicesStreamServer = grpc.ClientStreamingServer[SyncServicesStreamRequest, SyncServicesStreamResponse]
+
 func _LoadBalancerService_UpdateBackends_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UpdateBackendsRequest)
 	if err := dec(in); err != nil {
@@ -340,6 +390,12 @@ var LoadBalancerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _LoadBalancerService_UpdateBackends_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SyncServicesStream",
+			Handler:       _LoadBalancerService_SyncServicesStream_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "vipd/v1/load_balancer_service.proto",
 }
