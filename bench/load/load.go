@@ -98,6 +98,19 @@ func (w *worker) fail(err error) {
 	}
 }
 
+// add merges what worker w recorded into r.
+func (r *Result) add(w *worker) {
+	r.OK += w.ok
+	r.Failed += w.failed
+	if r.FirstErr == nil {
+		r.FirstErr = w.firstErr
+	}
+	r.Latencies = append(r.Latencies, w.lat...)
+	for b, n := range w.backends {
+		r.Backends[b] += n
+	}
+}
+
 // run has workers goroutines, each on a thread locked into ns, call step
 // until d has passed, and merges what they recorded.
 func run(ns *netlab.NS, workers int, d time.Duration, step func(k int, w *worker)) Result {
@@ -126,15 +139,7 @@ func run(ns *netlab.NS, workers int, d time.Duration, step func(k int, w *worker
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			res.OK += w.ok
-			res.Failed += w.failed
-			if res.FirstErr == nil {
-				res.FirstErr = w.firstErr
-			}
-			res.Latencies = append(res.Latencies, w.lat...)
-			for b, n := range w.backends {
-				res.Backends[b] += n
-			}
+			res.add(w)
 		})
 	}
 	wg.Wait()

@@ -79,15 +79,7 @@ func TCPConnections(ns *netlab.NS, dsts []netip.AddrPort, ports PortRange, worke
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			res.OK += w.ok
-			res.Failed += w.failed
-			if res.FirstErr == nil {
-				res.FirstErr = w.firstErr
-			}
-			res.Latencies = append(res.Latencies, w.lat...)
-			for b, n := range w.backends {
-				res.Backends[b] += n
-			}
+			res.add(w)
 		})
 	}
 	wg.Wait()

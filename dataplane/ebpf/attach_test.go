@@ -22,22 +22,30 @@ func (e *dpEnv) clsactFilters() int {
 			return err
 		}
 		for _, l := range links {
-			for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-				filters, err := netlink.FilterList(l, parent)
-				if err != nil {
-					continue
-				}
-				for _, f := range filters {
-					if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
-						n++
-					}
-				}
-			}
+			n += vipdClsactFilters(l)
 		}
 		return nil
 	})
 	if err != nil {
 		e.t.Fatalf("list clsact filters: %v", err)
+	}
+	return n
+}
+
+// vipdClsactFilters counts vipd's clsact filters on link l, in ingress and
+// egress; run it in l's namespace.
+func vipdClsactFilters(l netlink.Link) int {
+	n := 0
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		filters, err := netlink.FilterList(l, parent)
+		if err != nil {
+			continue
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
+				n++
+			}
+		}
 	}
 	return n
 }

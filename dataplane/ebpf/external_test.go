@@ -732,17 +732,7 @@ func (e *extEnv) uplinkClsactFilters() int {
 		if err != nil {
 			return err
 		}
-		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			filters, err := netlink.FilterList(l, parent)
-			if err != nil {
-				continue
-			}
-			for _, f := range filters {
-				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == filterName {
-					n++
-				}
-			}
-		}
+		n = vipdClsactFilters(l)
 		return nil
 	})
 	if err != nil {
