@@ -13,8 +13,6 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-
-	"github.com/vipd/vipd/dataplane"
 )
 
 const prTCShot = 2
@@ -104,10 +102,7 @@ func TestProgRunExternalSNAT(t *testing.T) {
 	if n := r.ctCount(); n != 0 {
 		t.Fatalf("%d conntrack entries without an SNAT address, want none", n)
 	}
-	x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr}, External: true})
-	if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
-		t.Fatalf("put external interface: %v", err)
-	}
+	r.setExternalLoopback(prNodeAddr)
 
 	_, out := r.run(r.objs.VipdFromExt, prTCPFrame(prOutside4, prNodePort, 1000, 0, prSYN, nil))
 	p := prDecode(t, out)
@@ -179,10 +174,7 @@ func TestProgRunExternalSNATPorts(t *testing.T) {
 	be := prBackends4[0]
 	fe := prFrontend{vip: prNodePort, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}
 	r.addService(fe, be)
-	x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr}, External: true})
-	if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
-		t.Fatalf("put external interface: %v", err)
-	}
+	r.setExternalLoopback(prNodeAddr)
 	first, second := prOutside4, prWithPort(prOutside4, 45001)
 	snat := netip.AddrPortFrom(prNodeAddr, 61000)
 	_, out := r.run(r.objs.VipdFromExt, prTCPFrame(first, prNodePort, 1000, 0, prSYN, nil))
@@ -312,10 +304,7 @@ func TestProgRunICMPErrorSNAT(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newPREnv(t)
 			r.addService(prFrontend{vip: c.frontend, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}, c.backend)
-			x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr, prNodeAddr6}, External: true})
-			if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
-				t.Fatalf("put external interface: %v", err)
-			}
+			r.setExternalLoopback(prNodeAddr, prNodeAddr6)
 			_, out := r.run(r.objs.VipdFromExt, prTCPFrame(c.client, c.frontend, 1000, 0, prSYN, nil))
 			toBackend := prDecode(t, out)
 			snat := toBackend.srcPort()
@@ -411,10 +400,7 @@ func TestProgRunTTL(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newPREnv(t)
 			r.addService(prFrontend{vip: c.frontend, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}, c.backend)
-			x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr, prNodeAddr6}, External: true})
-			if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
-				t.Fatalf("put external interface: %v", err)
-			}
+			r.setExternalLoopback(prNodeAddr, prNodeAddr6)
 			ttlOf := func(p prPacket) uint8 {
 				if p.src.Is4() {
 					return p.ipHdr[8]

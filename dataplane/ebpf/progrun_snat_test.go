@@ -25,11 +25,19 @@ func newSNATEnv(t *testing.T, ports, skip PortRange) *prEnv {
 		t.Fatal(err)
 	}
 	r.addService(prFrontend{vip: prNodePort, proto: prTCP, id: 1, scope: scopeExternal, flags: svcFlagSNAT}, prBackends4[0])
-	x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: []netip.Addr{prNodeAddr}, External: true})
-	if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
-		t.Fatalf("put external interface: %v", err)
-	}
+	r.setExternalLoopback(prNodeAddr)
 	return r
+}
+
+// setExternalLoopback makes the interface prog.Run packets enter on
+// (loopback, index 1) an external one holding the node addresses addrs,
+// which SNAT uses.
+func (r *prEnv) setExternalLoopback(addrs ...netip.Addr) {
+	r.t.Helper()
+	x := extIfaceOf(&dataplane.Interface{Name: "lo", Index: 1, Addrs: addrs, External: true})
+	if err := r.objs.VipdExtIfaces.Put(uint32(1), &x); err != nil {
+		r.t.Fatalf("put external interface: %v", err)
+	}
 }
 
 // snatSYN sends a SYN from client to the node port and returns the port
