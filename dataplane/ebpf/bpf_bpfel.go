@@ -256,6 +256,7 @@ const (
 	bpfMapVipdMembers           = "vipd_members"
 	bpfMapVipdRevnat            = "vipd_revnat"
 	bpfMapVipdServices          = "vipd_services"
+	bpfMapVipdSockConn          = "vipd_sock_conn"
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
 	bpfMapVipdSockUdp           = "vipd_sock_udp"
 	bpfMapVipdSrcRanges         = "vipd_src_ranges"
@@ -346,6 +347,7 @@ type bpfMapSpecs struct {
 	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.MapSpec `ebpf:"vipd_services"`
+	VipdSockConn   *ebpf.MapSpec `ebpf:"vipd_sock_conn"`
 	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
@@ -390,6 +392,7 @@ type bpfMaps struct {
 	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.Map `ebpf:"vipd_services"`
+	VipdSockConn   *ebpf.Map `ebpf:"vipd_sock_conn"`
 	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.Map `ebpf:"vipd_src_ranges"`
@@ -410,6 +413,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdMembers,
 		m.VipdRevnat,
 		m.VipdServices,
+		m.VipdSockConn,
 		m.VipdSockRevnat,
 		m.VipdSockUdp,
 		m.VipdSrcRanges,

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 4
+#define LAYOUT_VERSION 5
 
 union addr {
 	__u32 w[4];
@@ -365,6 +365,32 @@ struct {
 	__type(value, struct sock_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_sock_revnat SEC(".maps");
+
+/*
+ * vipd_sock_conn is socket local storage: for a TCP socket whose connect()
+ * the socket hooks translated, the backend it went to and the VIP that
+ * backend stands for (getpeername shows the VIP). The record lives and dies
+ * with the socket, so it needs no LRU and no insert into a shared table.
+ * UDP sockets keep vipd_sock_revnat: an unconnected one talks to several
+ * VIPs, and vipd finds connected ones stuck on removed backends there.
+ */
+struct sock_conn {
+	union addr backend;
+	union addr vip;
+	__be16 backend_port;
+	__be16 vip_port;
+	__u32 rev_nat_id;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_sock_conn SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
