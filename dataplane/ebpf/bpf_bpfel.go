@@ -260,6 +260,7 @@ const (
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
 	bpfMapVipdSockUdp           = "vipd_sock_udp"
 	bpfMapVipdSrcRanges         = "vipd_src_ranges"
+	bpfMapVipdSvcAddrs          = "vipd_svc_addrs"
 	bpfProgVipdFromExt          = "vipd_from_ext"
 	bpfProgVipdFromPod          = "vipd_from_pod"
 	bpfProgVipdSockConnect4     = "vipd_sock_connect4"
@@ -351,6 +352,7 @@ type bpfMapSpecs struct {
 	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs   *ebpf.MapSpec `ebpf:"vipd_svc_addrs"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -396,6 +398,7 @@ type bpfMaps struct {
 	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.Map `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs   *ebpf.Map `ebpf:"vipd_svc_addrs"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -417,6 +420,7 @@ func (m *bpfMaps) Close() error {
 		m.VipdSockRevnat,
 		m.VipdSockUdp,
 		m.VipdSrcRanges,
+		m.VipdSvcAddrs,
 	)
 }
 

@@ -350,6 +350,25 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_ct_srcs SEC(".maps");
 
+/*
+ * vipd_svc_addrs is a filter of frontends: bit svc_addr_bit(addr, port,
+ * proto) is set by vipd (dataplane/ebpf, markFrontends) before it writes a
+ * frontend's vipd_services entries, for every scope, and never cleared. A
+ * packet whose destination's bit is clear goes to no frontend, so the packet
+ * path skips the vipd_services lookup: a miss in that table (a reply to a
+ * client's ephemeral port, say) is a cold bucket per connection, this
+ * filter (64 KiB) stays in the caches. A set bit only means "look". It is
+ * written by vipd only, never by the programs.
+ */
+#define SVC_ADDRS_BITS (1 << 19)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_ADDRS_BITS / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_svc_addrs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

@@ -704,6 +704,18 @@ static __always_inline int ct_src_maybe(const union addr *a, __be16 port)
 	return !w || (*w & bit);
 }
 
+/* svc_addr_maybe reports whether a frontend may have the address a:port
+ * for proto (vipd_svc_addrs): when not, the packet goes to no frontend.
+ * The hash is svcFilterBit's in dataplane/ebpf. */
+static __always_inline int svc_addr_maybe(const union addr *a, __be16 port, __u8 proto)
+{
+	__u32 h = mix32(hash_addr(0x27d4eb2f, a) ^ ((__u32)port << 16 | proto)) % SVC_ADDRS_BITS;
+	__u32 word = h / 64;
+	__u64 *w = bpf_map_lookup_elem(&vipd_svc_addrs, &word);
+
+	return !w || (*w & (1ULL << (h % 64)));
+}
+
 /*
  * local_socket reports whether a socket of the node would take a packet
  * from src:sport to dst:dport (an established socket or a listener), so
@@ -1527,6 +1539,10 @@ static __always_inline int ingress(struct __sk_buff *skb, int rev, __u8 scope)
 	ret = reverse(skb, &p, rev, &done);
 	if (done)
 		return ret;
+	/* Most packets are for no frontend: the filter says so without
+	 * touching vipd_services (FASTPATH.md). */
+	if (!svc_addr_maybe(&p.dst, p.dport, p.proto))
+		return TC_ACT_OK;
 	sk.addr = p.dst;
 	sk.port = p.dport;
 	sk.proto = p.proto;
