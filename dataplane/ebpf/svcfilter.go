@@ -26,7 +26,7 @@ func mix32(h uint32) uint32 {
 func svcFilterBit(k bpfSvcKey) uint32 {
 	h := uint32(0x27d4eb2f)
 	for _, w := range k.Addr.W {
-		h = mix32(h ^ w)
+		h ^= w
 	}
 	return mix32(h^(uint32(k.Port)<<16|uint32(k.Proto))) % svcFilterBits
 }

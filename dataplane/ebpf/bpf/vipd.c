@@ -709,7 +709,9 @@ static __always_inline int ct_src_maybe(const union addr *a, __be16 port)
  * The hash is svcFilterBit's in dataplane/ebpf. */
 static __always_inline int svc_addr_maybe(const union addr *a, __be16 port, __u8 proto)
 {
-	__u32 h = mix32(hash_addr(0x27d4eb2f, a) ^ ((__u32)port << 16 | proto)) % SVC_ADDRS_BITS;
+	/* One mix for all of it: this runs for every packet to a VIP. */
+	__u32 h = mix32(0x27d4eb2f ^ a->w[0] ^ a->w[1] ^ a->w[2] ^ a->w[3] ^ ((__u32)port << 16 | proto)) %
+		  SVC_ADDRS_BITS;
 	__u32 word = h / 64;
 	__u64 *w = bpf_map_lookup_elem(&vipd_svc_addrs, &word);
 
