@@ -6,6 +6,8 @@ package ebpf
 
 import (
 	"bytes"
+	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -201,4 +203,43 @@ func TestDataplaneFrontendFilterRefilledAtOpen(t *testing.T) {
 		t.Fatalf("after the restart the filter lacks %s's bit (word %#x, %v)", dpVIPA, word, err)
 	}
 	e.expectBackends(dpVIPA, "be1")
+}
+
+// A node-local TCP connection to a VIP is recorded in the socket's own
+// storage (vipd_sock_conn), not in the vipd_sock_revnat LRU, and still
+// shows the VIP as its peer; UDP keeps the LRU.
+func TestDataplaneSocketStorageForTCP(t *testing.T) {
+	e := newDPEnv(t, []string{"be1"}, dpSmallMaps)
+	tcp := e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be1"))
+	udp := e.service("test/udp", dpVIPB, dataplane.UDP, dpReady("be1"))
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, tcp, udp))
+	local, err := e.node.StartClient(context.Background(), e.cgroup)
+	if err != nil {
+		t.Fatalf("start a node process in the test cgroup: %v", err)
+	}
+	t.Cleanup(func() { local.Close() })
+	request := func(network string, vip netip.Addr) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		defer cancel()
+		r, err := local.Request(ctx, network, dpVIPPort(vip))
+		if err != nil {
+			t.Fatalf("%s request to %s: %v", network, vip, err)
+		}
+		if r.Backend != "be1" || r.Remote != netip.AddrPortFrom(vip, 80) {
+			t.Fatalf("%s request to %s: answered by %q, the client's peer %v; want be1, the VIP", network, vip, r.Backend, r.Remote)
+		}
+	}
+
+	for range 3 {
+		request("tcp", dpVIPA)
+	}
+	if n := dpCount(t, dp.objs.VipdSockRevnat); n != 0 {
+		t.Fatalf("TCP connections left %d records in vipd_sock_revnat, want none (socket storage)", n)
+	}
+	request("udp", dpVIPB)
+	if n := dpCount(t, dp.objs.VipdSockRevnat); n == 0 {
+		t.Fatal("a UDP request left no record in vipd_sock_revnat")
+	}
 }
