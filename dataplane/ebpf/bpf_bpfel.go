@@ -256,9 +256,11 @@ const (
 	bpfMapVipdMembers           = "vipd_members"
 	bpfMapVipdRevnat            = "vipd_revnat"
 	bpfMapVipdServices          = "vipd_services"
+	bpfMapVipdSockConn          = "vipd_sock_conn"
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
 	bpfMapVipdSockUdp           = "vipd_sock_udp"
 	bpfMapVipdSrcRanges         = "vipd_src_ranges"
+	bpfMapVipdSvcAddrs          = "vipd_svc_addrs"
 	bpfProgVipdFromExt          = "vipd_from_ext"
 	bpfProgVipdFromPod          = "vipd_from_pod"
 	bpfProgVipdSockConnect4     = "vipd_sock_connect4"
@@ -346,9 +348,11 @@ type bpfMapSpecs struct {
 	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.MapSpec `ebpf:"vipd_services"`
+	VipdSockConn   *ebpf.MapSpec `ebpf:"vipd_sock_conn"`
 	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs   *ebpf.MapSpec `ebpf:"vipd_svc_addrs"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -390,9 +394,11 @@ type bpfMaps struct {
 	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
 	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
 	VipdServices   *ebpf.Map `ebpf:"vipd_services"`
+	VipdSockConn   *ebpf.Map `ebpf:"vipd_sock_conn"`
 	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
 	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
 	VipdSrcRanges  *ebpf.Map `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs   *ebpf.Map `ebpf:"vipd_svc_addrs"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -410,9 +416,11 @@ func (m *bpfMaps) Close() error {
 		m.VipdMembers,
 		m.VipdRevnat,
 		m.VipdServices,
+		m.VipdSockConn,
 		m.VipdSockRevnat,
 		m.VipdSockUdp,
 		m.VipdSrcRanges,
+		m.VipdSvcAddrs,
 	)
 }
 

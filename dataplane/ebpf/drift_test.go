@@ -302,6 +302,8 @@ func TestDriftMapEntries(t *testing.T) {
 	rn.Proto = bogus.proto
 	const bogusRevNat = 777
 	for what, err := range map[string]error{
+		// Marked in the frontend filter too, or the packet path never looks.
+		"filter":      markFrontends(m.VipdSvcAddrs, []bpfSvcKey{svcKeyOf(bogus, 0)}),
 		"reverse NAT": m.VipdRevnat.Put(uint32(bogusRevNat), &rn),
 		"member":      m.VipdMembers.Put(&bpfMemberKey{RevNatId: bogusRevNat, BackendId: be1}, uint32(memberFlagEligible)),
 		"master": m.VipdServices.Put(svcKeyOf(bogus, 0), &bpfSvcVal{Count: 1, RevNatId: bogusRevNat,

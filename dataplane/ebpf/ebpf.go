@@ -603,7 +603,7 @@ func Supported() error {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 		switch m.Type {
-		case ebpf.Array, ebpf.HashOfMaps:
+		case ebpf.Array, ebpf.HashOfMaps, ebpf.SkStorage: // socket storage has no size (max_entries 0)
 		case ebpf.RingBuf:
 			m.MaxEntries = uint32(os.Getpagesize())
 		default:

@@ -256,6 +256,22 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		}
 		return nil, nil, fmt.Errorf("load BPF objects: %w", err)
 	}
+	// The frontend filter must cover every frontend of a pinned services
+	// map, also when the filter itself was just created (its pin was
+	// missing): a frontend without its bit would be dead.
+	var fes []bpfSvcKey
+	err = forEach(objs.VipdServices, func(k bpfSvcKey, _ bpfSvcVal) {
+		if k.Slot == 0 {
+			fes = append(fes, k)
+		}
+	})
+	if err == nil {
+		err = markFrontends(objs.VipdSvcAddrs, fes)
+	}
+	if err != nil {
+		objs.Close()
+		return nil, nil, fmt.Errorf("fill the frontend filter from the pinned services: %w", err)
+	}
 	return &objs, inner, nil
 }
 

@@ -5,12 +5,16 @@ package ebpf
 // event ring shows. Their costs are in BenchmarkProgRunPath.
 
 import (
+	"bytes"
+	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,6 +49,44 @@ func TestProgRunFastPathReverseSkipsUnmarkedSources(t *testing.T) {
 	ret, out = r.run(r.objs.VipdToPod, f)
 	prWantVerdict(t, ret, prTCOK)
 	prWantFrame(t, out, f)
+}
+
+// A packet whose destination is not in vipd_svc_addrs is never looked up
+// in vipd_services: a frontend planted there without its filter bit takes
+// no traffic, and takes it once its bit is set.
+func TestProgRunFastPathFrontendFilter(t *testing.T) {
+	r := newPREnv(t)
+	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
+	r.addService(fe, prBackends4[0])
+	syn := prTCPFrame(prClient4, prVIP4, 1000, 0, prSYN, nil)
+	if _, out := r.run(r.objs.VipdFromPod, syn); bytes.Equal(out, syn) {
+		t.Fatal("the SYN to a marked frontend went untranslated")
+	}
+
+	// The same master planted for another VIP, its bit not set.
+	planted := prFrontend{vip: prAP("198.19.0.77:80"), proto: prTCP, id: 1}
+	k, pk := fe.key(0), planted.key(0)
+	if svcFilterBit(k)/64 == svcFilterBit(pk)/64 {
+		t.Fatal("the two frontends share a filter word: pick another address")
+	}
+	var master bpfSvcVal
+	if err := r.objs.VipdServices.Lookup(&k, &master); err != nil {
+		t.Fatalf("master: %v", err)
+	}
+	if err := r.objs.VipdServices.Put(&pk, &master); err != nil {
+		t.Fatalf("plant master: %v", err)
+	}
+	syn = prTCPFrame(prClient4, planted.vip, 1001, 0, prSYN, nil)
+	ret, out := r.run(r.objs.VipdFromPod, syn)
+	prWantVerdict(t, ret, prTCOK)
+	prWantFrame(t, out, syn)
+
+	if err := markFrontends(r.objs.VipdSvcAddrs, []bpfSvcKey{pk}); err != nil {
+		t.Fatalf("mark: %v", err)
+	}
+	if _, out := r.run(r.objs.VipdFromPod, syn); bytes.Equal(out, syn) {
+		t.Fatal("the SYN to the frontend, marked now, went untranslated")
+	}
 }
 
 // A live reply of a tracked flow on vipd_from_pod (which leaves plain
@@ -137,5 +179,67 @@ func TestRemoveUnfilteredConntrack(t *testing.T) {
 				t.Errorf("vipd_ct kept: %v, want %v", got, tc.wantCT)
 			}
 		})
+	}
+}
+
+// A vipd that finds the services pinned but not their filter (its pin
+// removed) fills the new filter from them when it opens, before any apply:
+// else every frontend would be dead.
+func TestDataplaneFrontendFilterRefilledAtOpen(t *testing.T) {
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
+	svc := e.service("test/a", dpVIPA, dataplane.TCP, dpReady("be1"))
+	e.open(nil)
+	e.apply(dpState(1, nil, svc))
+	e.expectBackends(dpVIPA, "be1")
+	e.close()
+
+	if err := os.Remove(filepath.Join(e.bpffs, "vipd_svc_addrs")); err != nil {
+		t.Fatalf("remove the filter's pin: %v", err)
+	}
+	dp := e.open(nil)
+	b := svcFilterBit(svcKeyOf(feKey{addr: dpVIPA, port: 80, proto: unix.IPPROTO_TCP}, 0))
+	var word uint64
+	if err := dp.objs.VipdSvcAddrs.Lookup(b/64, &word); err != nil || word&(1<<(b%64)) == 0 {
+		t.Fatalf("after the restart the filter lacks %s's bit (word %#x, %v)", dpVIPA, word, err)
+	}
+	e.expectBackends(dpVIPA, "be1")
+}
+
+// A node-local TCP connection to a VIP is recorded in the socket's own
+// storage (vipd_sock_conn), not in the vipd_sock_revnat LRU, and still
+// shows the VIP as its peer; UDP keeps the LRU.
+func TestDataplaneSocketStorageForTCP(t *testing.T) {
+	e := newDPEnv(t, []string{"be1"}, dpSmallMaps)
+	tcp := e.service("test/tcp", dpVIPA, dataplane.TCP, dpReady("be1"))
+	udp := e.service("test/udp", dpVIPB, dataplane.UDP, dpReady("be1"))
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, tcp, udp))
+	local, err := e.node.StartClient(context.Background(), e.cgroup)
+	if err != nil {
+		t.Fatalf("start a node process in the test cgroup: %v", err)
+	}
+	t.Cleanup(func() { local.Close() })
+	request := func(network string, vip netip.Addr) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), dpReplyTimeout)
+		defer cancel()
+		r, err := local.Request(ctx, network, dpVIPPort(vip))
+		if err != nil {
+			t.Fatalf("%s request to %s: %v", network, vip, err)
+		}
+		if r.Backend != "be1" || r.Remote != netip.AddrPortFrom(vip, 80) {
+			t.Fatalf("%s request to %s: answered by %q, the client's peer %v; want be1, the VIP", network, vip, r.Backend, r.Remote)
+		}
+	}
+
+	for range 3 {
+		request("tcp", dpVIPA)
+	}
+	if n := dpCount(t, dp.objs.VipdSockRevnat); n != 0 {
+		t.Fatalf("TCP connections left %d records in vipd_sock_revnat, want none (socket storage)", n)
+	}
+	request("udp", dpVIPB)
+	if n := dpCount(t, dp.objs.VipdSockRevnat); n == 0 {
+		t.Fatal("a UDP request left no record in vipd_sock_revnat")
 	}
 }

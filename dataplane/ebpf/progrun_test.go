@@ -231,6 +231,9 @@ func (r *prEnv) setSlots(fe prFrontend, bes ...prBackend) {
 		Slots:           inline,
 	}
 	k := fe.key(0)
+	if err := markFrontends(r.objs.VipdSvcAddrs, []bpfSvcKey{k}); err != nil {
+		r.t.Fatalf("mark the frontend filter: %v", err)
+	}
 	if err := r.objs.VipdServices.Put(&k, &master); err != nil {
 		r.t.Fatalf("put master: %v", err)
 	}

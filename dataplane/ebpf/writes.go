@@ -125,6 +125,7 @@ func (w *writes) flush(m *bpfMaps) error {
 		{"backends", func() error { return batchPut(m.VipdBackends, w.backendKeys, w.backendVals) }},
 		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
 		{"members", func() error { return batchPut(m.VipdMembers, w.memberKeys, w.memberVals) }},
+		{"frontend filter", func() error { return markFrontends(m.VipdSvcAddrs, w.svcKeys) }},
 		{"services", func() error { return batchPut(m.VipdServices, w.svcKeys, w.svcVals) }},
 		{"delete services", func() error { return batchDelete(m.VipdServices, w.svcDeletes) }},
 		{"delete members", func() error { return batchDelete(m.VipdMembers, w.memberDeletes) }},

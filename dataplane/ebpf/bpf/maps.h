@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 4
+#define LAYOUT_VERSION 5
 
 union addr {
 	__u32 w[4];
@@ -350,6 +350,25 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_ct_srcs SEC(".maps");
 
+/*
+ * vipd_svc_addrs is a filter of frontends: bit svc_addr_bit(addr, port,
+ * proto) is set by vipd (dataplane/ebpf, markFrontends) before it writes a
+ * frontend's vipd_services entries, for every scope, and never cleared. A
+ * packet whose destination's bit is clear goes to no frontend, so the packet
+ * path skips the vipd_services lookup: a miss in that table (a reply to a
+ * client's ephemeral port, say) is a cold bucket per connection, this
+ * filter (64 KiB) stays in the caches. A set bit only means "look". It is
+ * written by vipd only, never by the programs.
+ */
+#define SVC_ADDRS_BITS (1 << 19)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_ADDRS_BITS / 64);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_svc_addrs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -365,6 +384,32 @@ struct {
 	__type(value, struct sock_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_sock_revnat SEC(".maps");
+
+/*
+ * vipd_sock_conn is socket local storage: for a TCP socket whose connect()
+ * the socket hooks translated, the backend it went to and the VIP that
+ * backend stands for (getpeername shows the VIP). The record lives and dies
+ * with the socket, so it needs no LRU and no insert into a shared table.
+ * UDP sockets keep vipd_sock_revnat: an unconnected one talks to several
+ * VIPs, and vipd finds connected ones stuck on removed backends there.
+ */
+struct sock_conn {
+	union addr backend;
+	union addr vip;
+	__be16 backend_port;
+	__be16 vip_port;
+	__u32 rev_nat_id;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_sock_conn SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

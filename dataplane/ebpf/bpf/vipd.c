@@ -704,6 +704,20 @@ static __always_inline int ct_src_maybe(const union addr *a, __be16 port)
 	return !w || (*w & bit);
 }
 
+/* svc_addr_maybe reports whether a frontend may have the address a:port
+ * for proto (vipd_svc_addrs): when not, the packet goes to no frontend.
+ * The hash is svcFilterBit's in dataplane/ebpf. */
+static __always_inline int svc_addr_maybe(const union addr *a, __be16 port, __u8 proto)
+{
+	/* One mix for all of it: this runs for every packet to a VIP. */
+	__u32 h = mix32(0x27d4eb2f ^ a->w[0] ^ a->w[1] ^ a->w[2] ^ a->w[3] ^ ((__u32)port << 16 | proto)) %
+		  SVC_ADDRS_BITS;
+	__u32 word = h / 64;
+	__u64 *w = bpf_map_lookup_elem(&vipd_svc_addrs, &word);
+
+	return !w || (*w & (1ULL << (h % 64)));
+}
+
 /*
  * local_socket reports whether a socket of the node would take a packet
  * from src:sport to dst:dport (an established socket or a listener), so
@@ -1527,6 +1541,10 @@ static __always_inline int ingress(struct __sk_buff *skb, int rev, __u8 scope)
 	ret = reverse(skb, &p, rev, &done);
 	if (done)
 		return ret;
+	/* Most packets are for no frontend: the filter says so without
+	 * touching vipd_services (FASTPATH.md). */
+	if (!svc_addr_maybe(&p.dst, p.dport, p.proto))
+		return TC_ACT_OK;
 	sk.addr = p.dst;
 	sk.port = p.dport;
 	sk.proto = p.proto;
@@ -1733,16 +1751,33 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
 	}
-	k.cookie = cookie;
-	k.addr = b->addr;
-	k.port = b->port;
-	v.vip = sk.addr;
-	v.port = sk.port;
-	v.rev_nat_id = svc->rev_nat_id;
-	v.backend_id = id;
-	if (bpf_map_update_elem(&vipd_sock_revnat, &k, &v, BPF_ANY) < 0) {
-		bpf_set_retval(-ECONNREFUSED);
-		return 0; /* fail closed: an untracked translation could not be undone */
+	if (proto == IPPROTO_TCP && ctx->sk) {
+		/* A TCP socket connects once: its record is socket local storage,
+		 * freed with the socket (vipd_sock_conn in maps.h). */
+		struct sock_conn *c = bpf_sk_storage_get(&vipd_sock_conn, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+
+		if (!c) {
+			bpf_set_retval(-ECONNREFUSED);
+			return 0; /* fail closed: an untracked translation could not be undone */
+		}
+		c->backend = b->addr;
+		c->backend_port = b->port;
+		c->vip = sk.addr;
+		c->vip_port = sk.port;
+		c->rev_nat_id = svc->rev_nat_id;
+		c->backend_id = id;
+	} else {
+		k.cookie = cookie;
+		k.addr = b->addr;
+		k.port = b->port;
+		v.vip = sk.addr;
+		v.port = sk.port;
+		v.rev_nat_id = svc->rev_nat_id;
+		v.backend_id = id;
+		if (bpf_map_update_elem(&vipd_sock_revnat, &k, &v, BPF_ANY) < 0) {
+			bpf_set_retval(-ECONNREFUSED);
+			return 0; /* fail closed: an untracked translation could not be undone */
+		}
 	}
 	if (sock_addr_set(ctx, v6, &b->addr) < 0) {
 		bpf_set_retval(-ECONNREFUSED);
@@ -1758,9 +1793,20 @@ static __always_inline int sock_reverse(struct bpf_sock_addr *ctx, int v6)
 	struct sock_key k = {};
 	struct sock_val *v;
 
-	k.cookie = bpf_get_socket_cookie(ctx);
 	sock_addr_get(ctx, v6, &k.addr);
 	k.port = (__be16)ctx->user_port;
+	if (ctx->type == 1 /* SOCK_STREAM */) {
+		struct sock_conn *c = ctx->sk ? bpf_sk_storage_get(&vipd_sock_conn, ctx->sk, 0, 0) : NULL;
+
+		/* Only while it still talks to the backend it was given. */
+		if (!c || c->backend_port != k.port || !addr_eq(&c->backend, &k.addr))
+			return 1;
+		if (sock_addr_set(ctx, v6, &c->vip) < 0)
+			return 1;
+		ctx->user_port = c->vip_port;
+		return 1;
+	}
+	k.cookie = bpf_get_socket_cookie(ctx);
 	v = bpf_map_lookup_elem(&vipd_sock_revnat, &k);
 	if (!v)
 		return 1;
