@@ -196,7 +196,7 @@ type auditor struct {
 	// entries); byRevNat the same by reverse-NAT ID; both give the index
 	// in changes.
 	at       map[bpfSvcKey]int
-	byRevNat map[uint32]int
+	byRevNat revNatIndex
 	// drains are the masters of the frontends that are not desired but
 	// keep their master and reverse-NAT entry while they drain, with
 	// their reverse-NAT IDs.
@@ -223,7 +223,7 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 		next:        next,
 		offs:        offs,
 		at:          make(map[bpfSvcKey]int, len(changes)),
-		byRevNat:    make(map[uint32]int, len(changes)),
+		byRevNat:    newRevNatIndex(p.nextRevNat, len(changes)),
 		drains:      make(map[bpfSvcKey]uint32, len(p.draining)+len(gone)),
 		memberIndex: map[int]map[uint32]int{},
 	}
@@ -233,7 +233,7 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 	for i, pr := range next {
 		if pr != nil {
 			a.at[svcKeyOf(changes[i].key, 0)] = i
-			a.byRevNat[pr.revNat] = i
+			a.byRevNat.set(pr.revNat, i)
 		}
 	}
 	// A frontend that is not desired keeps its master and reverse-NAT
@@ -252,12 +252,55 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 	return a
 }
 
+// maxRevNatSlice bounds the reverse-NAT IDs a revNatIndex keeps in a
+// slice (4 bytes each: 64 MiB).
+const maxRevNatSlice = 16 << 20
+
+// revNatIndex maps reverse-NAT IDs to frontend indexes. IDs are handed out
+// by a counter (and never reused), so while the counter is not far beyond
+// the frontends an audit compares, a slice indexed by ID serves: a million
+// member entries then cost a million array reads rather than map lookups.
+// Past that, it is a map.
+type revNatIndex struct {
+	dense []int32 // by ID: index+1, 0 for none
+	m     map[uint32]int
+}
+
+// newRevNatIndex returns an empty index for IDs below next, of about n
+// frontends.
+func newRevNatIndex(next uint32, n int) revNatIndex {
+	if next <= maxRevNatSlice && int(next) <= 8*n+4096 {
+		return revNatIndex{dense: make([]int32, next)}
+	}
+	return revNatIndex{m: make(map[uint32]int, n)}
+}
+
+func (x *revNatIndex) set(id uint32, i int) {
+	if int(id) < len(x.dense) {
+		x.dense[id] = int32(i) + 1
+		return
+	}
+	if x.m == nil {
+		x.m = map[uint32]int{}
+	}
+	x.m[id] = i
+}
+
+func (x *revNatIndex) get(id uint32) (int, bool) {
+	if int(id) < len(x.dense) {
+		i := x.dense[id]
+		return int(i) - 1, i != 0
+	}
+	i, ok := x.m[id]
+	return i, ok
+}
+
 // revNatEntry audits one reverse-NAT entry: correct, to rewrite, kept
 // for a draining frontend, or absent.
 func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 	var k bpfSvcKey
 	k.Addr, k.Port, k.Proto, k.Scope = rn.Addr, rn.Port, rn.Proto, rn.Scope
-	if i, ok := a.byRevNat[id]; ok {
+	if i, ok := a.byRevNat.get(id); ok {
 		if j, ok := a.at[k]; ok && j == i {
 			a.au.revNatOK.set(i)
 			a.au.ok[mapRevNat]++
@@ -334,7 +377,7 @@ func (a *auditor) memberOf(i int, id uint32) int {
 // rewrite or stale; of any other, absent.
 func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	au := a.au
-	i, ok := a.byRevNat[mk.RevNatId]
+	i, ok := a.byRevNat.get(mk.RevNatId)
 	if !ok {
 		au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
 		return
@@ -355,7 +398,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 // rebuilt whole in any case.
 func (a *auditor) maglevEntry(id uint32, _ uint32) {
 	au := a.au
-	if i, ok := a.byRevNat[id]; !ok {
+	if i, ok := a.byRevNat.get(id); !ok {
 		au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
 	} else if a.next[i].fe.flags&svcFlagMaglev == 0 {
 		au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)

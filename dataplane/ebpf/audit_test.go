@@ -110,3 +110,40 @@ func TestBackendTable(t *testing.T) {
 		t.Errorf("len %d after deleting every key", tab.len())
 	}
 }
+
+// TestRevNatIndex: the audit's reverse-NAT index finds what was set and
+// nothing else, in its slice (IDs below the counter) and its map (IDs past
+// it, or a counter far beyond the frontends).
+func TestRevNatIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		next    uint32
+		n       int
+		dense   bool
+		ids     []uint32
+		missing []uint32
+	}{
+		{"dense", 100, 3, true, []uint32{1, 50, 99, 150}, []uint32{0, 2, 98, 100, 151, 1 << 31}},
+		{"sparse", maxRevNatSlice + 1, 3, false, []uint32{1, 5, maxRevNatSlice}, []uint32{0, 2, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newRevNatIndex(tc.next, tc.n)
+			if got := x.dense != nil; got != tc.dense {
+				t.Fatalf("slice used: %v, want %v", got, tc.dense)
+			}
+			for i, id := range tc.ids {
+				x.set(id, i)
+			}
+			for i, id := range tc.ids {
+				if j, ok := x.get(id); !ok || j != i {
+					t.Errorf("get(%d) = %d, %v; want %d, true", id, j, ok, i)
+				}
+			}
+			for _, id := range tc.missing {
+				if j, ok := x.get(id); ok {
+					t.Errorf("get(%d) = %d, true; want none", id, j)
+				}
+			}
+		})
+	}
+}
