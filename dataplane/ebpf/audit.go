@@ -209,6 +209,9 @@ type auditor struct {
 	memberIndex map[int]map[uint32]int
 	// used are the backends referenced after the apply, sorted by ID.
 	used []usedBackend
+	// usedByID is used by ID (key+1; 0: not used), when countUsed keeps
+	// them so; then used holds only IDs past its end.
+	usedByID []uint64
 }
 
 func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
@@ -417,37 +420,68 @@ type usedBackend struct {
 
 const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
 
-// countUsed collects the backends referenced after the apply, sorted by
-// ID, which backendEntry needs.
+// maxUsedSlice bounds the backend IDs countUsed keeps in a slice indexed
+// by ID (8 bytes each: 128 MiB).
+const maxUsedSlice = 16 << 20
+
+// countUsed collects the backends referenced after the apply, which
+// backendEntry needs: by ID in usedByID while the ID counter is not far
+// beyond them (IDs come from a counter and are never reused), else in
+// used, sorted by ID.
 func (a *auditor) countUsed() {
-	a.used = a.used[:0]
+	a.used, a.usedByID = a.used[:0], nil
+	n := 0
+	for _, ref := range a.p.backendIDs.all() {
+		if ref.refs > 0 {
+			n++
+		}
+	}
+	a.au.used = n
+	if next := a.p.nextBackend; next <= maxUsedSlice && int(next) <= 8*n+4096 {
+		a.usedByID = make([]uint64, next)
+	}
 	for k, ref := range a.p.backendIDs.all() {
 		if ref.refs > 0 {
 			k4, ok := v4Key(k)
 			if !ok {
 				k4 = usedV6
 			}
-			a.used = append(a.used, usedBackend{id: ref.id, key: k4})
+			if int(ref.id) < len(a.usedByID) {
+				a.usedByID[ref.id] = k4 + 1
+			} else {
+				a.used = append(a.used, usedBackend{id: ref.id, key: k4})
+			}
 		}
 	}
 	slices.SortFunc(a.used, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
-	a.au.used = len(a.used)
 }
 
-// backendEntry audits one backend entry: stale when no frontend
-// references it after the apply, else correct or to rewrite. It finds the
-// backend by ID in a.used, where an IPv4 backend's key is at hand: no
-// lookup in the (large) backend table.
+// usedKey returns the key countUsed recorded for backend id, and whether
+// the backend is referenced after the apply.
+func (a *auditor) usedKey(id uint32) (uint64, bool) {
+	if int(id) < len(a.usedByID) {
+		k := a.usedByID[id]
+		return k - 1, k != 0
+	}
+	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	if !ok {
+		return 0, false
+	}
+	return a.used[i].key, true
+}
+
+// backendEntry audits one backend entry: of a referenced backend, correct
+// or to rewrite; of any other, stale.
 func (a *auditor) backendEntry(id uint32, be bpfBackend) {
 	au := a.au
-	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	want, ok := a.usedKey(id)
 	if !ok {
 		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
 		return
 	}
 	k := packWords(be.Addr.W, fromBE16(be.Port))
 	var same bool
-	if want := a.used[i].key; want == usedV6 {
+	if want == usedV6 {
 		ref, _ := a.p.backendIDs.get(k)
 		same = ref.id == id
 	} else {

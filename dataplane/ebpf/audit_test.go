@@ -147,3 +147,34 @@ func TestRevNatIndex(t *testing.T) {
 		})
 	}
 }
+
+// TestUsedKey: countUsed records the referenced backends, IPv4 and IPv6,
+// and usedKey finds them (and no other) both when it keeps them by ID and
+// when the ID counter is too far beyond them for that.
+func TestUsedKey(t *testing.T) {
+	for _, next := range []uint32{10, maxUsedSlice + 1} {
+		p := &programmer{backendIDs: newBackendTable(), nextBackend: next}
+		v4 := beKey{addr: netip.MustParseAddr("198.18.0.1"), port: 80}.packed()
+		v6 := beKey{addr: netip.MustParseAddr("fd00:198::1"), port: 80}.packed()
+		unref := beKey{addr: netip.MustParseAddr("198.18.0.2"), port: 80}.packed()
+		p.backendIDs.put(v4, backendRef{id: 3, refs: 1})
+		p.backendIDs.put(v6, backendRef{id: 5, refs: 2})
+		p.backendIDs.put(unref, backendRef{id: 7, refs: 0})
+		a := &auditor{p: p, au: &audit{}}
+		a.countUsed()
+		if a.au.used != 2 {
+			t.Errorf("next %d: %d used, want 2", next, a.au.used)
+		}
+		want4, _ := v4Key(v4)
+		for id, want := range map[uint32]uint64{3: want4, 5: usedV6} {
+			if k, ok := a.usedKey(id); !ok || k != want {
+				t.Errorf("next %d: usedKey(%d) = %#x, %v; want %#x, true", next, id, k, ok, want)
+			}
+		}
+		for _, id := range []uint32{0, 1, 4, 7, 9, 10, 1 << 30} {
+			if k, ok := a.usedKey(id); ok {
+				t.Errorf("next %d: usedKey(%d) = %#x, true; want none", next, id, k)
+			}
+		}
+	}
+}
