@@ -347,6 +347,9 @@ func labels(v *Violations, out *vipdv1.Service, field string) {
 	if len(out.Labels) > MaxLabels {
 		v.add(field+".labels", "has %d labels; at most %d are allowed", len(out.Labels), MaxLabels)
 	}
+	if len(out.Labels) == 0 {
+		return // no key list to sort: most services have no labels
+	}
 	for _, k := range slices.Sorted(maps.Keys(out.Labels)) {
 		val := out.Labels[k]
 		f := fmt.Sprintf("%s.labels[%q]", field, k)
