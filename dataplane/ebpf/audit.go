@@ -196,7 +196,7 @@ type auditor struct {
 	// entries); byRevNat the same by reverse-NAT ID; both give the index
 	// in changes.
 	at       map[bpfSvcKey]int
-	byRevNat map[uint32]int
+	byRevNat revNatIndex
 	// drains are the masters of the frontends that are not desired but
 	// keep their master and reverse-NAT entry while they drain, with
 	// their reverse-NAT IDs.
@@ -209,6 +209,9 @@ type auditor struct {
 	memberIndex map[int]map[uint32]int
 	// used are the backends referenced after the apply, sorted by ID.
 	used []usedBackend
+	// usedByID is used by ID (key+1; 0: not used), when countUsed keeps
+	// them so; then used holds only IDs past its end.
+	usedByID []uint64
 }
 
 func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
@@ -223,7 +226,7 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 		next:        next,
 		offs:        offs,
 		at:          make(map[bpfSvcKey]int, len(changes)),
-		byRevNat:    make(map[uint32]int, len(changes)),
+		byRevNat:    newRevNatIndex(p.nextRevNat, len(changes)),
 		drains:      make(map[bpfSvcKey]uint32, len(p.draining)+len(gone)),
 		memberIndex: map[int]map[uint32]int{},
 	}
@@ -233,7 +236,7 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 	for i, pr := range next {
 		if pr != nil {
 			a.at[svcKeyOf(changes[i].key, 0)] = i
-			a.byRevNat[pr.revNat] = i
+			a.byRevNat.set(pr.revNat, i)
 		}
 	}
 	// A frontend that is not desired keeps its master and reverse-NAT
@@ -252,12 +255,55 @@ func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int
 	return a
 }
 
+// maxRevNatSlice bounds the reverse-NAT IDs a revNatIndex keeps in a
+// slice (4 bytes each: 64 MiB).
+const maxRevNatSlice = 16 << 20
+
+// revNatIndex maps reverse-NAT IDs to frontend indexes. IDs are handed out
+// by a counter (and never reused), so while the counter is not far beyond
+// the frontends an audit compares, a slice indexed by ID serves: a million
+// member entries then cost a million array reads rather than map lookups.
+// Past that, it is a map.
+type revNatIndex struct {
+	dense []int32 // by ID: index+1, 0 for none
+	m     map[uint32]int
+}
+
+// newRevNatIndex returns an empty index for IDs below next, of about n
+// frontends.
+func newRevNatIndex(next uint32, n int) revNatIndex {
+	if next <= maxRevNatSlice && int(next) <= 8*n+4096 {
+		return revNatIndex{dense: make([]int32, next)}
+	}
+	return revNatIndex{m: make(map[uint32]int, n)}
+}
+
+func (x *revNatIndex) set(id uint32, i int) {
+	if int(id) < len(x.dense) {
+		x.dense[id] = int32(i) + 1
+		return
+	}
+	if x.m == nil {
+		x.m = map[uint32]int{}
+	}
+	x.m[id] = i
+}
+
+func (x *revNatIndex) get(id uint32) (int, bool) {
+	if int(id) < len(x.dense) {
+		i := x.dense[id]
+		return int(i) - 1, i != 0
+	}
+	i, ok := x.m[id]
+	return i, ok
+}
+
 // revNatEntry audits one reverse-NAT entry: correct, to rewrite, kept
 // for a draining frontend, or absent.
 func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 	var k bpfSvcKey
 	k.Addr, k.Port, k.Proto, k.Scope = rn.Addr, rn.Port, rn.Proto, rn.Scope
-	if i, ok := a.byRevNat[id]; ok {
+	if i, ok := a.byRevNat.get(id); ok {
 		if j, ok := a.at[k]; ok && j == i {
 			a.au.revNatOK.set(i)
 			a.au.ok[mapRevNat]++
@@ -334,7 +380,7 @@ func (a *auditor) memberOf(i int, id uint32) int {
 // rewrite or stale; of any other, absent.
 func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	au := a.au
-	i, ok := a.byRevNat[mk.RevNatId]
+	i, ok := a.byRevNat.get(mk.RevNatId)
 	if !ok {
 		au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
 		return
@@ -355,7 +401,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 // rebuilt whole in any case.
 func (a *auditor) maglevEntry(id uint32, _ uint32) {
 	au := a.au
-	if i, ok := a.byRevNat[id]; !ok {
+	if i, ok := a.byRevNat.get(id); !ok {
 		au.absent.maglevDeletes = append(au.absent.maglevDeletes, id)
 	} else if a.next[i].fe.flags&svcFlagMaglev == 0 {
 		au.stale.maglevDeletes = append(au.stale.maglevDeletes, id)
@@ -374,37 +420,68 @@ type usedBackend struct {
 
 const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
 
-// countUsed collects the backends referenced after the apply, sorted by
-// ID, which backendEntry needs.
+// maxUsedSlice bounds the backend IDs countUsed keeps in a slice indexed
+// by ID (8 bytes each: 128 MiB).
+const maxUsedSlice = 16 << 20
+
+// countUsed collects the backends referenced after the apply, which
+// backendEntry needs: by ID in usedByID while the ID counter is not far
+// beyond them (IDs come from a counter and are never reused), else in
+// used, sorted by ID.
 func (a *auditor) countUsed() {
-	a.used = a.used[:0]
+	a.used, a.usedByID = a.used[:0], nil
+	n := 0
+	for _, ref := range a.p.backendIDs.all() {
+		if ref.refs > 0 {
+			n++
+		}
+	}
+	a.au.used = n
+	if next := a.p.nextBackend; next <= maxUsedSlice && int(next) <= 8*n+4096 {
+		a.usedByID = make([]uint64, next)
+	}
 	for k, ref := range a.p.backendIDs.all() {
 		if ref.refs > 0 {
 			k4, ok := v4Key(k)
 			if !ok {
 				k4 = usedV6
 			}
-			a.used = append(a.used, usedBackend{id: ref.id, key: k4})
+			if int(ref.id) < len(a.usedByID) {
+				a.usedByID[ref.id] = k4 + 1
+			} else {
+				a.used = append(a.used, usedBackend{id: ref.id, key: k4})
+			}
 		}
 	}
 	slices.SortFunc(a.used, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
-	a.au.used = len(a.used)
 }
 
-// backendEntry audits one backend entry: stale when no frontend
-// references it after the apply, else correct or to rewrite. It finds the
-// backend by ID in a.used, where an IPv4 backend's key is at hand: no
-// lookup in the (large) backend table.
+// usedKey returns the key countUsed recorded for backend id, and whether
+// the backend is referenced after the apply.
+func (a *auditor) usedKey(id uint32) (uint64, bool) {
+	if int(id) < len(a.usedByID) {
+		k := a.usedByID[id]
+		return k - 1, k != 0
+	}
+	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	if !ok {
+		return 0, false
+	}
+	return a.used[i].key, true
+}
+
+// backendEntry audits one backend entry: of a referenced backend, correct
+// or to rewrite; of any other, stale.
 func (a *auditor) backendEntry(id uint32, be bpfBackend) {
 	au := a.au
-	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	want, ok := a.usedKey(id)
 	if !ok {
 		au.stale.backendDeletes = append(au.stale.backendDeletes, id)
 		return
 	}
 	k := packWords(be.Addr.W, fromBE16(be.Port))
 	var same bool
-	if want := a.used[i].key; want == usedV6 {
+	if want == usedV6 {
 		ref, _ := a.p.backendIDs.get(k)
 		same = ref.id == id
 	} else {

@@ -110,3 +110,71 @@ func TestBackendTable(t *testing.T) {
 		t.Errorf("len %d after deleting every key", tab.len())
 	}
 }
+
+// TestRevNatIndex: the audit's reverse-NAT index finds what was set and
+// nothing else, in its slice (IDs below the counter) and its map (IDs past
+// it, or a counter far beyond the frontends).
+func TestRevNatIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		next    uint32
+		n       int
+		dense   bool
+		ids     []uint32
+		missing []uint32
+	}{
+		{"dense", 100, 3, true, []uint32{1, 50, 99, 150}, []uint32{0, 2, 98, 100, 151, 1 << 31}},
+		{"sparse", maxRevNatSlice + 1, 3, false, []uint32{1, 5, maxRevNatSlice}, []uint32{0, 2, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newRevNatIndex(tc.next, tc.n)
+			if got := x.dense != nil; got != tc.dense {
+				t.Fatalf("slice used: %v, want %v", got, tc.dense)
+			}
+			for i, id := range tc.ids {
+				x.set(id, i)
+			}
+			for i, id := range tc.ids {
+				if j, ok := x.get(id); !ok || j != i {
+					t.Errorf("get(%d) = %d, %v; want %d, true", id, j, ok, i)
+				}
+			}
+			for _, id := range tc.missing {
+				if j, ok := x.get(id); ok {
+					t.Errorf("get(%d) = %d, true; want none", id, j)
+				}
+			}
+		})
+	}
+}
+
+// TestUsedKey: countUsed records the referenced backends, IPv4 and IPv6,
+// and usedKey finds them (and no other) both when it keeps them by ID and
+// when the ID counter is too far beyond them for that.
+func TestUsedKey(t *testing.T) {
+	for _, next := range []uint32{10, maxUsedSlice + 1} {
+		p := &programmer{backendIDs: newBackendTable(), nextBackend: next}
+		v4 := beKey{addr: netip.MustParseAddr("198.18.0.1"), port: 80}.packed()
+		v6 := beKey{addr: netip.MustParseAddr("fd00:198::1"), port: 80}.packed()
+		unref := beKey{addr: netip.MustParseAddr("198.18.0.2"), port: 80}.packed()
+		p.backendIDs.put(v4, backendRef{id: 3, refs: 1})
+		p.backendIDs.put(v6, backendRef{id: 5, refs: 2})
+		p.backendIDs.put(unref, backendRef{id: 7, refs: 0})
+		a := &auditor{p: p, au: &audit{}}
+		a.countUsed()
+		if a.au.used != 2 {
+			t.Errorf("next %d: %d used, want 2", next, a.au.used)
+		}
+		want4, _ := v4Key(v4)
+		for id, want := range map[uint32]uint64{3: want4, 5: usedV6} {
+			if k, ok := a.usedKey(id); !ok || k != want {
+				t.Errorf("next %d: usedKey(%d) = %#x, %v; want %#x, true", next, id, k, ok, want)
+			}
+		}
+		for _, id := range []uint32{0, 1, 4, 7, 9, 10, 1 << 30} {
+			if k, ok := a.usedKey(id); ok {
+				t.Errorf("next %d: usedKey(%d) = %#x, true; want none", next, id, k)
+			}
+		}
+	}
+}

@@ -215,7 +215,7 @@ func (p *Prober) sync(snap *store.Snapshot) {
 		c, ok := p.configs[name]
 		if !ok || c.generation != e.Generation() {
 			c = config{generation: e.Generation()}
-			if hc := e.Service().GetHealthCheck(); hc != nil {
+			if hc := e.HealthCheck(); hc != nil {
 				c.hc = validation.HealthDefaults(hc)
 			}
 			p.configs[name] = c

@@ -9,6 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -151,24 +154,55 @@ func decode(data []byte) (*Snapshot, error) {
 		return nil, fmt.Errorf("checksum %08x does not match the stored %08x", sum, want)
 	}
 	payload := data[headerSize:]
-	entries := make([]*Entry, 0, min(count, uint64(len(payload))))
+	recs := make([][]byte, 0, min(count, uint64(len(payload))))
 	for i := uint64(0); i < count; i++ {
 		n, k := binary.Uvarint(payload)
 		if k <= 0 || n > uint64(len(payload)-k) {
 			return nil, fmt.Errorf("record %d: bad length", i)
 		}
-		rec := payload[k : k+int(n)]
+		recs = append(recs, payload[k:k+int(n)])
 		payload = payload[k+int(n):]
-		e, err := decodeEntry(rec)
-		if err != nil {
-			return nil, fmt.Errorf("record %d: %w", i, err)
-		}
-		entries = append(entries, e)
 	}
 	if len(payload) != 0 {
 		return nil, fmt.Errorf("%d bytes follow the last record", len(payload))
 	}
+	entries, err := decodeEntries(recs)
+	if err != nil {
+		return nil, err
+	}
 	return build(revision, entries)
+}
+
+// decodeEntries decodes recs (decodeEntry), index for index. Records are
+// independent, so it decodes them on every CPU, in blocks: a state of
+// 100,000 services spends most of its load here. On failure it returns
+// the error of the first bad record.
+func decodeEntries(recs [][]byte) ([]*Entry, error) {
+	const block = 1024
+	entries := make([]*Entry, len(recs))
+	errs := make([]error, len(recs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), (len(recs)+block-1)/block) {
+		wg.Go(func() {
+			for {
+				lo := int(next.Add(block)) - block
+				if lo >= len(recs) {
+					return
+				}
+				for i := lo; i < min(lo+block, len(recs)); i++ {
+					entries[i], errs[i] = decodeEntry(recs[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("record %d: %w", i, err)
+		}
+	}
+	return entries, nil
 }
 
 // decodeEntry turns a stored record into an entry by the structural

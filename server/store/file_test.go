@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -614,5 +615,38 @@ func TestLoadAnyRecordOrder(t *testing.T) {
 	want := encodeFile(1, 2, 2, slices.Concat(record(t, a), record(t, b)))
 	if got := save(t, openDir(t), s); !bytes.Equal(got, want) {
 		t.Errorf("re-saved file:\n%x\nwant records sorted by name:\n%x", got, want)
+	}
+}
+
+// TestLoadManyRecords: records decode on every CPU, in blocks; they load
+// all, in place, and of several bad records the first is named.
+func TestLoadManyRecords(t *testing.T) {
+	const n = 5000
+	var good, bad []byte
+	for i := range n {
+		s := stored(t, svc(fmt.Sprintf("s%04d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 1, tcp(80)), uint64(i+1))
+		good = append(good, record(t, s)...)
+		if i == 2100 || i == 4500 {
+			s.Vips[0] = "10.96.0.300"
+		}
+		bad = append(bad, record(t, s)...)
+	}
+	s, err := load(t, encodeFile(1, n, n, good))
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if s.Len() != n {
+		t.Fatalf("loaded %d services, want %d", s.Len(), n)
+	}
+	for _, i := range []int{0, 1023, 1024, 2100, n - 1} {
+		e, ok := s.Get(fmt.Sprintf("s%04d", i))
+		if !ok || e.Generation() != uint64(i+1) || e.Service().Vips[0] != fmt.Sprintf("10.96.%d.%d", i/250, i%250+1) {
+			t.Errorf("service s%04d: %v, %v; want generation %d and its VIP", i, e, ok, i+1)
+		}
+	}
+	s, err = load(t, encodeFile(1, n, n, bad))
+	mustBeCorrupt(t, "bad records", s, err)
+	if !strings.Contains(err.Error(), "record 2100:") {
+		t.Errorf("error %q does not name record 2100, the first bad one", err)
 	}
 }

@@ -92,6 +92,45 @@ func (e *Entry) Service() *vipdv1.Service {
 	return svc
 }
 
+// healthCheckField is vipd.v1.Service's health_check field number.
+const healthCheckField protowire.Number = 11
+
+// HealthCheck returns the service's health check (nil: none), as
+// Service().GetHealthCheck() does, but decodes only that field: the
+// health prober asks it of every stored service, and most have none. The
+// caller owns the message.
+func (e *Entry) HealthCheck() *vipdv1.HealthCheck {
+	var hc *vipdv1.HealthCheck
+	for b := e.spec; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), protowire.ParseError(n)))
+		}
+		b = b[n:]
+		if num == healthCheckField && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), protowire.ParseError(m)))
+			}
+			// A message field given twice is merged, as proto.Unmarshal does.
+			if hc == nil {
+				hc = &vipdv1.HealthCheck{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, hc); err != nil {
+				panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), err))
+			}
+			b = b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), protowire.ParseError(m)))
+		}
+		b = b[m:]
+	}
+	return hc
+}
+
 // encodedLen is the length of appendEncoded's output.
 func (e *Entry) encodedLen() int {
 	return len(e.spec) + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())

@@ -881,3 +881,29 @@ func TestSnapshotConcurrentReaders(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestEntryHealthCheck checks that HealthCheck, which decodes only the
+// health check, gives what decoding the whole service does.
+func TestEntryHealthCheck(t *testing.T) {
+	for _, hc := range []*vipdv1.HealthCheck{
+		nil,
+		{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_HTTP, PortName: "http", Path: "/healthz", IntervalMs: 100, TimeoutMs: 50},
+		{Protocol: vipdv1.HealthCheckProtocol_HEALTH_CHECK_PROTOCOL_TCP},
+	} {
+		in := svc("a", "10.96.0.1", 3, &vipdv1.Port{Name: "http", Port: 80})
+		in.Labels = map[string]string{"app": "web"}
+		in.HealthCheck = hc
+		s, dp := normalize(t, in)
+		e, err := store.NewEntry(s, dp, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := e.HealthCheck(), e.Service().GetHealthCheck()
+		if (got == nil) != (want == nil) || !proto.Equal(got, want) {
+			t.Errorf("HealthCheck() = %v, want %v (the decoded service's)", got, want)
+		}
+		if hc != nil && got == e.HealthCheck() {
+			t.Error("HealthCheck returned the same message twice; each caller must own its copy")
+		}
+	}
+}

@@ -109,13 +109,15 @@ func parseAddr(v *Violations, s, field string) (netip.Addr, bool) {
 func convertVIPs(v *Violations, svc *vipdv1.Service, field string) []netip.Addr {
 	var addrs []netip.Addr
 	for i, s := range svc.Vips {
-		f := fmt.Sprintf("%s.vips[%d]", field, i)
-		a, ok := parseAddr(v, s, f)
+		// The field's name is built only for a violation.
+		var probe Violations
+		a, ok := parseAddr(&probe, s, "")
 		if !ok {
+			parseAddr(v, s, indexed(field, "vips", i))
 			continue
 		}
 		if slices.Contains(addrs, a) {
-			v.add(f, "%s is listed twice", a)
+			v.add(indexed(field, "vips", i), "%s is listed twice", a)
 			continue
 		}
 		svc.Vips[i] = canonical(a, s)
@@ -129,34 +131,44 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 		proto dataplane.Protocol
 		port  uint32
 	}
-	seen := map[key]int{}
-	nodePorts := map[key]int{}
-	names := map[string]int{}
+	// A single port cannot repeat another: the maps that find repeats are
+	// made only for more (reading a nil map finds nothing).
+	var seen, nodePorts map[key]int
+	var names map[string]int
+	if len(svc.Ports) > 1 {
+		seen, nodePorts, names = make(map[key]int, len(svc.Ports)), map[key]int{}, make(map[string]int, len(svc.Ports))
+	}
 	var res []dataplane.Port
+	if len(svc.Ports) > 0 {
+		res = make([]dataplane.Port, 0, len(svc.Ports))
+	}
 	for i, p := range svc.Ports {
-		f := fmt.Sprintf("%s.ports[%d]", field, i)
+		// The field's name is built only for a violation.
+		f := func() string { return indexed(field, "ports", i) }
 		ok := true
 		if p == nil {
-			v.add(f, "is empty")
+			v.add(f(), "is empty")
 			continue
 		}
 		if p.Name != "" {
 			if j, dup := names[p.Name]; dup {
-				v.add(f+".name", "%q is also the name of ports[%d]", p.Name, j)
+				v.add(f()+".name", "%q is also the name of ports[%d]", p.Name, j)
 				ok = false
 			}
-			names[p.Name] = i
+			if names != nil {
+				names[p.Name] = i
+			}
 		}
 		if p.Protocol == vipdv1.Protocol_PROTOCOL_UNSPECIFIED {
 			p.Protocol = vipdv1.Protocol_PROTOCOL_TCP
 		}
 		proto, known := protocols[p.Protocol]
 		if !known {
-			v.add(f+".protocol", "%d is not a known protocol", p.Protocol)
+			v.add(f()+".protocol", "%d is not a known protocol", p.Protocol)
 			ok = false
 		}
 		if p.Port == 0 || p.Port > 65535 {
-			v.add(f+".port", "%d is out of range; 1 to 65535 are allowed", p.Port)
+			v.add(f()+".port", "%d is out of range; 1 to 65535 are allowed", p.Port)
 			ok = false
 		}
 		explicitTarget := p.TargetPort != 0
@@ -164,11 +176,11 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 			p.TargetPort = p.Port
 		}
 		if explicitTarget && p.TargetPort > 65535 {
-			v.add(f+".target_port", "%d is out of range; 1 to 65535 are allowed, or 0 for the same as port", p.TargetPort)
+			v.add(f()+".target_port", "%d is out of range; 1 to 65535 are allowed, or 0 for the same as port", p.TargetPort)
 			ok = false
 		}
 		if p.NodePort > 65535 {
-			v.add(f+".node_port", "%d is out of range; 1 to 65535 are allowed, or 0 for none", p.NodePort)
+			v.add(f()+".node_port", "%d is out of range; 1 to 65535 are allowed, or 0 for none", p.NodePort)
 			ok = false
 		}
 		if !ok {
@@ -176,17 +188,21 @@ func convertPorts(v *Violations, svc *vipdv1.Service, field string) []dataplane.
 		}
 		k := key{proto, p.Port}
 		if j, dup := seen[k]; dup {
-			v.add(f, "%d/%s is also ports[%d]; each protocol and port may appear once", p.Port, proto, j)
+			v.add(f(), "%d/%s is also ports[%d]; each protocol and port may appear once", p.Port, proto, j)
 			continue
 		}
-		seen[k] = i
+		if seen != nil {
+			seen[k] = i
+		}
 		if p.NodePort != 0 {
 			nk := key{proto, p.NodePort}
 			if j, dup := nodePorts[nk]; dup {
-				v.add(f+".node_port", "%d/%s is also the node_port of ports[%d]; each protocol and node port may appear once", p.NodePort, proto, j)
+				v.add(f()+".node_port", "%d/%s is also the node_port of ports[%d]; each protocol and node port may appear once", p.NodePort, proto, j)
 				continue
 			}
-			nodePorts[nk] = i
+			if nodePorts != nil {
+				nodePorts[nk] = i
+			}
 		}
 		res = append(res, dataplane.Port{Name: p.Name, Protocol: proto, Port: uint16(p.Port), TargetPort: uint16(p.TargetPort), NodePort: uint16(p.NodePort)})
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -219,6 +220,11 @@ func (v Violations) withConversion(structural Violations) Violations {
 	return v
 }
 
+// indexed names element i of the list name in field: field.name[i].
+func indexed(field, name string, i int) string {
+	return field + "." + name + "[" + strconv.Itoa(i) + "]"
+}
+
 // unicast parses s as a unicast address that may be used for a VIP or a
 // backend, and returns it canonical.
 func unicast(v *Violations, s, field string) (netip.Addr, bool) {
@@ -252,13 +258,16 @@ func vips(v *Violations, in *vipdv1.Service, lim Limits, field string) bool {
 		v.add(field+".vips", "has %d addresses; 1 to %d are required", n, MaxVIPs)
 	}
 	for i, s := range in.Vips {
-		f := fmt.Sprintf("%s.vips[%d]", field, i)
-		a, valid := unicast(v, s, f)
+		// The field's name is built only for a violation: a big SyncServices
+		// validates hundreds of thousands of valid VIPs.
+		var probe Violations
+		a, valid := unicast(&probe, s, "")
 		switch {
 		case !valid:
+			unicast(v, s, indexed(field, "vips", i))
 			ok = false
 		case len(lim.ServiceCIDRs) > 0 && !slices.ContainsFunc(lim.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
-			v.add(f, "%s is outside the service CIDRs %v (--service-cidr)", a, lim.ServiceCIDRs)
+			v.add(indexed(field, "vips", i), "%s is outside the service CIDRs %v (--service-cidr)", a, lim.ServiceCIDRs)
 			ok = false
 		}
 	}
@@ -276,12 +285,11 @@ func ports(v *Violations, in *vipdv1.Service, lim Limits, field string) {
 		if p == nil {
 			continue // ConvertService reports it
 		}
-		f := fmt.Sprintf("%s.ports[%d]", field, i)
 		switch {
 		case p.Name == "" && len(in.Ports) > 1:
-			v.add(f+".name", "is required when a service has more than one port")
+			v.add(indexed(field, "ports", i)+".name", "is required when a service has more than one port")
 		case p.Name != "" && (len(p.Name) > MaxPortNameLength || !portNamePattern.MatchString(p.Name)):
-			v.add(f+".name", "%q must be 1-%d lowercase letters, digits and '-', starting and ending with a letter or digit", p.Name, MaxPortNameLength)
+			v.add(indexed(field, "ports", i)+".name", "%q must be 1-%d lowercase letters, digits and '-', starting and ending with a letter or digit", p.Name, MaxPortNameLength)
 		}
 	}
 }
@@ -338,6 +346,9 @@ func affinityPolicy(v *Violations, in *vipdv1.Service, field string) {
 func labels(v *Violations, out *vipdv1.Service, field string) {
 	if len(out.Labels) > MaxLabels {
 		v.add(field+".labels", "has %d labels; at most %d are allowed", len(out.Labels), MaxLabels)
+	}
+	if len(out.Labels) == 0 {
+		return // no key list to sort: most services have no labels
 	}
 	for _, k := range slices.Sorted(maps.Keys(out.Labels)) {
 		val := out.Labels[k]
