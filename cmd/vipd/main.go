@@ -171,7 +171,7 @@ func runCommand() *cobra.Command {
 	f.Uint32Var(&cfg.EBPF.Maps.Backends, "bpf-backend-map-max", ebpf.DefaultMapSizes.Backends, "ebpf: distinct backend address:port pairs")
 	f.Uint32Var(&cfg.EBPF.Maps.Conntrack, "bpf-ct-map-max", ebpf.DefaultMapSizes.Conntrack, "ebpf: conntrack entries (two per flow; LRU)")
 	f.Uint32Var(&cfg.EBPF.Maps.Affinity, "bpf-affinity-map-max", ebpf.DefaultMapSizes.Affinity, "ebpf: session-affinity entries (LRU)")
-	f.Uint32Var(&cfg.EBPF.Maps.Sockets, "bpf-sock-map-max", ebpf.DefaultMapSizes.Sockets, "ebpf: node-local socket translations (LRU)")
+	f.Uint32Var(&cfg.EBPF.Maps.Sockets, "bpf-sock-map-max", ebpf.DefaultMapSizes.Sockets, "ebpf: node-local UDP socket translations (LRU; TCP ones live in socket storage)")
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPSyn, "bpf-ct-timeout-tcp-syn", ebpf.DefaultConntrackTimeouts.TCPSyn, "ebpf: conntrack lifetime of a TCP flow not answered yet (positive)")
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPEstablished, "bpf-ct-timeout-tcp", ebpf.DefaultConntrackTimeouts.TCPEstablished, "ebpf: conntrack lifetime of an idle established TCP flow (positive)")
 	f.DurationVar(&cfg.EBPF.ConntrackTimeouts.TCPClose, "bpf-ct-timeout-tcp-close", ebpf.DefaultConntrackTimeouts.TCPClose, "ebpf: conntrack lifetime of a TCP flow after FIN or RST (positive)")

@@ -30,7 +30,9 @@ type MapSizes struct {
 	Conntrack uint32
 	// Affinity sizes the session-affinity map (LRU).
 	Affinity uint32
-	// Sockets sizes the socket reverse-NAT map (LRU) of node-local sockets.
+	// Sockets sizes the LRU maps of node-local UDP sockets' translations
+	// (vipd_sock_revnat, vipd_sock_udp); TCP sockets keep theirs in socket
+	// storage (vipd_sock_conn), which needs no size.
 	Sockets uint32
 	// Events is the size in bytes of the flow event ring buffer: a power
 	// of two, at least the page size. An event takes 128 bytes, so the
