@@ -143,19 +143,11 @@ func forwardKeyOf(k *bpfCtKey, e *bpfCtEntry) bpfCtKey {
 // flowHash is bpf/lb.h's flow_hash of a packet from src to dst: the hash
 // that picks a new flow's Maglev table slot.
 func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
-	mix := func(h uint32) uint32 {
-		h ^= h >> 16
-		h *= 0x85ebca6b
-		h ^= h >> 13
-		h *= 0xc2b2ae35
-		h ^= h >> 16
-		return h
-	}
 	h := uint32(0x9e3779b9)
 	for _, a := range []netip.Addr{src.Addr(), dst.Addr()} {
 		for _, w := range toWords(a) {
-			h = mix(h ^ w)
+			h = mix32(h ^ w)
 		}
 	}
-	return mix(h ^ (uint32(be16(src.Port()))<<16 | uint32(be16(dst.Port()))) ^ uint32(proto))
+	return mix32(h ^ (uint32(be16(src.Port()))<<16 | uint32(be16(dst.Port()))) ^ uint32(proto))
 }
