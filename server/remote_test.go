@@ -159,7 +159,11 @@ func TestMaxInflightRequests(t *testing.T) {
 			t.Fatalf("call beyond the limit: %v; want ResourceExhausted", err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("calls beyond the limit of %d still succeed after 30 s; the limit's upserts should be in progress", limit)
+			var finished []error
+			for len(done) > 0 {
+				finished = append(finished, <-done)
+			}
+			t.Fatalf("calls beyond the limit of %d still succeed after 30 s; the limit's upserts should be in progress, but %d of them returned: %v", limit, len(finished), finished)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
