@@ -45,6 +45,18 @@ type dataCase struct {
 	err               error
 }
 
+// startDataBackends starts the servers of the dataBackend pods of lab:
+// echo on echoPort (TCP and UDP) and a sink on sinkPort, in a separate
+// process.
+func startDataBackends(lab *netlab.Lab) (*load.Servers, error) {
+	var backends []load.Backend
+	for _, name := range dataBackend {
+		p := lab.Pod(name)
+		backends = append(backends, load.Backend{NetNS: p.Path(), Name: name, Addr: p.IPv4(), EchoPort: echoPort, SinkPort: sinkPort})
+	}
+	return load.StartServers(backends)
+}
+
 // dataLab builds the data-path lab: a client pod and four backend pods,
 // each serving echo on 8080 (TCP and UDP) and a sink on 9000 from a
 // separate process.
@@ -53,12 +65,7 @@ func dataLab(ctx context.Context) (*netlab.Lab, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var backends []load.Backend
-	for _, name := range dataBackend {
-		p := lab.Pod(name)
-		backends = append(backends, load.Backend{NetNS: p.Path(), Name: name, Addr: p.IPv4(), EchoPort: echoPort, SinkPort: sinkPort})
-	}
-	servers, err := load.StartServers(backends)
+	servers, err := startDataBackends(lab)
 	if err != nil {
 		lab.Close()
 		return nil, nil, err

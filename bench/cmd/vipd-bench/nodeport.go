@@ -43,12 +43,7 @@ func nodePortLab(ctx context.Context) (*netlab.Lab, *netlab.ExternalHost, func()
 		lab.Close()
 		return nil, nil, nil, err
 	}
-	var backends []load.Backend
-	for _, name := range dataBackend {
-		p := lab.Pod(name)
-		backends = append(backends, load.Backend{NetNS: p.Path(), Name: name, Addr: p.IPv4(), EchoPort: echoPort, SinkPort: sinkPort})
-	}
-	servers, err := load.StartServers(backends)
+	servers, err := startDataBackends(lab)
 	if err != nil {
 		lab.Close()
 		return nil, nil, nil, err
