@@ -118,3 +118,36 @@ func inSyncRequest(index int, dp *dataplane.Service, order []int32) func(role st
 		return field + "." + name
 	}
 }
+
+// unsupportedField names, after "services[i]", the field of dp that holds
+// the first setting caps cannot honour, in the order of
+// dataplane.Capabilities.Check: ".load_balancing", ".ports[j].protocol",
+// or the first field of the external part (".ports[j].node_port",
+// ".external_ips[0]", ".load_balancer_ips[0]"); "" when caps honour all.
+// The conversion keeps the order of the ports and of the external and
+// load-balancer IPs, so the indexes are the request's.
+func unsupportedField(dp *dataplane.Service, caps dataplane.Capabilities) string {
+	if !slices.Contains(caps.LoadBalancing, dp.LoadBalancing) {
+		return ".load_balancing"
+	}
+	for j, p := range dp.Ports {
+		if !slices.Contains(caps.Protocols, p.Protocol) {
+			return fmt.Sprintf(".ports[%d].protocol", j)
+		}
+	}
+	if caps.External {
+		return ""
+	}
+	for j, p := range dp.Ports {
+		if p.NodePort != 0 {
+			return fmt.Sprintf(".ports[%d].node_port", j)
+		}
+	}
+	switch {
+	case len(dp.ExternalIPs) > 0:
+		return ".external_ips[0]"
+	case len(dp.LoadBalancerIPs) > 0:
+		return ".load_balancer_ips[0]"
+	}
+	return ""
+}

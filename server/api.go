@@ -506,10 +506,19 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 	if len(b.v) > 0 {
 		return nil, toStatus(b.v)
 	}
+	// Every service the dataplane cannot honour is named, so that a
+	// control plane can leave them all out in one go; the message is the
+	// first one's.
+	var unsupported []culprit
+	var firstUnsupported error
 	for _, d := range want {
 		if err := a.caps.Check(d.dp); err != nil {
-			return nil, toStatus(err)
+			firstUnsupported = cmp.Or(firstUnsupported, err)
+			unsupported = append(unsupported, unsupportedCulprit(d, err, a.caps))
 		}
+	}
+	if firstUnsupported != nil {
+		return nil, refusal(status.Convert(toStatus(firstUnsupported)), reasonUnsupported, unsupported)
 	}
 
 	p := authz.FromContext(ctx)
@@ -549,13 +558,17 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		// any is written, so that services of this owner may swap VIPs or
 		// ports in one call without a spurious conflict.
 		var changes []desiredService
+		var taken []culprit // listed names that other owners hold
 		for _, d := range want {
 			old, exists := tx.Get(d.dp.Name)
 			switch {
 			case !exists:
 				resp.Created = append(resp.Created, d.dp.Name)
 			case old.Owner() != owner:
-				return nil, status.Errorf(codes.AlreadyExists, "service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.dp.Name, old.Owner(), owner)
+				taken = append(taken, culprit{index: d.index, service: d.dp.Name, field: "services[" + strconv.Itoa(d.index) + "].name",
+					desc: fmt.Sprintf("service %s belongs to owner %s; a SyncServices for owner %s does not take it over", d.dp.Name, old.Owner(), owner),
+					meta: map[string]string{"owner": old.Owner()}})
+				continue
 			case old.SameEncodedSpec(d.spec):
 				resp.Unchanged = append(resp.Unchanged, d.dp.Name)
 				continue
@@ -565,11 +578,11 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 			}
 			changes = append(changes, d)
 		}
-		for _, d := range changes {
-			dpCopy := *d.dp // see put
-			if _, err := tx.PutSpec(d.spec, &dpCopy); err != nil {
-				return nil, addressViolation(err, inSyncRequest(d.index, d.dp, d.order))
-			}
+		if len(taken) > 0 {
+			return nil, refusal(status.New(codes.AlreadyExists, taken[0].desc), reasonOwnedByOther, taken)
+		}
+		if err := putAll(tx, changes, index); err != nil {
+			return nil, err
 		}
 		for _, l := range [][]string{resp.Created, resp.Updated, resp.Deleted, resp.Unchanged} {
 			slices.Sort(l)
@@ -577,9 +590,98 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		return resp, nil
 	})
 	if err != nil {
-		return nil, a.fail(ctx, err)
+		return nil, b.applyRefusal(ctx, err)
 	}
 	return res.(*vipdv1.SyncServicesResponse), nil
+}
+
+// putAll stores the services of a sync that change, and fails with the
+// refusal of the first that cannot be stored, naming every one refused
+// for the same kind of fault. A service that cannot be stored is skipped
+// and the next ones are tried on what was stored, so that the refusal
+// names exactly the services without which the rest can be stored, in the
+// list's order: the ones whose addresses another service uses otherwise
+// (InvalidArgument, BadRequest only, as validation), whose VIP:port, node
+// port or external IP:port another service holds (AlreadyExists,
+// SERVICE_CONFLICT), or that do not fit under vipd's totals after those
+// before them (ResourceExhausted, OVER_LIMIT, and a QuotaFailure as
+// UpsertService's). index gives the place in the list of each listed name.
+func putAll(tx *store.Txn, changes []desiredService, index map[string]int) error {
+	var (
+		first     error
+		addresses validation.Violations
+		culprits  []culprit
+	)
+	for _, d := range changes {
+		dpCopy := *d.dp // see put
+		_, err := tx.PutSpec(d.spec, &dpCopy)
+		if err == nil {
+			continue
+		}
+		err = addressViolation(err, inSyncRequest(d.index, d.dp, d.order))
+		var (
+			v        validation.Violations
+			conflict *store.ConflictError
+			limit    *store.LimitError
+		)
+		switch {
+		case errors.As(err, &v):
+			if first == nil || errors.As(first, new(validation.Violations)) {
+				addresses = append(addresses, v...)
+			}
+		case errors.As(err, &conflict):
+			if first == nil || errors.As(first, new(*store.ConflictError)) {
+				culprits = append(culprits, conflictCulprit(d, conflict, index))
+			}
+		case errors.As(err, &limit):
+			if first == nil || errors.As(first, new(*store.LimitError)) {
+				culprits = append(culprits, limitCulprit(d, limit))
+			}
+		default:
+			return err
+		}
+		first = cmp.Or(first, err)
+	}
+	var limit *store.LimitError
+	switch {
+	case first == nil:
+		return nil
+	case len(addresses) > 0:
+		return addresses
+	case errors.As(first, &limit):
+		return refusal(status.Convert(overLimit(limit)), reasonOverLimit, culprits)
+	}
+	return refusal(status.New(codes.AlreadyExists, first.Error()), reasonConflict, culprits)
+}
+
+// applyRefusal is the status of a sync's failure after validation: a.fail's,
+// and for what the dataplane refused when it applied the sync, details
+// that name the listed service the dataplane could not honour
+// (FailedPrecondition, UNSUPPORTED_BY_DATAPLANE), or, for a full kernel
+// table, an ErrorInfo DATAPLANE_EXHAUSTED that names no service: the
+// tables hold every service's entries, and no one service is at fault.
+func (b *syncBuilder) applyRefusal(ctx context.Context, err error) error {
+	var (
+		applyErr    *reconcile.ApplyError
+		unsupported *dataplane.UnsupportedError
+	)
+	out := b.a.fail(ctx, err)
+	if !errors.As(err, &applyErr) {
+		return out
+	}
+	st := status.Convert(out)
+	switch {
+	case st.Code() == codes.ResourceExhausted:
+		return refusal(st, reasonExhausted, nil)
+	case st.Code() != codes.FailedPrecondition:
+		return out
+	case errors.As(err, &unsupported):
+		if i, ok := b.index[unsupported.Service]; ok {
+			return refusal(st, reasonUnsupported, []culprit{{index: i, service: unsupported.Service, field: "services[" + strconv.Itoa(i) + "]",
+				desc: unsupported.Error(), meta: map[string]string{"feature": unsupported.Feature}}})
+		}
+	}
+	return refusal(st, reasonUnsupported, nil)
 }
 
 // UpdateBackends implements vipdv1.LoadBalancerServiceServer.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/server/reconcile"
@@ -98,4 +101,114 @@ func generationMismatch(name string, want, have uint64) error {
 		return status.Errorf(codes.Aborted, "service %s: expected generation %d, but the service does not exist", name, want)
 	}
 	return status.Errorf(codes.Aborted, "service %s: expected generation %d, but it is at generation %d", name, want, have)
+}
+
+// errorDomain is the google.rpc.ErrorInfo domain of vipd's refusals.
+const errorDomain = "vipd.io"
+
+// The google.rpc.ErrorInfo reasons of a SyncServices refusal (the client
+// package exports them as client.Reason*).
+const (
+	// reasonOwnedByOther: a listed name is another owner's service
+	// (AlreadyExists).
+	reasonOwnedByOther = "SERVICE_OWNED_BY_OTHER"
+	// reasonConflict: a VIP:port, node port or external IP:port of a listed
+	// service is another service's (AlreadyExists).
+	reasonConflict = "SERVICE_CONFLICT"
+	// reasonOverLimit: a listed service does not fit under --max-services
+	// or --max-total-backends (ResourceExhausted).
+	reasonOverLimit = "OVER_LIMIT"
+	// reasonUnsupported: the dataplane cannot honour a listed service
+	// (FailedPrecondition).
+	reasonUnsupported = "UNSUPPORTED_BY_DATAPLANE"
+	// reasonExhausted: a kernel table is full (ResourceExhausted); it names
+	// no service.
+	reasonExhausted = "DATAPLANE_EXHAUSTED"
+)
+
+// culprit is one listed service of a SyncServices that a refusal names.
+type culprit struct {
+	// index is its place in the list (across the chunks of a stream).
+	index   int
+	service string
+	// field is services[index] or a field inside it, such as
+	// services[3].vips[0].
+	field string
+	// desc says what is wrong with it.
+	desc string
+	// meta is ErrorInfo metadata beyond service, index and field, such as
+	// owner or other_service.
+	meta map[string]string
+}
+
+// refusal returns st, with its code and message, carrying details that
+// name cs, all refused for reason: a google.rpc.BadRequest with one field
+// violation per culprit (field, description, reason), and a
+// google.rpc.ErrorInfo (domain vipd.io, reason) whose metadata has the
+// service, index and field of the first culprit, its meta, and
+// service_<index> = name for every culprit. Without culprits (a refusal of
+// the whole request) the ErrorInfo alone carries reason.
+func refusal(st *status.Status, reason string, cs []culprit) error {
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: map[string]string{}}
+	var br *errdetails.BadRequest
+	if len(cs) > 0 {
+		br = &errdetails.BadRequest{}
+		first := cs[0]
+		maps.Copy(info.Metadata, first.meta)
+		info.Metadata["service"] = first.service
+		info.Metadata["index"] = strconv.Itoa(first.index)
+		info.Metadata["field"] = first.field
+		for _, c := range cs {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: c.field, Description: c.desc, Reason: reason})
+			info.Metadata["service_"+strconv.Itoa(c.index)] = c.service
+		}
+	}
+	var with *status.Status
+	var err error
+	if br != nil {
+		with, err = st.WithDetails(br, info)
+	} else {
+		with, err = st.WithDetails(info)
+	}
+	if err != nil {
+		return st.Err()
+	}
+	return with.Err()
+}
+
+// limitCulprit names d, which did not fit under a limit (e), as services[i].
+func limitCulprit(d desiredService, e *store.LimitError) culprit {
+	return culprit{index: d.index, service: d.dp.Name, field: "services[" + strconv.Itoa(d.index) + "]", desc: e.Error(),
+		meta: map[string]string{"resource": e.Resource, "limit": strconv.Itoa(e.Limit), "flag": e.Flag}}
+}
+
+// conflictCulprit names d, whose claim another service holds (e), at the
+// field of the claim. index gives the place in the list of the listed
+// services.
+func conflictCulprit(d desiredService, e *store.ConflictError, index map[string]int) culprit {
+	field := "services[" + strconv.Itoa(d.index) + "]"
+	switch {
+	case e.Use != "":
+		field += "." + e.Use
+	case e.Claim.Kind == store.ClaimVIP:
+		if k := slices.Index(d.dp.VIPs, e.Claim.VIP); k >= 0 {
+			field += ".vips[" + strconv.Itoa(k) + "]"
+		}
+	}
+	meta := map[string]string{"other_service": e.Holder}
+	if j, ok := index[e.Holder]; ok {
+		meta["other_index"] = strconv.Itoa(j)
+	}
+	return culprit{index: d.index, service: d.dp.Name, field: field, desc: e.Error(), meta: meta}
+}
+
+// unsupportedCulprit names d, which caps cannot honour (err, from
+// caps.Check), at the field of the first setting that caps refuses.
+func unsupportedCulprit(d desiredService, err error, caps dataplane.Capabilities) culprit {
+	c := culprit{index: d.index, service: d.dp.Name, field: "services[" + strconv.Itoa(d.index) + "]" + unsupportedField(d.dp, caps), desc: err.Error()}
+	var ue *dataplane.UnsupportedError
+	if errors.As(err, &ue) {
+		c.meta = map[string]string{"feature": ue.Feature}
+	}
+	return c
 }
