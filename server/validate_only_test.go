@@ -164,6 +164,7 @@ func TestValidateOnly(t *testing.T) {
 		do:       syncReq("team-a", owned("", "web", "198.19.0.1"), owned("", "new", "198.19.0.2")),
 		code:     codes.AlreadyExists,
 		contains: []string{"198.19.0.2:80/TCP", "service db"},
+		fields:   []string{"services[1].vips[0]"}, // the culprit, as every sync refusal names it
 	}, {
 		name:     "sync: another service's VIP as a backend",
 		do:       syncReq("team-a", owned("", "web", "198.19.0.1", "198.19.0.2")),
@@ -175,6 +176,7 @@ func TestValidateOnly(t *testing.T) {
 		do:       syncReq("team-a", owned("", "db", "198.19.0.2")),
 		code:     codes.AlreadyExists,
 		contains: []string{"belongs to owner team-b"},
+		fields:   []string{"services[0].name"}, // the culprit, as every sync refusal names it
 	}, {
 		name:   "sync: an invalid field",
 		do:     syncReq("team-a", owned("", "web", "198.19.0.1"), owned("", "new", "nope")),
@@ -185,6 +187,7 @@ func TestValidateOnly(t *testing.T) {
 		do:       syncReq("team-a", owned("", "web", "198.19.0.1", "198.18.1.1", "198.18.1.2", "198.18.1.3", "198.18.1.4")),
 		code:     codes.ResourceExhausted,
 		contains: []string{"--max-total-backends"},
+		fields:   []string{"services[0]"}, // the culprit, as every sync refusal names it
 	}, {
 		name: "update backends: one more, and an absent one removed",
 		do: updateReq(&vipdv1.UpdateBackendsRequest{Name: "web", Upsert: []*vipdv1.Backend{{Ip: "198.18.1.3"}},
