@@ -20,6 +20,7 @@ import (
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
@@ -69,15 +70,20 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 		// out before is not logged again.
 		a.prevLeftOut, a.prevExternalLeft = a.leftOut, a.externalLeft
 		a.leftOut, a.refused, a.externalLeft = map[string]string{}, map[string]*vipdv1.Service{}, map[string]string{}
+		held := heldOf(all)
 		for _, l := range left {
 			if !kubeconvert.IsSkipped(l.Err) {
 				a.leave(l.Service, ReasonInvalid, nil, l.Err)
+				// As when vipd refuses a new version: the old one stays.
+				if old, ok := held[l.Service]; ok {
+					want = append(want, old)
+				}
 			}
 		}
-		want = a.withoutForeign(all, want)
+		want = a.withoutForeign(all, want, held)
 		// Every full sync tries the external parts, whatever vipd said of
 		// them before: vipd may have restarted with another dataplane.
-		resp, sent, err := a.syncDropping(ctx, want)
+		resp, sent, err := a.syncDropping(ctx, want, held)
 		if status.Code(err) == codes.FailedPrecondition && slices.ContainsFunc(sent, servesExternal) {
 			// The ClusterIP parts alone may be fine.
 			first := err
@@ -89,7 +95,7 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 					stripped[i], was[s.Name] = withoutExternal(s), true
 				}
 			}
-			if resp, sent, err = a.syncDropping(ctx, stripped); err == nil {
+			if resp, sent, err = a.syncDropping(ctx, stripped, held); err == nil {
 				a.setNoExternal(true, first)
 				for _, s := range sent {
 					if was[s.Name] {
@@ -107,8 +113,9 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 			a.log.Info("full sync met a service created meanwhile; listing again", "error", err)
 			continue
 		case code == codes.FailedPrecondition || code == codes.ResourceExhausted || code == codes.AlreadyExists:
-			// vipd does not say which service it refused: apply them one
-			// by one, so that one cannot hold up the others.
+			// vipd does not say which service it refused (syncDropping
+			// handles the refusals that name one): apply them one by one,
+			// so that one cannot hold up the others.
 			a.log.Warn("vipd refused the full sync without naming a service; applying the services one by one", "error", err)
 			return a.piecewise(ctx, w, all, sent)
 		default:
@@ -125,10 +132,18 @@ func (a *Adapter) fullSync(ctx context.Context, w work) error {
 		a.applied = map[string]record{}
 		var names []string
 		for _, s := range sent {
-			if g, ok := gens[s.Name]; ok {
-				a.applied[s.Name] = record{spec: conversions[s.Name], sent: s, gen: g}
-				names = append(names, s.Name)
+			g, ok := gens[s.Name]
+			if !ok {
+				continue
 			}
+			if _, refused := a.leftOut[s.Name]; refused {
+				// vipd keeps the version it had (see heldOf): written
+				// again once the Service changes, or a retry may fit.
+				a.applied[s.Name] = record{spec: s, sent: s, gen: g}
+				continue
+			}
+			a.applied[s.Name] = record{spec: conversions[s.Name], sent: s, gen: g}
+			names = append(names, s.Name)
 		}
 		for name := range a.externalLeft {
 			if _, ok := a.applied[name]; !ok {
@@ -153,10 +168,30 @@ func listOf[T any](objs []any) []T {
 	return out
 }
 
+// heldOf returns the kubernetes-owned services of all, vipd's, by name,
+// each as a version to send again: when vipd refuses a new version of a
+// service it holds, or the new version cannot be converted, the full sync
+// sends the version vipd has, so that vipd keeps it, as it does when an
+// UpsertService of the per-service path is refused. The Service is
+// reported left out all the same (leave). The copies carry vipd's
+// defaults, so they never equal a conversion.
+func heldOf(all []*vipdv1.Service) map[string]*vipdv1.Service {
+	held := map[string]*vipdv1.Service{}
+	for _, s := range all {
+		if s.Owner == kubeconvert.Owner {
+			c := proto.CloneOf(s)
+			c.Generation = 0
+			held[s.Name] = c
+		}
+	}
+	return held
+}
+
 // withoutForeign leaves out of want the names and the VIP:ports that
 // services of other owners hold: SyncServices would refuse the whole call
-// for either.
-func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service {
+// for either. A Service whose new version takes another owner's VIP:port
+// keeps the version vipd holds (held).
+func (a *Adapter) withoutForeign(all, want []*vipdv1.Service, held map[string]*vipdv1.Service) []*vipdv1.Service {
 	names := map[string]string{}
 	claims := map[claim]string{}
 	for _, s := range all {
@@ -168,8 +203,8 @@ func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service 
 			claims[c] = s.Name
 		}
 	}
-	// held says which of cs another owner's service holds, or "".
-	held := func(cs []claim) string {
+	// heldBy says which of cs another owner's service holds, or "".
+	heldBy := func(cs []claim) string {
 		for _, c := range cs {
 			if h, ok := claims[c]; ok {
 				return fmt.Sprintf("%s is held by service %s", c, h)
@@ -183,11 +218,14 @@ func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service 
 			a.leave(s.Name, ReasonOtherOwner, nil, fmt.Errorf("vipd has service %s under owner %s", s.Name, owner))
 			continue
 		}
-		if holder := held(vipClaimsOf(s)); holder != "" {
+		if holder := heldBy(vipClaimsOf(s)); holder != "" {
 			a.leave(s.Name, ReasonConflict, s, errors.New(holder))
+			if old, ok := held[s.Name]; ok {
+				out = append(out, old)
+			}
 			continue
 		}
-		if holder := held(externalClaimsOf(s)); holder != "" {
+		if holder := heldBy(externalClaimsOf(s)); holder != "" {
 			// The cluster IPs are free: they go in without the rest.
 			a.leaveExternal(s.Name, ReasonConflict, errors.New(holder))
 			s = withoutExternal(s)
@@ -197,29 +235,42 @@ func (a *Adapter) withoutForeign(all, want []*vipdv1.Service) []*vipdv1.Service 
 	return out
 }
 
-// syncDropping calls SyncServices with want; while vipd refuses services as
-// invalid, naming them as services[i], it drops those and tries again
-// (those whose faults are all in their external part, it sends again
-// without that part). It returns what it sent last.
-func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service) (*vipdv1.SyncServicesResponse, []*vipdv1.Service, error) {
+// syncDropping calls SyncServices with want; while vipd refuses it naming
+// services (client.Culprits: the services[i] field violations of an
+// InvalidArgument, the culprits of a FailedPrecondition, AlreadyExists or
+// ResourceExhausted), it sets those aside and tries the rest again in one
+// call. A culprit refused for its external part alone is sent again
+// without that part. A culprit that vipd holds (held, see heldOf) is sent
+// again as the version vipd has, once, and left out if that is refused
+// too; a new one is left out. Either is reported left out with the
+// refusal's reason. It returns what it sent last; a refusal that names no
+// service (or none of want) is returned as it is.
+func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service, held map[string]*vipdv1.Service) (*vipdv1.SyncServicesResponse, []*vipdv1.Service, error) {
+	asHeld := map[string]bool{} // sent as the version vipd has
 	for {
 		cctx, cancel := context.WithTimeout(ctx, fullSyncTimeout)
 		resp, err := a.vipd.SyncServices(cctx, kubeconvert.Owner, want)
 		cancel()
-		if status.Code(err) != codes.InvalidArgument {
-			return resp, want, err
+		if err == nil {
+			return resp, want, nil
 		}
 		bad := map[int][]string{}
-		onlyExternal := map[int]bool{} // every violation of services[i] is in its external part
-		for _, v := range client.FieldViolations(err) {
-			if i, rest, ok := serviceIndex(v.GetField()); ok && i < len(want) {
-				ext := externalField(rest)
-				if _, seen := bad[i]; !seen {
-					onlyExternal[i] = ext
-				}
-				onlyExternal[i] = onlyExternal[i] && ext
-				bad[i] = append(bad[i], v.GetField()+": "+v.GetDescription())
+		reasons := map[int]string{}
+		onlyExternal := map[int]bool{} // every fault of services[i] is in its external part
+		for _, c := range client.Culprits(err) {
+			i := c.Index
+			reason := culpritReason(status.Code(err), c.Reason)
+			if reason == "" || i >= len(want) || c.Service != "" && c.Service != want[i].Name {
+				continue
 			}
+			_, rest, _ := serviceIndex(c.Field)
+			ext := externalField(rest)
+			if _, seen := bad[i]; !seen {
+				onlyExternal[i] = ext
+			}
+			onlyExternal[i] = onlyExternal[i] && ext
+			reasons[i] = reason
+			bad[i] = append(bad[i], c.Field+": "+c.Description)
 		}
 		if len(bad) == 0 {
 			return nil, want, err
@@ -227,19 +278,57 @@ func (a *Adapter) syncDropping(ctx context.Context, want []*vipdv1.Service) (*vi
 		kept := make([]*vipdv1.Service, 0, len(want))
 		for i, s := range want {
 			v, ok := bad[i]
-			switch {
-			case !ok:
+			if !ok {
 				kept = append(kept, s)
-			case onlyExternal[i] && hasExternalPart(s):
+				continue
+			}
+			reason, why := reasons[i], fmt.Errorf("vipd refused it: %s", strings.Join(v, "; "))
+			old, isHeld := held[s.Name]
+			switch {
+			case onlyExternal[i] && hasExternalPart(s) && reason != ReasonOverLimit:
 				// The ClusterIP part is fine: it goes in without the rest.
-				a.leaveExternal(s.Name, ReasonInvalid, fmt.Errorf("vipd refused it: %s", strings.Join(v, "; ")))
+				a.leaveExternal(s.Name, reason, why)
+				if reason == ReasonUnsupported {
+					a.setNoExternal(true, err)
+				}
 				kept = append(kept, withoutExternal(s))
+			case reason == ReasonOtherOwner:
+				a.leave(s.Name, reason, nil, why)
+			case isHeld && !asHeld[s.Name]:
+				// A refused new version: vipd keeps the one it has.
+				a.leave(s.Name, reason, s, why)
+				asHeld[s.Name] = true
+				kept = append(kept, old)
+			case asHeld[s.Name]:
+				// What vipd had is refused too now: the Service is left out.
+				a.log.Warn("vipd refused the version it had of a service; leaving it out", "service", s.Name, "error", why)
 			default:
-				a.leave(s.Name, ReasonInvalid, s, fmt.Errorf("vipd refused it: %s", strings.Join(v, "; ")))
+				a.leave(s.Name, reason, s, why)
 			}
 		}
 		want = kept
 	}
+}
+
+// culpritReason is the reason a service is left out (see leftout.go) for
+// a culprit with vipd's reason (client.Reason*) in a refusal of code, or
+// "" for one the adapter cannot leave out alone.
+func culpritReason(code codes.Code, reason string) string {
+	switch reason {
+	case client.ReasonServiceOwnedByOther:
+		return ReasonOtherOwner
+	case client.ReasonServiceConflict:
+		return ReasonConflict
+	case client.ReasonOverLimit:
+		return ReasonOverLimit
+	case client.ReasonUnsupportedByDataplane:
+		return ReasonUnsupported
+	case "":
+		if code == codes.InvalidArgument {
+			return ReasonInvalid
+		}
+	}
+	return ""
 }
 
 // serviceIndex reads i from a field violation "services[i]...", and
