@@ -51,7 +51,36 @@ type LoadBalancerServiceClient interface {
 	// AlreadyExists naming that owner, unlike UpsertService, whose
 	// FailedPrecondition means "set take_ownership to move it": SyncServices
 	// cannot take a service over, so for it the name is simply taken, and a
-	// control plane (vipd-k8s does) lists again and leaves that name out.
+	// control plane (vipd-k8s does) leaves that name out.
+	//
+	// A refusal because of listed services names every one of them, so that a
+	// control plane can leave them out and send the rest again in one call.
+	// The message is the first one's; the details are a google.rpc.BadRequest
+	// with one field violation per service (field "services[i]" or a field
+	// inside it, i being its place in the list; reason as the ErrorInfo's) and
+	// a google.rpc.ErrorInfo of domain "vipd.io" whose metadata has the first
+	// one's "service", "index" and "field", and "service_<i>" = the name of
+	// every one. Reasons:
+	//
+	//	SERVICE_OWNED_BY_OTHER (AlreadyExists): the name is another owner's
+	//	  service (field services[i].name; metadata "owner");
+	//	SERVICE_CONFLICT (AlreadyExists): a VIP:port, node port or external
+	//	  or load-balancer IP:port is another service's, at that field (the
+	//	  later of two listed services; metadata "other_service", and
+	//	  "other_index" when it is listed);
+	//	OVER_LIMIT (ResourceExhausted, with the google.rpc.QuotaFailure): it
+	//	  does not fit under --max-services or --max-total-backends after the
+	//	  services before it (metadata "resource", "limit", "flag");
+	//	UNSUPPORTED_BY_DATAPLANE (FailedPrecondition): the dataplane cannot
+	//	  honour it (metadata "feature").
+	//
+	// One refusal names the services of one reason; the list without them is
+	// refused only for another, if at all. DATAPLANE_EXHAUSTED
+	// (ResourceExhausted: a kernel table is full) has an ErrorInfo that names
+	// no service, and PermissionDenied, Unavailable, Internal and a
+	// ResourceExhausted without details (too many requests in flight) name
+	// none either. InvalidArgument names fields as everywhere, without an
+	// ErrorInfo.
 	SyncServices(ctx context.Context, in *SyncServicesRequest, opts ...grpc.CallOption) (*SyncServicesResponse, error)
 	// SyncServicesStream is SyncServices with the list sent in chunks, so that
 	// no message holds a huge list: each message is a chunk,
@@ -64,7 +93,8 @@ type LoadBalancerServiceClient interface {
 	// SyncServices, all or nothing. A stream that breaks off (the client
 	// cancels, or its connection drops) changes nothing; a chunk that does not
 	// validate fails the call once the stream ends (every violation is
-	// reported) and changes nothing.
+	// reported) and changes nothing. Refusals name services as SyncServices's,
+	// with i counted across the chunks.
 	SyncServicesStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SyncServicesStreamRequest, SyncServicesStreamResponse], error)
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(ctx context.Context, in *UpdateBackendsRequest, opts ...grpc.CallOption) (*UpdateBackendsResponse, error)
@@ -174,7 +204,36 @@ type LoadBalancerServiceServer interface {
 	// AlreadyExists naming that owner, unlike UpsertService, whose
 	// FailedPrecondition means "set take_ownership to move it": SyncServices
 	// cannot take a service over, so for it the name is simply taken, and a
-	// control plane (vipd-k8s does) lists again and leaves that name out.
+	// control plane (vipd-k8s does) leaves that name out.
+	//
+	// A refusal because of listed services names every one of them, so that a
+	// control plane can leave them out and send the rest again in one call.
+	// The message is the first one's; the details are a google.rpc.BadRequest
+	// with one field violation per service (field "services[i]" or a field
+	// inside it, i being its place in the list; reason as the ErrorInfo's) and
+	// a google.rpc.ErrorInfo of domain "vipd.io" whose metadata has the first
+	// one's "service", "index" and "field", and "service_<i>" = the name of
+	// every one. Reasons:
+	//
+	//	SERVICE_OWNED_BY_OTHER (AlreadyExists): the name is another owner's
+	//	  service (field services[i].name; metadata "owner");
+	//	SERVICE_CONFLICT (AlreadyExists): a VIP:port, node port or external
+	//	  or load-balancer IP:port is another service's, at that field (the
+	//	  later of two listed services; metadata "other_service", and
+	//	  "other_index" when it is listed);
+	//	OVER_LIMIT (ResourceExhausted, with the google.rpc.QuotaFailure): it
+	//	  does not fit under --max-services or --max-total-backends after the
+	//	  services before it (metadata "resource", "limit", "flag");
+	//	UNSUPPORTED_BY_DATAPLANE (FailedPrecondition): the dataplane cannot
+	//	  honour it (metadata "feature").
+	//
+	// One refusal names the services of one reason; the list without them is
+	// refused only for another, if at all. DATAPLANE_EXHAUSTED
+	// (ResourceExhausted: a kernel table is full) has an ErrorInfo that names
+	// no service, and PermissionDenied, Unavailable, Internal and a
+	// ResourceExhausted without details (too many requests in flight) name
+	// none either. InvalidArgument names fields as everywhere, without an
+	// ErrorInfo.
 	SyncServices(context.Context, *SyncServicesRequest) (*SyncServicesResponse, error)
 	// SyncServicesStream is SyncServices with the list sent in chunks, so that
 	// no message holds a huge list: each message is a chunk,
@@ -187,7 +246,8 @@ type LoadBalancerServiceServer interface {
 	// SyncServices, all or nothing. A stream that breaks off (the client
 	// cancels, or its connection drops) changes nothing; a chunk that does not
 	// validate fails the call once the stream ends (every violation is
-	// reported) and changes nothing.
+	// reported) and changes nothing. Refusals name services as SyncServices's,
+	// with i counted across the chunks.
 	SyncServicesStream(grpc.ClientStreamingServer[SyncServicesStreamRequest, SyncServicesStreamResponse]) error
 	// UpdateBackends changes part of a service's backend set.
 	UpdateBackends(context.Context, *UpdateBackendsRequest) (*UpdateBackendsResponse, error)
