@@ -365,9 +365,15 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 //
 // A listed name that another owner's service holds is AlreadyExists naming
 // that owner, where UpsertService answers FailedPrecondition (it could take
-// the service over with take_ownership; a sync cannot): the adapter in
-// internal/kubeadapter reads AlreadyExists from a sync as a name taken
-// since it listed, and lists again.
+// the service over with take_ownership; a sync cannot).
+//
+// A refusal because of listed services (FailedPrecondition, AlreadyExists,
+// ResourceExhausted) names every one of them of the same fault in its
+// details (see refusal, putAll and applyRefusal), keeping the first one's
+// message, so that a control plane (internal/kubeadapter) can leave them
+// out and send the rest in one more call. Refusals of the whole request
+// (PermissionDenied, a full kernel table, too many requests in flight)
+// name none.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	b := a.newSync(req.Owner, req.ValidateOnly)
 	b.add(req.Services)

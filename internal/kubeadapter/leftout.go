@@ -9,8 +9,10 @@ import (
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 )
 
-// Reasons a Service is left out of vipd (the reason label of
-// vipd_k8s_services_left_out).
+// Reasons a Service is left out of vipd, or its latest change is (the
+// reason label of vipd_k8s_services_left_out). Those of a SyncServices
+// refusal come from the reason vipd gives for each service it names
+// (culpritReason).
 const (
 	// ReasonOtherOwner: vipd has a service of that name under another owner.
 	ReasonOtherOwner = "other-owner"
@@ -32,8 +34,10 @@ var reasons = []string{ReasonOtherOwner, ReasonConflict, ReasonInvalid, ReasonUn
 // while its cluster IPs are programmed (vipd_k8s_services_external_left_out).
 var externalReasons = []string{ReasonConflict, ReasonInvalid, ReasonUnsupported}
 
-// leave records that name is not programmed, and why; svc, when not nil,
-// is the version refused, which is not tried again until it changes.
+// leave records that name is not programmed, or only in the version vipd
+// had before a refused change (the per-service pass and the full sync
+// both keep it: see heldOf), and why; svc, when not nil, is the version
+// refused, which is not tried again until it changes.
 func (a *Adapter) leave(name, reason string, svc *vipdv1.Service, err error) {
 	if a.leftOut[name] != reason && a.prevLeftOut[name] != reason {
 		a.log.Warn("service left out", "service", name, "reason", reason, "error", err)
