@@ -125,4 +125,3 @@ func TestRefusedChangeKeepsTheOldVersion(t *testing.T) {
 		})
 	}
 }
-
