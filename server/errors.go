@@ -141,17 +141,26 @@ type culprit struct {
 	meta map[string]string
 }
 
+// maxCulprits bounds the services one refusal names: the details travel in
+// a trailer, which a client refuses beyond its header list size (16 MiB by
+// default in grpc-go), and each culprit takes a few hundred bytes.
+const maxCulprits = 10000
+
 // refusal returns st, with its code and message, carrying details that
 // name cs, all refused for reason: a google.rpc.BadRequest with one field
 // violation per culprit (field, description, reason), and a
 // google.rpc.ErrorInfo (domain vipd.io, reason) whose metadata has the
-// service, index and field of the first culprit, its meta, and
-// service_<index> = name for every culprit. Without culprits (a refusal of
-// the whole request) the ErrorInfo alone carries reason.
+// service, index and field of the first culprit, its meta, service_<index>
+// = name for every culprit, and culprits = how many there are. Only the
+// first maxCulprits are named; the list without them names the rest. Without
+// culprits (a refusal of the whole request) the ErrorInfo alone carries
+// reason.
 func refusal(st *status.Status, reason string, cs []culprit) error {
 	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: map[string]string{}}
 	var br *errdetails.BadRequest
 	if len(cs) > 0 {
+		info.Metadata["culprits"] = strconv.Itoa(len(cs))
+		cs = cs[:min(len(cs), maxCulprits)]
 		br = &errdetails.BadRequest{}
 		first := cs[0]
 		maps.Copy(info.Metadata, first.meta)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -301,5 +302,48 @@ func TestSyncRefusalRetryWithoutCulprits(t *testing.T) {
 	}
 	if got := listed(t, in, "k8s"); !slices.Equal(got, []string{"k8s/a", "k8s/d", "k8s/e"}) {
 		t.Fatalf("stored %v", got)
+	}
+}
+
+// TestSyncRefusalNamesAtMost10000: a refusal names the first 10,000
+// culprits (the details travel in a trailer of bounded size) and says how
+// many there are; the list without them names the rest.
+func TestSyncRefusalNamesAtMost10000(t *testing.T) {
+	dp := fake.New(fake.WithCapabilities(dataplane.Capabilities{
+		LoadBalancing: []dataplane.LoadBalancing{dataplane.LoadBalancingRandom},
+		Protocols:     []dataplane.Protocol{dataplane.TCP},
+	}))
+	srv := testserver.Start(t, testserver.WithDataplane(dp))
+	conn, err := grpc.NewClient(srv.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	lb := vipdv1.NewLoadBalancerServiceClient(conn)
+	const n = 10002
+	list := func(from int) []*vipdv1.Service {
+		var out []*vipdv1.Service
+		for i := from; i < n; i++ {
+			s := web(fmt.Sprintf("k8s/s%d", i), fmt.Sprintf("198.19.%d.%d", i/250, i%250+1))
+			s.Ports[0].Protocol = vipdv1.Protocol_PROTOCOL_UDP
+			out = append(out, s)
+		}
+		return out
+	}
+	_, err = lb.SyncServices(ctxT(t), &vipdv1.SyncServicesRequest{Owner: "k8s", Services: list(0)})
+	cs := client.Culprits(err)
+	if len(cs) != 10000 || cs[0].Index != 0 || cs[9999].Index != 9999 || cs[9999].Service != "k8s/s9999" {
+		t.Fatalf("%d culprits (%v ... ); want services[0] to services[9999]", len(cs), cs[:min(len(cs), 1)])
+	}
+	if got := errorInfo(err).Metadata["culprits"]; got != strconv.Itoa(n) {
+		t.Errorf("metadata culprits = %q, want %d", got, n)
+	}
+	_, err = lb.SyncServices(ctxT(t), &vipdv1.SyncServicesRequest{Owner: "k8s", Services: list(10000)})
+	var got []string
+	for _, c := range client.Culprits(err) {
+		got = append(got, culpritOf(c))
+	}
+	if want := []string{"0 k8s/s10000 services[0].ports[0].protocol", "1 k8s/s10001 services[1].ports[0].protocol"}; !slices.Equal(got, want) {
+		t.Errorf("the rest: %q, want %q", got, want)
 	}
 }

@@ -59,8 +59,9 @@ type LoadBalancerServiceClient interface {
 	// with one field violation per service (field "services[i]" or a field
 	// inside it, i being its place in the list; reason as the ErrorInfo's) and
 	// a google.rpc.ErrorInfo of domain "vipd.io" whose metadata has the first
-	// one's "service", "index" and "field", and "service_<i>" = the name of
-	// every one. Reasons:
+	// one's "service", "index" and "field", "service_<i>" = the name of
+	// every one, and "culprits", their number (at most 10,000 are named; the
+	// list without them names the rest). Reasons:
 	//
 	//	SERVICE_OWNED_BY_OTHER (AlreadyExists): the name is another owner's
 	//	  service (field services[i].name; metadata "owner");
@@ -212,8 +213,9 @@ type LoadBalancerServiceServer interface {
 	// with one field violation per service (field "services[i]" or a field
 	// inside it, i being its place in the list; reason as the ErrorInfo's) and
 	// a google.rpc.ErrorInfo of domain "vipd.io" whose metadata has the first
-	// one's "service", "index" and "field", and "service_<i>" = the name of
-	// every one. Reasons:
+	// one's "service", "index" and "field", "service_<i>" = the name of
+	// every one, and "culprits", their number (at most 10,000 are named; the
+	// list without them names the rest). Reasons:
 	//
 	//	SERVICE_OWNED_BY_OTHER (AlreadyExists): the name is another owner's
 	//	  service (field services[i].name; metadata "owner");
