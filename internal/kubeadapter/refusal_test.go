@@ -125,3 +125,23 @@ func TestRefusedChangeKeepsTheOldVersion(t *testing.T) {
 		})
 	}
 }
+
+// TestFullSyncNodePortConflictKeepsClusterIP: two Services on one node
+// port in the first full sync: vipd names the second's node port, and the
+// adapter sends it again without its external part in one more call (no
+// relisting, no call per service); it keeps its cluster IP.
+func TestFullSyncNodePortConflictKeepsClusterIP(t *testing.T) {
+	e := newEnv(t, nodePortService("shop", "a", "198.19.0.10", 30080), nodePortService("shop", "b", "198.19.0.11", 30080))
+	a := e.start(kubeadapter.WithFullSyncPeriod(0))
+	waitMetric(t, a.reg, 1, "vipd_k8s_syncs_total", "kind", "full", "result", "ok")
+	if n, l, u := e.calls.get("SyncServices"), e.calls.get("ListServices"), e.calls.get("UpsertService"); n != 2 || l != 2 || u != 0 {
+		t.Errorf("SyncServices %d, ListServices %d, UpsertService %d calls; want 2, 2 (before and after) and 0", n, l, u)
+	}
+	e.waitState(map[string]string{
+		"shop/a": "vips=198.19.0.10 ports=/TCP:80 backends=[]",
+		"shop/b": "vips=198.19.0.11 ports=/TCP:80 backends=[]",
+	})
+	e.waitExternal(map[string]string{"shop/a": "nodeport=30080/TCP", "shop/b": ""})
+	waitMetric(t, a.reg, 1, "vipd_k8s_services_external_left_out", "reason", kubeadapter.ReasonConflict)
+	waitMetric(t, a.reg, 0, "vipd_k8s_services_left_out", "reason", kubeadapter.ReasonConflict)
+}
