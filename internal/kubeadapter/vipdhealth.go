@@ -70,7 +70,7 @@ func (a *Adapter) sawInstance(id, via string, unknownIsNew bool) {
 	a.mu.Unlock()
 	switch {
 	case stale:
-		if id != prev {
+		if id != prev && synced != "" {
 			a.log.Info("vipd is an instance the adapter has not fully synced (vipd restarted); a full sync follows",
 				"instance_id", id, "synced_instance_id", synced, "via", via)
 		}
