@@ -200,9 +200,16 @@ func (c *Client) StatusClient() vipdv1.StatusServiceClient { return c.status }
 // client's connection, default deadline (for ListFlows) and retries.
 func (c *Client) FlowClient() vipdv1.FlowServiceClient { return c.flows }
 
+// InstanceIDHeader is the response header metadata key in which vipd's
+// health service (Check, and Watch with its first answer) names the vipd
+// that answers: GetStatusResponse.instance_id, which changes with every
+// start of vipd. Read it with grpc.Header on Check, or the stream's Header
+// on Watch.
+const InstanceIDHeader = "vipd-instance-id"
+
 // HealthClient is the generated client of grpc.health.v1.Health, sharing this
 // client's connection. Its unary Check gets the default deadline; Watch, a
-// stream, does not.
+// stream, does not. Their answers carry InstanceIDHeader.
 func (c *Client) HealthClient() healthpb.HealthClient { return c.health }
 
 // UpsertService creates svc or fully replaces the service of that name, and

@@ -64,6 +64,7 @@ type API struct {
 	explainer dataplane.Explainer
 	warnings  []func() []*vipdv1.StatusWarning
 	health    BackendHealth
+	instance  string // see InstanceID
 }
 
 // APIOption configures an API.
@@ -103,8 +104,9 @@ func WithStatusWarnings(f func() []*vipdv1.StatusWarning) APIOption {
 }
 
 // NewAPI returns the API over rec, for a dataplane named dpName with caps.
+// It draws the API's instance ID (see InstanceID).
 func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dataplane.Capabilities, limits validation.Limits, version string, opts ...APIOption) *API {
-	a := &API{log: log, rec: rec, dataplane: dpName, caps: caps, limits: limits, version: version}
+	a := &API{log: log, rec: rec, dataplane: dpName, caps: caps, limits: limits, version: version, instance: newInstanceID()}
 	for _, o := range opts {
 		o(a)
 	}
@@ -824,6 +826,7 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 		LastSyncDuration:  durationpb.New(st.LastSyncDuration),
 		Version:           a.version,
 		Ready:             st.Ready,
+		InstanceId:        a.instance,
 	}
 	if !st.LastSync.IsZero() {
 		resp.LastSyncTime = timestamppb.New(st.LastSync)

@@ -52,7 +52,8 @@ const handshakeTimeout = 10 * time.Second
 
 // Server is the daemon's gRPC shell. It serves the API on its listeners
 // together with grpc.health.v1 and reflection. Health reports NOT_SERVING
-// until MarkReady is called.
+// until MarkReady is called; its answers carry the API's instance ID in
+// the InstanceIDHeader response header.
 //
 // Clients of the Unix socket (and of WithListener listeners) are trusted:
 // the socket's file mode and group decide who may connect. Clients of a
@@ -266,14 +267,18 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 	// Order matters: the limits come right after the caller's interceptors
 	// (metrics), so that refused calls are counted but cost nothing more
 	// and are not logged one by one; the principal is attached before the
-	// handlers and the logging that names it.
+	// handlers and the logging that names it. The instance header goes on
+	// before anything may answer, so every health answer carries it.
+	instUnary, instStream := instanceHeader(api.InstanceID())
 	unary := append(slices.Clip(s.unary),
+		instUnary,
 		s.limitInflight,
 		s.authenticateUnary,
 		calls.unary,
 		recovery.UnaryServerInterceptor(recoveryOpt),
 	)
 	stream := append(slices.Clip(s.stream),
+		instStream,
 		s.limitWatchers,
 		s.authenticateStream,
 		calls.stream,

@@ -191,6 +191,13 @@ items:
 			{Ip: "198.18.5.3", Ports: map[string]uint32{"grpc": 10443}, State: ready, OnlyNamedPorts: true},
 		},
 	}, "default", 2)})
+	// vipd stores grpc's target_port as 443, which no pod listens on: the
+	// named targetPort resolves to 9443 and 10443, so vipctl says
+	// per-backend.
+	vipctl(t, vipd.Socket(), "", "service", "list", "--owner", "default").check(t, `NAME         OWNER    VIPS         PORTS                         BACKENDS  AFFINITY  GEN
+default/api  default  198.19.0.20  443/TCP→per-backend,8000/TCP  2/3       none      2
+team/plain   default  198.19.1.1   80/TCP                        0/0       none      1
+`, "", ExitOK)
 }
 
 func TestApplyKubernetesPrune(t *testing.T) {

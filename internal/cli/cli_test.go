@@ -430,11 +430,22 @@ func TestBackends(t *testing.T) {
 
 func TestStatusAndVersion(t *testing.T) {
 	start := time.Now()
-	sock := testserver.Start(t, testserver.WithVersion("v0.1.0")).Socket()
+	srv := testserver.Start(t, testserver.WithVersion("v0.1.0"))
+	sock := srv.Socket()
+	// The instance ID is random: the output must show this vipd's.
+	withoutID := func(out string) string {
+		t.Helper()
+		id := srv.API().InstanceID()
+		if id == "" || strings.Count(out, id) != 1 {
+			t.Errorf("status output does not show the instance ID %q once:\n%s", id, out)
+		}
+		return strings.ReplaceAll(out, id, "ID")
+	}
 	r := vipctl(t, sock, "", "status")
-	r.stdout = withoutClock(t, r.stdout, start)
+	r.stdout = withoutID(withoutClock(t, r.stdout, start))
 	r.check(t, `Dataplane:           fake
 Version:             v0.1.0
+Instance ID:         ID
 Ready:               true
 Services:            0
 Backends:            0
@@ -446,9 +457,10 @@ Protocols:           TCP, UDP, SCTP
 `, "", ExitOK)
 
 	r = vipctl(t, sock, "", "-o", "yaml", "status")
-	r.stdout = withoutClock(t, r.stdout, start)
+	r.stdout = withoutID(withoutClock(t, r.stdout, start))
 	// Zero values are left out, as protojson does.
 	r.check(t, `dataplane: fake
+instanceId: ID
 lastSyncDuration: DURATION
 lastSyncTime: "TIME"
 ready: true

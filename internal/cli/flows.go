@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -385,7 +386,21 @@ func explainRequest(clientArg, target string) (*vipdv1.ExplainRequest, error) {
 // explainView is the key/value view of "explain", then its backends.
 func explainView(r *vipdv1.ExplainResponse) func(*table) {
 	return func(t *table) {
-		port := portString(r.GetPort())
+		// The backends' target ports, as portString reads them: one on
+		// the port's target_port uses it, any other is the backend's own.
+		own := cmp.Or(r.GetPort().GetTargetPort(), r.GetPort().GetPort())
+		backends := make([]*vipdv1.Backend, len(r.GetBackends()))
+		for i, b := range r.GetBackends() {
+			switch tp := b.GetTargetPort(); tp {
+			case own:
+				backends[i] = &vipdv1.Backend{}
+			case 0: // it does not serve the port
+				backends[i] = &vipdv1.Backend{OnlyNamedPorts: true}
+			default:
+				backends[i] = &vipdv1.Backend{Ports: map[string]uint32{r.GetPort().GetName(): tp}}
+			}
+		}
+		port := portString(r.GetPort(), backends)
 		if name := r.GetPort().GetName(); name != "" {
 			port = name + " " + port
 		}

@@ -33,6 +33,7 @@ func TestStatusWarningsView(t *testing.T) {
 	}
 	want := `Dataplane:           iptables
 Version:             -
+Instance ID:         -
 Ready:               true
 Services:            0
 Backends:            0

@@ -21,7 +21,7 @@ func servicesView(svcs []*vipdv1.Service) func(*table) {
 		for _, s := range svcs {
 			ports := make([]string, len(s.GetPorts()))
 			for i, p := range s.GetPorts() {
-				ports[i] = portString(p)
+				ports[i] = portString(p, s.GetBackends())
 			}
 			t.row(s.GetName(), s.GetOwner(), strings.Join(s.GetVips(), ","), strings.Join(ports, ","),
 				fmt.Sprintf("%d/%d", readyBackends(s), len(s.GetBackends())),
@@ -35,7 +35,7 @@ func serviceView(s *vipdv1.Service, health ...*vipdv1.BackendHealth) func(*table
 	return func(t *table) {
 		ports := make([]string, len(s.GetPorts()))
 		for i, p := range s.GetPorts() {
-			ports[i] = strings.TrimSpace(p.GetName() + " " + portString(p))
+			ports[i] = strings.TrimSpace(p.GetName() + " " + portString(p, s.GetBackends()))
 		}
 		t.field("Name", s.GetName())
 		t.field("Owner", s.GetOwner())
@@ -202,6 +202,7 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 		}
 		t.field("Dataplane", st.GetDataplane())
 		t.field("Version", st.GetVersion())
+		t.field("Instance ID", st.GetInstanceId())
 		t.field("Ready", strconv.FormatBool(st.GetReady()))
 		t.field("Services", strconv.FormatUint(uint64(st.GetServices()), 10))
 		t.field("Backends", strconv.FormatUint(uint64(st.GetBackends()), 10))
@@ -214,19 +215,62 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 	}
 }
 
-// portString is a port as "80/TCP→8080", or "53/UDP" when the target port
-// is the same; a node port follows the port as kubectl shows it:
-// "80:30080/TCP→8080".
-func portString(p *vipdv1.Port) string {
+// portString is a port of a service with backends as "80/TCP→8080", or
+// "53/UDP" when the target port is the same; a node port follows the port
+// as kubectl shows it: "80:30080/TCP→8080". The target is what
+// targetString says.
+func portString(p *vipdv1.Port, backends []*vipdv1.Backend) string {
 	port := strconv.FormatUint(uint64(p.GetPort()), 10)
 	if np := p.GetNodePort(); np != 0 {
 		port += ":" + strconv.FormatUint(uint64(np), 10)
 	}
 	s := fmt.Sprintf("%s/%s", port, protocolString(p.GetProtocol()))
-	if tp := p.GetTargetPort(); tp != 0 && tp != p.GetPort() {
-		s += fmt.Sprintf("→%d", tp)
+	if tp := targetString(p, backends); tp != "" {
+		s += "→" + tp
 	}
 	return s
+}
+
+// perBackend is the target of a port whose backends listen on different
+// numbers for it.
+const perBackend = "per-backend"
+
+// targetString is where the backends of port p listen, for portString:
+// the port's target_port while a backend uses it (one that serves the
+// port without a number of its own in Backend.ports), or while no backend
+// serves the port; otherwise the one number the backends name, or
+// "per-backend" when they name several. A Kubernetes Service's backends
+// all name their own (a named targetPort resolves per pod), and its
+// target_port, which vipd fills in with the port when the adapter leaves
+// it 0, would mislead. It is "" when the target is the port itself.
+func targetString(p *vipdv1.Port, backends []*vipdv1.Backend) string {
+	own := p.GetTargetPort()
+	if own == 0 {
+		own = p.GetPort()
+	}
+	named := map[uint32]bool{}
+	usesOwn := false
+	for _, b := range backends {
+		if n, ok := b.GetPorts()[p.GetName()]; ok {
+			named[n] = true
+		} else if !b.GetOnlyNamedPorts() {
+			usesOwn = true
+		}
+	}
+	target := own
+	switch {
+	case usesOwn || len(named) == 0:
+	case len(named) > 1:
+		return perBackend
+	default:
+		for n := range named {
+			target = n
+		}
+	}
+	if target == p.GetPort() {
+		return ""
+	}
+	return strconv.FormatUint(uint64(target), 10)
 }
 
 func protocolString(p vipdv1.Protocol) string {

@@ -20,8 +20,49 @@ func TestPortString(t *testing.T) {
 		{&vipdv1.Port{Port: 80, Protocol: vipdv1.Protocol_PROTOCOL_TCP, TargetPort: 8080, NodePort: 30080}, "80:30080/TCP→8080"},
 		{&vipdv1.Port{Port: 53, Protocol: vipdv1.Protocol_PROTOCOL_UDP, TargetPort: 53, NodePort: 30053}, "53:30053/UDP"},
 	} {
-		if got := portString(tc.port); got != tc.want {
+		if got := portString(tc.port, nil); got != tc.want {
 			t.Errorf("portString(%v) = %q, want %q", tc.port, got, tc.want)
+		}
+	}
+}
+
+// TestPortStringTargets: the target shown is where the backends listen.
+func TestPortStringTargets(t *testing.T) {
+	tcp := vipdv1.Protocol_PROTOCOL_TCP
+	// As vipd stores a Kubernetes Service's port with a named targetPort:
+	// the adapter leaves target_port 0, vipd fills in the port.
+	kube := &vipdv1.Port{Name: "http", Port: 80, Protocol: tcp, TargetPort: 80}
+	named := func(ports map[string]uint32) *vipdv1.Backend {
+		return &vipdv1.Backend{Ip: "198.18.1.1", Ports: ports, OnlyNamedPorts: true}
+	}
+	plain := &vipdv1.Backend{Ip: "198.18.1.9"}
+	for _, tc := range []struct {
+		name     string
+		port     *vipdv1.Port
+		backends []*vipdv1.Backend
+		want     string
+	}{
+		{"named target port, pods on different numbers", kube,
+			[]*vipdv1.Backend{named(map[string]uint32{"http": 8080}), named(map[string]uint32{"http": 9090})}, "80/TCP→per-backend"},
+		{"named target port, pods on one number", kube,
+			[]*vipdv1.Backend{named(map[string]uint32{"http": 8080}), named(map[string]uint32{"http": 8080})}, "80/TCP→8080"},
+		{"named target port, pods on the port's number", kube,
+			[]*vipdv1.Backend{named(map[string]uint32{"http": 80})}, "80/TCP"},
+		{"named target port, no backend serves it", kube,
+			[]*vipdv1.Backend{named(map[string]uint32{"metrics": 9100})}, "80/TCP"},
+		{"named target port, no backends", kube, nil, "80/TCP"},
+		{"the port's target_port is used by a backend: shown, overrides aside",
+			&vipdv1.Port{Name: "http", Port: 80, Protocol: tcp, TargetPort: 8080},
+			[]*vipdv1.Backend{plain, {Ip: "198.18.1.2", Ports: map[string]uint32{"http": 8081}}}, "80/TCP→8080"},
+		{"every backend overrides the target_port, each its own way",
+			&vipdv1.Port{Name: "http", Port: 80, Protocol: tcp, TargetPort: 8080},
+			[]*vipdv1.Backend{{Ip: "198.18.1.1", Ports: map[string]uint32{"http": 8081}}, {Ip: "198.18.1.2", Ports: map[string]uint32{"http": 8082}}}, "80/TCP→per-backend"},
+		{"an unnamed port's backends (the empty key)",
+			&vipdv1.Port{Port: 80, Protocol: tcp, TargetPort: 80},
+			[]*vipdv1.Backend{named(map[string]uint32{"": 8080})}, "80/TCP→8080"},
+	} {
+		if got := portString(tc.port, tc.backends); got != tc.want {
+			t.Errorf("%s: portString = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

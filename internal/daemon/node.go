@@ -454,7 +454,7 @@ func (n *Node) watchReady() {
 		}
 	}
 	n.srv.MarkReady()
-	n.log.Info("ready")
+	n.log.Info("ready", "instance_id", n.api.InstanceID())
 	close(n.ready)
 }
 

@@ -177,6 +177,7 @@ type Adapter struct {
 	inflight   time.Time // oldest change of the pass in progress; zero: none
 	synced     bool      // a full sync has succeeded
 	lastSync   time.Time // last successful pass
+	inst       instances // vipd's instance IDs (vipdhealth.go)
 
 	// Owned by the sync goroutine.
 	applied map[string]record // what the adapter last applied, by name

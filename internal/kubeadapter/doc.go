@@ -7,8 +7,9 @@
 //
 // It owns the informers, the change tracking (which Services are dirty, and
 // since when), the one goroutine that talks to vipd, the adapter's
-// Prometheus metrics and its /healthz. On start, and after every reconnect
-// to vipd or to the apiserver, it sends one SyncServices with the full
+// Prometheus metrics and its /healthz. On start, whenever vipd is an
+// instance (vipd's instance ID) it has not fully synced, and after every
+// reconnect to the apiserver, it sends one SyncServices with the full
 // state; after that one UpsertService or DeleteService per changed
 // Service, with bursts coalesced; a create is create-only, so that a name
 // another owner creates meanwhile is never taken over.

@@ -19,8 +19,10 @@ type healthBody struct {
 // Healthz is the adapter's health check, for /healthz (it answers every
 // path and method). It answers 200 once a full sync has succeeded and no
 // change has been pending (seen in Kubernetes, or a full sync due, but not
-// applied to vipd) for longer than the health timeout (WithHealthTimeout);
-// 503 otherwise, with the reason. The body is JSON: lastUpdated (the last
+// applied to vipd) for longer than the health timeout (WithHealthTimeout),
+// and vipd is the instance (run) that the last full sync wrote to; 503
+// otherwise, with the reason: at once when vipd restarted, until a full
+// sync with the new vipd has succeeded. The body is JSON: lastUpdated (the last
 // successful pass; empty before any), currentTime, nodeName, healthy and
 // reason.
 func (a *Adapter) Healthz() http.Handler {
@@ -44,6 +46,10 @@ func (a *Adapter) health(now time.Time) healthBody {
 	}
 	if !a.synced {
 		b.Reason = "no full sync with vipd has succeeded yet"
+		return b
+	}
+	if why := a.instanceHealth(); why != "" {
+		b.Reason = why
 		return b
 	}
 	oldest, what := a.inflight, "a change being applied"

@@ -35,6 +35,7 @@ func (a *Adapter) take() work {
 	}
 	a.dirty, a.triggers = map[string]time.Time{}, map[string]time.Time{}
 	a.fullSince, a.fullReason = time.Time{}, ""
+	a.fullPassTaken(w.full)
 	a.inflight = w.fullSince
 	for _, t := range w.names {
 		if a.inflight.IsZero() || t.Before(a.inflight) {
@@ -85,6 +86,9 @@ func (a *Adapter) passDone(full, ok bool) {
 	if ok {
 		a.lastSync = now
 		a.synced = a.synced || full
+	}
+	if full {
+		a.fullPassDone(ok)
 	}
 	a.mu.Unlock()
 	kind, result := "partial", "ok"
@@ -153,6 +157,7 @@ func (a *Adapter) loop(ctx context.Context) {
 			}
 		}
 		lastStart = time.Now()
+		a.checkInstance(ctx)
 		w := a.take()
 		var err error
 		if w.full {

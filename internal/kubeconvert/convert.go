@@ -167,7 +167,9 @@ func ConvertWithOmissions(svc *corev1.Service, slices []*discoveryv1.EndpointSli
 	for i, p := range svc.Spec.Ports {
 		port := &vipdv1.Port{Name: p.Name, Protocol: protocol(p.Protocol), Port: uint32(p.Port)}
 		if p.TargetPort.IntVal > 0 && p.TargetPort.StrVal == "" {
-			// Informational: every backend names its own number.
+			// Informational: every backend names its own number. A named
+			// target port has no one number: it stays 0 (see
+			// unsetContradictedTargets for a number the backends deny).
 			port.TargetPort = uint32(p.TargetPort.IntVal)
 		}
 		port.NodePort = nodePort(svc, i, omit)
@@ -188,7 +190,28 @@ func ConvertWithOmissions(svc *corev1.Service, slices []*discoveryv1.EndpointSli
 		out.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	}
 	out.Backends = backends(svc, slices, opts, fam.v4, fam.v6)
+	unsetContradictedTargets(out)
 	return out, omitted, nil
+}
+
+// unsetContradictedTargets leaves a port's target_port 0 when a backend
+// listens for that port on another number (hand-written EndpointSlices
+// may say so): the service then has no one target port, and each
+// backend's own (Backend.ports, which every backend of a Service has for
+// the ports it serves) is what vipd forwards to. vipctl shows such a
+// port's target as "per-backend".
+func unsetContradictedTargets(out *vipdv1.Service) {
+	for _, p := range out.Ports {
+		if p.TargetPort == 0 {
+			continue
+		}
+		for _, b := range out.Backends {
+			if n, ok := b.Ports[p.Name]; ok && n != p.TargetPort {
+				p.TargetPort = 0
+				break
+			}
+		}
+	}
 }
 
 func protocol(p corev1.Protocol) vipdv1.Protocol {

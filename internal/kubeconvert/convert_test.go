@@ -111,6 +111,25 @@ func TestConvert(t *testing.T) {
 			},
 		},
 	}, {
+		name: "numeric target port that a backend's slice contradicts: no one target port",
+		svc:  service(v4, svcPort("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080)), dns),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-a", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8080), slicePort("dns", corev1.ProtocolUDP, 5353)},
+				endpoint("198.18.1.1", isReady, "")),
+			slice("web-b", discoveryv1.AddressTypeIPv4,
+				[]discoveryv1.EndpointPort{slicePort("http", corev1.ProtocolTCP, 8081), slicePort("dns", corev1.ProtocolUDP, 5353)},
+				endpoint("198.18.2.1", isReady, "")),
+		},
+		want: &vipdv1.Service{
+			Name: "shop/web", Owner: "kubernetes", Vips: v4,
+			Ports: []*vipdv1.Port{{Name: "http", Protocol: tcp, Port: 80}, {Name: "dns", Protocol: udp, Port: 53, TargetPort: 5353}},
+			Backends: []*vipdv1.Backend{
+				backend("198.18.1.1", ready, map[string]uint32{"http": 8080, "dns": 5353}),
+				backend("198.18.2.1", ready, map[string]uint32{"http": 8081, "dns": 5353}),
+			},
+		},
+	}, {
 		name: "a slice without a port: its endpoints do not serve it",
 		svc:  service(v4, http, dns),
 		slices: []*discoveryv1.EndpointSlice{

@@ -419,7 +419,12 @@ type Port struct {
 	Protocol Protocol `protobuf:"varint,2,opt,name=protocol,proto3,enum=vipd.v1.Protocol" json:"protocol,omitempty"`
 	// port is the VIP's port, 1-65535.
 	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
-	// target_port is the backends' port; 0 means the same as port.
+	// target_port is the backends' port; 0 means the same as port. A backend
+	// that names its own number for this port in Backend.ports listens there
+	// instead. When every backend does (a Kubernetes Service, whose named
+	// targetPort resolves per pod), no one number is right: vipd-k8s leaves
+	// target_port 0, vipd stores it as port, and what the backends carry is
+	// what vipd forwards to.
 	TargetPort uint32 `protobuf:"varint,4,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
 	// node_port, 1-65535, also serves this port on the node's own addresses
 	// (those that vipd run --nodeport-addresses selects; by default every

@@ -87,7 +87,17 @@ type GetStatusResponse struct {
 	// even though the dataplane is programmed: an unmet node prerequisite
 	// (a sysctl, a route), a services-directory file it could not use.
 	// Each names what to change.
-	Warnings      []*StatusWarning `protobuf:"bytes,12,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []*StatusWarning `protobuf:"bytes,12,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// instance_id identifies this run of vipd: 32 lowercase hex digits (128
+	// random bits) drawn at every start of the daemon, the same for the
+	// whole life of the process and never reused by a later start. A client
+	// that sees it change knows that vipd restarted, and that what it had
+	// written may be gone (a vipd started without its state directory comes
+	// back empty). The gRPC health service (grpc.health.v1.Health) sends the
+	// same value in the response header metadata "vipd-instance-id" of
+	// every Check and Watch, so that a health watcher learns it with each
+	// (re)connect.
+	InstanceId    string `protobuf:"bytes,13,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +214,13 @@ func (x *GetStatusResponse) GetWarnings() []*StatusWarning {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *GetStatusResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }
 
 // StatusWarning is one problem found outside the dataplane's own objects.
@@ -662,7 +679,7 @@ var File_vipd_v1_status_service_proto protoreflect.FileDescriptor
 const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1cvipd/v1/status_service.proto\x12\avipd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15vipd/v1/service.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\xbc\x04\n" +
+	"\x10GetStatusRequest\"\xdd\x04\n" +
 	"\x11GetStatusResponse\x12\x1c\n" +
 	"\tdataplane\x18\x01 \x01(\tR\tdataplane\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1a\n" +
@@ -677,7 +694,9 @@ const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"\x18supported_load_balancing\x18\n" +
 	" \x03(\x0e2\x16.vipd.v1.LoadBalancingR\x16supportedLoadBalancing\x12B\n" +
 	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols\x122\n" +
-	"\bwarnings\x18\f \x03(\v2\x16.vipd.v1.StatusWarningR\bwarnings\"\x89\x01\n" +
+	"\bwarnings\x18\f \x03(\v2\x16.vipd.v1.StatusWarningR\bwarnings\x12\x1f\n" +
+	"\vinstance_id\x18\r \x01(\tR\n" +
+	"instanceId\"\x89\x01\n" +
 	"\rStatusWarning\x12\x14\n" +
 	"\x05check\x18\x01 \x01(\tR\x05check\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
