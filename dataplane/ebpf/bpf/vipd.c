@@ -1038,8 +1038,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 		 * backend tuple it had, as with netfilter's NAT, and the
 		 * backend's TIME_WAIT of that tuple takes the new SYN (its
 		 * sequence numbers and timestamps follow the old ones); a
-		 * new client would be refused there about half the time.
-		 * Then random ports. */
+		 * new client would be refused there about half the time, so
+		 * a port whose TIME_WAIT would refuse this SYN is skipped
+		 * (vipd_snat_tw, maps.h). Then random ports. */
 		__u32 lo = cfg_or(cfg, snat_port_min, SNAT_PORT_MIN);
 		__u32 hi = cfg_or(cfg, snat_port_max, SNAT_PORT_MAX);
 		__u32 slo = cfg ? cfg->snat_skip_min : 0, shi = cfg ? cfg->snat_skip_max : 0;
