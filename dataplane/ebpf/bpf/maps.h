@@ -503,7 +503,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_events SEC(".maps");
 
-/* The backends' TIME_WAIT behind SNAT (struct snat_tw), by reply key. */
+/* The backends' TIME_WAIT behind SNAT (struct snat_tw), by reply key. Its
+ * size is configuration (half of MapSizes.Conntrack in dataplane/ebpf);
+ * this is the default. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 262144);
