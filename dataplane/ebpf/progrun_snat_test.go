@@ -454,3 +454,28 @@ func TestProgRunSNATTimeWaitPicksAnother(t *testing.T) {
 		d.forget()
 	}
 }
+
+// TestProgRunSNATTimeWaitEstablishedPaysNothing guards the fast path of
+// FASTPATH.md: an established segment of an SNAT flow does not look at
+// vipd_snat_tw (a record planted for its tuple stays as it was), only a
+// segment of a closing flow does.
+func TestProgRunSNATTimeWaitEstablishedPaysNothing(t *testing.T) {
+	r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+	c := &snatConn{t: t, r: r, client: prWithPort(prOutside4, 45000), seq: 1000}
+	c.open(5000, 61000)
+	k := prCTKey(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, 61000), prTCP, prDirReply)
+	planted := bpfSnatTw{Tsval: 1, NextSeq: 1, Closed: 1, Flags: 1}
+	if err := r.objs.VipdSnatTw.Put(&k, &planted); err != nil {
+		t.Fatal(err)
+	}
+	c.fromClient(prACK|prPSH, 5002, []byte("GET\n"))
+	if tw, _ := snatTW(r, 61000); tw != planted {
+		t.Fatalf("an established segment changed the TIME_WAIT record to %+v (planted %+v)", tw, planted)
+	}
+	// Once the backend closed, the client's segments move it on.
+	c.fromBackend(prFIN|prACK, 0)
+	c.fromClient(prACK, 5003, nil)
+	if tw, _ := snatTW(r, 61000); tw.Tsval != 5003 || tw.NextSeq != 1005 {
+		t.Fatalf("TIME_WAIT record %+v after a segment of the closing flow, want TSval 5003, next seq 1005", tw)
+	}
+}
