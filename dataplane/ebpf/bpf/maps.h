@@ -273,10 +273,11 @@ struct config {
  * refuse during SNAT_TW_GUARD. It is an LRU map of its own, not longer
  * lives of closed conntrack entries: its records must outlive the
  * conntrack entries (60 s against CT_TCP_CLOSE's 10 s) and are small
- * (about 100 bytes each against 200), and they never push out the entries
- * of live flows; the oldest records, those nearest the end of their
- * TIME_WAIT, go first. At 5,000 closed flows a second it would need
- * 325,000: beyond its size the oldest ones lose their guard, as before.
+ * (120 bytes each with the kernel's overhead, against 200), and they never
+ * push out the entries of live flows. At 5,000 closed flows a second it
+ * would need 325,000: beyond its size the least recently used records
+ * (mostly the oldest, nearest the end of their TIME_WAIT) go, and their
+ * tuples lose the guard, as before it.
  */
 #define SNAT_TW_F_TS 1 /* the client used timestamps: tsval is valid */
 
