@@ -16,11 +16,24 @@ import (
 	"time"
 )
 
-// snatTimeWaitArgs shrink the masquerade's ports to 128 (eBPF) and the
-// conntrack lifetime of closed TCP flows to 1 s, so that the backend-side
-// tuples (node address:port -> backend) of server-closes-first connections
-// come back while the backend still holds their TIME_WAIT (60 s).
-var snatTimeWaitArgs = []string{"--snat-port-range", "61000-61127", "--bpf-ct-timeout-tcp-close", "1s"}
+// snatTimeWaitScenario is the snat-timewait scenario. Its vipd shrinks the
+// masquerade's ports to 128 (eBPF) and the conntrack lifetime of closed
+// TCP flows to 1 s, so that the backend-side tuples (node address:port ->
+// backend) of server-closes-first connections come back while the backend
+// still holds their TIME_WAIT (60 s); and serves metrics on the machine's
+// loopback, at a port that was free (as the flows metrics scenario does).
+func snatTimeWaitScenario() scenario {
+	addr := ""
+	if l, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		addr = l.Addr().String()
+		l.Close()
+	}
+	return scenario{
+		name:     "snat-timewait",
+		vipdArgs: []string{"--snat-port-range", "61000-61127", "--bpf-ct-timeout-tcp-close", "1s", "--metrics-addr", addr},
+		run:      func(e *env) { snatTimeWait(e, addr) },
+	}
+}
 
 const (
 	// closeFirstPort is where be1's server that closes first listens.
@@ -48,7 +61,11 @@ const (
 // its small pool (61000-61127) many times over; iptables' MASQUERADE
 // --random-fully draws from 64k ports and its conntrack keeps a closed
 // tuple for 120 s, so it passes without reusing any.
-func snatTimeWait(e *env) {
+//
+// With eBPF, vipd's metrics (at metricsAddr) must show the guard at work:
+// ports skipped for the TIME_WAIT (vipd_snat_timewait_skips_total), and
+// no flow dropped for want of a port (vipd_snat_port_exhausted_total).
+func snatTimeWait(e *env, metricsAddr string) {
 	e.startCloseFirstServer(e.be1)
 	svc := e.externalService(ports(withNodePort(tcpPort(80, closeFirstPort), nodePort)), e.be1)
 	if !e.upsertExternal(svc) {
@@ -120,6 +137,23 @@ func snatTimeWait(e *env) {
 			}
 		}
 	}
+	if e.dp != "ebpf" {
+		return
+	}
+	if metricsAddr == "" {
+		e.fatalf("no free port on the machine's loopback for vipd's metrics")
+	}
+	samples := e.scrape(metricsAddr)
+	skips, ok := sampleValue(samples, "vipd_snat_timewait_skips_total", nil)
+	if !ok || skips == 0 {
+		e.fatalf("vipd_snat_timewait_skips_total = %v (exported: %v), want ports skipped for the backend's TIME_WAIT\n%s",
+			skips, ok, grepSamples(samples, "vipd_snat_timewait_skips_total", "vipd_snat_port_exhausted_total"))
+	}
+	if exhausted, ok := sampleValue(samples, "vipd_snat_port_exhausted_total", nil); !ok || exhausted != 0 {
+		e.fatalf("vipd_snat_port_exhausted_total = %v (exported: %v), want 0: no flow dropped for want of a port\n%s",
+			exhausted, ok, grepSamples(samples, "vipd_snat_timewait_skips_total", "vipd_snat_port_exhausted_total"))
+	}
+	e.logf("vipd_snat_timewait_skips_total %v", skips)
 }
 
 // startCloseFirstServer starts a TCP server on closeFirstPort in h (both
