@@ -70,6 +70,7 @@ func scenarios() []scenario {
 		{name: "nodeport-address-added-removed", run: nodePortAddressAddedRemoved},
 		{name: "nodeport-ttl", run: nodePortTTL},
 		{name: "snat-port-range", vipdArgs: snatPortRangeArgs, run: snatPortRange},
+		snatTimeWaitScenario(),
 	}
 }
 

@@ -161,6 +161,14 @@ type bpfRevNat struct {
 	Pad2  uint32
 }
 
+type bpfSnatTw struct {
+	_       structs.HostLayout
+	Tsval   uint32
+	NextSeq uint32
+	Closed  uint32
+	Flags   uint32
+}
+
 type bpfSockKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -256,6 +264,9 @@ const (
 	bpfMapVipdMembers           = "vipd_members"
 	bpfMapVipdRevnat            = "vipd_revnat"
 	bpfMapVipdServices          = "vipd_services"
+	bpfMapVipdSnatScratch       = "vipd_snat_scratch"
+	bpfMapVipdSnatStats         = "vipd_snat_stats"
+	bpfMapVipdSnatTw            = "vipd_snat_tw"
 	bpfMapVipdSockConn          = "vipd_sock_conn"
 	bpfMapVipdSockRevnat        = "vipd_sock_revnat"
 	bpfMapVipdSockUdp           = "vipd_sock_udp"
@@ -335,24 +346,27 @@ type bpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfMapSpecs struct {
-	VipdAffinity   *ebpf.MapSpec `ebpf:"vipd_affinity"`
-	VipdBackends   *ebpf.MapSpec `ebpf:"vipd_backends"`
-	VipdConfig     *ebpf.MapSpec `ebpf:"vipd_config"`
-	VipdCt         *ebpf.MapSpec `ebpf:"vipd_ct"`
-	VipdCtSrcs     *ebpf.MapSpec `ebpf:"vipd_ct_srcs"`
-	VipdEventDrops *ebpf.MapSpec `ebpf:"vipd_event_drops"`
-	VipdEvents     *ebpf.MapSpec `ebpf:"vipd_events"`
-	VipdExtIfaces  *ebpf.MapSpec `ebpf:"vipd_ext_ifaces"`
-	VipdIds        *ebpf.MapSpec `ebpf:"vipd_ids"`
-	VipdMaglev     *ebpf.MapSpec `ebpf:"vipd_maglev"`
-	VipdMembers    *ebpf.MapSpec `ebpf:"vipd_members"`
-	VipdRevnat     *ebpf.MapSpec `ebpf:"vipd_revnat"`
-	VipdServices   *ebpf.MapSpec `ebpf:"vipd_services"`
-	VipdSockConn   *ebpf.MapSpec `ebpf:"vipd_sock_conn"`
-	VipdSockRevnat *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
-	VipdSockUdp    *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
-	VipdSrcRanges  *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
-	VipdSvcAddrs   *ebpf.MapSpec `ebpf:"vipd_svc_addrs"`
+	VipdAffinity    *ebpf.MapSpec `ebpf:"vipd_affinity"`
+	VipdBackends    *ebpf.MapSpec `ebpf:"vipd_backends"`
+	VipdConfig      *ebpf.MapSpec `ebpf:"vipd_config"`
+	VipdCt          *ebpf.MapSpec `ebpf:"vipd_ct"`
+	VipdCtSrcs      *ebpf.MapSpec `ebpf:"vipd_ct_srcs"`
+	VipdEventDrops  *ebpf.MapSpec `ebpf:"vipd_event_drops"`
+	VipdEvents      *ebpf.MapSpec `ebpf:"vipd_events"`
+	VipdExtIfaces   *ebpf.MapSpec `ebpf:"vipd_ext_ifaces"`
+	VipdIds         *ebpf.MapSpec `ebpf:"vipd_ids"`
+	VipdMaglev      *ebpf.MapSpec `ebpf:"vipd_maglev"`
+	VipdMembers     *ebpf.MapSpec `ebpf:"vipd_members"`
+	VipdRevnat      *ebpf.MapSpec `ebpf:"vipd_revnat"`
+	VipdServices    *ebpf.MapSpec `ebpf:"vipd_services"`
+	VipdSnatScratch *ebpf.MapSpec `ebpf:"vipd_snat_scratch"`
+	VipdSnatStats   *ebpf.MapSpec `ebpf:"vipd_snat_stats"`
+	VipdSnatTw      *ebpf.MapSpec `ebpf:"vipd_snat_tw"`
+	VipdSockConn    *ebpf.MapSpec `ebpf:"vipd_sock_conn"`
+	VipdSockRevnat  *ebpf.MapSpec `ebpf:"vipd_sock_revnat"`
+	VipdSockUdp     *ebpf.MapSpec `ebpf:"vipd_sock_udp"`
+	VipdSrcRanges   *ebpf.MapSpec `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs    *ebpf.MapSpec `ebpf:"vipd_svc_addrs"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -381,24 +395,27 @@ func (o *bpfObjects) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfMaps struct {
-	VipdAffinity   *ebpf.Map `ebpf:"vipd_affinity"`
-	VipdBackends   *ebpf.Map `ebpf:"vipd_backends"`
-	VipdConfig     *ebpf.Map `ebpf:"vipd_config"`
-	VipdCt         *ebpf.Map `ebpf:"vipd_ct"`
-	VipdCtSrcs     *ebpf.Map `ebpf:"vipd_ct_srcs"`
-	VipdEventDrops *ebpf.Map `ebpf:"vipd_event_drops"`
-	VipdEvents     *ebpf.Map `ebpf:"vipd_events"`
-	VipdExtIfaces  *ebpf.Map `ebpf:"vipd_ext_ifaces"`
-	VipdIds        *ebpf.Map `ebpf:"vipd_ids"`
-	VipdMaglev     *ebpf.Map `ebpf:"vipd_maglev"`
-	VipdMembers    *ebpf.Map `ebpf:"vipd_members"`
-	VipdRevnat     *ebpf.Map `ebpf:"vipd_revnat"`
-	VipdServices   *ebpf.Map `ebpf:"vipd_services"`
-	VipdSockConn   *ebpf.Map `ebpf:"vipd_sock_conn"`
-	VipdSockRevnat *ebpf.Map `ebpf:"vipd_sock_revnat"`
-	VipdSockUdp    *ebpf.Map `ebpf:"vipd_sock_udp"`
-	VipdSrcRanges  *ebpf.Map `ebpf:"vipd_src_ranges"`
-	VipdSvcAddrs   *ebpf.Map `ebpf:"vipd_svc_addrs"`
+	VipdAffinity    *ebpf.Map `ebpf:"vipd_affinity"`
+	VipdBackends    *ebpf.Map `ebpf:"vipd_backends"`
+	VipdConfig      *ebpf.Map `ebpf:"vipd_config"`
+	VipdCt          *ebpf.Map `ebpf:"vipd_ct"`
+	VipdCtSrcs      *ebpf.Map `ebpf:"vipd_ct_srcs"`
+	VipdEventDrops  *ebpf.Map `ebpf:"vipd_event_drops"`
+	VipdEvents      *ebpf.Map `ebpf:"vipd_events"`
+	VipdExtIfaces   *ebpf.Map `ebpf:"vipd_ext_ifaces"`
+	VipdIds         *ebpf.Map `ebpf:"vipd_ids"`
+	VipdMaglev      *ebpf.Map `ebpf:"vipd_maglev"`
+	VipdMembers     *ebpf.Map `ebpf:"vipd_members"`
+	VipdRevnat      *ebpf.Map `ebpf:"vipd_revnat"`
+	VipdServices    *ebpf.Map `ebpf:"vipd_services"`
+	VipdSnatScratch *ebpf.Map `ebpf:"vipd_snat_scratch"`
+	VipdSnatStats   *ebpf.Map `ebpf:"vipd_snat_stats"`
+	VipdSnatTw      *ebpf.Map `ebpf:"vipd_snat_tw"`
+	VipdSockConn    *ebpf.Map `ebpf:"vipd_sock_conn"`
+	VipdSockRevnat  *ebpf.Map `ebpf:"vipd_sock_revnat"`
+	VipdSockUdp     *ebpf.Map `ebpf:"vipd_sock_udp"`
+	VipdSrcRanges   *ebpf.Map `ebpf:"vipd_src_ranges"`
+	VipdSvcAddrs    *ebpf.Map `ebpf:"vipd_svc_addrs"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -416,6 +433,9 @@ func (m *bpfMaps) Close() error {
 		m.VipdMembers,
 		m.VipdRevnat,
 		m.VipdServices,
+		m.VipdSnatScratch,
+		m.VipdSnatStats,
+		m.VipdSnatTw,
 		m.VipdSockConn,
 		m.VipdSockRevnat,
 		m.VipdSockUdp,

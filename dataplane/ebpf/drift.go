@@ -232,7 +232,8 @@ func (m *bpfMaps) byName() map[string]*ebpf.Map {
 		"vipd_affinity": m.VipdAffinity, "vipd_backends": m.VipdBackends, "vipd_config": m.VipdConfig,
 		"vipd_ct": m.VipdCt, "vipd_ct_srcs": m.VipdCtSrcs, "vipd_event_drops": m.VipdEventDrops, "vipd_events": m.VipdEvents,
 		"vipd_ids": m.VipdIds, "vipd_maglev": m.VipdMaglev, "vipd_members": m.VipdMembers,
-		"vipd_revnat": m.VipdRevnat, "vipd_services": m.VipdServices, "vipd_sock_conn": m.VipdSockConn, "vipd_sock_revnat": m.VipdSockRevnat,
+		"vipd_revnat": m.VipdRevnat, "vipd_services": m.VipdServices, "vipd_snat_stats": m.VipdSnatStats, "vipd_snat_tw": m.VipdSnatTw,
+		"vipd_sock_conn": m.VipdSockConn, "vipd_sock_revnat": m.VipdSockRevnat,
 		"vipd_sock_udp": m.VipdSockUdp, "vipd_svc_addrs": m.VipdSvcAddrs,
 	}
 }

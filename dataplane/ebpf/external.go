@@ -316,3 +316,39 @@ func (d *Dataplane) checkExternalMaps() ([]dataplane.Drift, error) {
 	report(bpfMapVipdSrcRanges, missing, 0, extra)
 	return drifts, nil
 }
+
+// vipd_snat_stats slots (SNAT_STAT_* of bpf/maps.h).
+const (
+	snatStatExhausted = 0
+	snatStatTWSkips   = 1
+)
+
+// SNATCounters reads the SNAT counters of the programs (vipd_snat_stats,
+// summed over CPUs), counted since the map was created: exhausted is the
+// new external flows under policy Cluster that were dropped because SNAT
+// found no port for them in SNAT_TRIES tries; timeWaitSkips is the ports
+// it passed over for a new TCP flow because the backend's TIME_WAIT of
+// that backend-side tuple would have refused the flow's SYN
+// (vipd_snat_tw). internal/metrics exports them.
+func (d *Dataplane) SNATCounters() (exhausted, timeWaitSkips uint64, err error) {
+	if exhausted, err = sumPerCPU(d.objs.VipdSnatStats, snatStatExhausted); err != nil {
+		return 0, 0, fmt.Errorf("read SNAT port exhaustion counter: %w", err)
+	}
+	if timeWaitSkips, err = sumPerCPU(d.objs.VipdSnatStats, snatStatTWSkips); err != nil {
+		return 0, 0, fmt.Errorf("read SNAT TIME_WAIT skip counter: %w", err)
+	}
+	return exhausted, timeWaitSkips, nil
+}
+
+// sumPerCPU is slot i of the per-CPU array m, summed over CPUs.
+func sumPerCPU(m *ebpf.Map, i uint32) (uint64, error) {
+	var perCPU []uint64
+	if err := m.Lookup(i, &perCPU); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n, nil
+}

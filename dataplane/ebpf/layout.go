@@ -53,6 +53,11 @@ const (
 	flowCloseReplaced       = 5
 )
 
+// snatTWGuard is SNAT_TW_GUARD of bpf/maps.h: how many seconds a
+// vipd_snat_tw record keeps the backend's TIME_WAIT of its tuple from SYNs
+// it would refuse.
+const snatTWGuard = 65
+
 // TCP header flags, as ct_entry.tcp_flags collects them (bpf/vipd.c).
 const (
 	tcpFlagFIN = 0x01

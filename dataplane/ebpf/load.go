@@ -26,7 +26,9 @@ type MapSizes struct {
 	LB uint32
 	// Backends sizes the backend map: distinct backend address:port pairs.
 	Backends uint32
-	// Conntrack sizes the conntrack map (LRU; two entries per flow).
+	// Conntrack sizes the conntrack map (LRU; two entries per flow); the
+	// map of the backends' TIME_WAIT behind SNAT (vipd_snat_tw, LRU, one
+	// record per flow closed in the last 65 s) gets half of it.
 	Conntrack uint32
 	// Affinity sizes the session-affinity map (LRU).
 	Affinity uint32
@@ -223,6 +225,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		"vipd_maglev":      max(sizes.LB/16, 1),
 		"vipd_backends":    sizes.Backends,
 		"vipd_ct":          sizes.Conntrack,
+		"vipd_snat_tw":     max(sizes.Conntrack/2, 1),
 		"vipd_affinity":    sizes.Affinity,
 		"vipd_sock_revnat": sizes.Sockets,
 		"vipd_sock_udp":    sizes.Sockets,

@@ -4,10 +4,15 @@ package ebpf
 // policy Cluster (ct_create): the client's own port first, a closed flow
 // of the same client tuple taken over at once, random ports after a
 // collision, the skipped ports (ip_local_port_range) never handed out, and
-// a packet that finds no port dropped with nothing tracked.
+// a packet that finds no port dropped with nothing tracked; and the guard
+// of the backends' TIME_WAIT (vipd_snat_tw): a port whose backend-side
+// tuple is in TIME_WAIT at the backend goes only to a SYN that the
+// TIME_WAIT takes.
 
 import (
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vipd/vipd/dataplane"
@@ -188,5 +193,289 @@ func TestProgRunSNATExhausted(t *testing.T) {
 	}
 	if _, ok := r.ct(late, prNodePort, prTCP, prDirForward); ok || r.ctCount() != n {
 		t.Fatalf("a flow without an SNAT port was tracked (%d entries, want %d)", r.ctCount(), n)
+	}
+}
+
+// prTCPFrameTS is prTCPFrame with options: Linux's SYN options (MSS,
+// SACK permitted, timestamps, NOP, window scale) when flags has SYN, else
+// NOP, NOP, timestamps; with tsval 0 no timestamp option at all (MSS and
+// window scale only on a SYN, nothing else).
+func prTCPFrameTS(src, dst netip.AddrPort, seq, ack uint32, flags uint8, tsval uint32, payload []byte) []byte {
+	var opts []byte
+	switch {
+	case flags&prSYN != 0 && tsval != 0:
+		opts = []byte{2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3, 3, 7}
+		binary.BigEndian.PutUint32(opts[8:], tsval)
+	case flags&prSYN != 0:
+		opts = []byte{2, 4, 0x05, 0xb4, 1, 3, 3, 7}
+	case tsval != 0:
+		opts = []byte{1, 1, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(opts[4:], tsval)
+	}
+	h := make([]byte, 20, 20+len(opts)+len(payload))
+	binary.BigEndian.PutUint16(h[0:], src.Port())
+	binary.BigEndian.PutUint16(h[2:], dst.Port())
+	binary.BigEndian.PutUint32(h[4:], seq)
+	binary.BigEndian.PutUint32(h[8:], ack)
+	h[12] = byte((20+len(opts))/4) << 4
+	h[13] = flags
+	binary.BigEndian.PutUint16(h[14:], 64240)
+	return prIPFrame(src.Addr(), dst.Addr(), prTCP, slices.Concat(h, opts, payload))
+}
+
+// prFIN is the TCP FIN flag.
+const prFIN = 0x01
+
+// snatSYNTS is snatSYN with a SYN carrying TSval tsval (0: no timestamps).
+func snatSYNTS(t *testing.T, r *prEnv, client netip.AddrPort, seq, tsval uint32) uint16 {
+	t.Helper()
+	before, existed := r.ct(client, prNodePort, prTCP, prDirForward)
+	r.run(r.objs.VipdFromExt, prTCPFrameTS(client, prNodePort, seq, 0, prSYN, tsval, nil))
+	fwd, ok := r.ct(client, prNodePort, prTCP, prDirForward)
+	if !ok || (existed && fwd.FlowId == before.FlowId) {
+		return 0
+	}
+	return fromBE16(fwd.SnatPort)
+}
+
+// snatConn is one SNAT TCP connection of client through SNAT port port,
+// the client's first sequence number seq: the segments the tests send.
+type snatConn struct {
+	t      *testing.T
+	r      *prEnv
+	client netip.AddrPort
+	port   uint16
+	seq    uint32
+}
+
+// open sends the SYN (TSval tsval), the backend's SYN-ACK and the client's
+// ACK; the SYN must get SNAT port want.
+func (c *snatConn) open(tsval uint32, want uint16) {
+	c.t.Helper()
+	if c.port = snatSYNTS(c.t, c.r, c.client, c.seq, tsval); c.port != want {
+		c.t.Fatalf("SYN of %s (seq %d, TSval %d) SNATed to port %d (0: dropped), want %d", c.client, c.seq, tsval, c.port, want)
+	}
+	c.fromBackend(prSYN|prACK, 0)
+	c.fromClient(prACK, tsval+1, nil)
+}
+
+func (c *snatConn) fromBackend(flags uint8, tsval uint32) {
+	c.r.run(c.r.objs.VipdFromPod, prTCPFrameTS(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, c.port), 7000, c.seq+1, flags, tsval, nil))
+}
+
+// fromClient sends a segment of the client after its SYN (sequence numbers
+// from seq+1 on).
+func (c *snatConn) fromClient(flags uint8, tsval uint32, payload []byte) {
+	c.r.run(c.r.objs.VipdFromExt, prTCPFrameTS(c.client, prNodePort, c.seq+1, 7001, flags, tsval, payload))
+	c.seq += uint32(len(payload))
+	if flags&prFIN != 0 {
+		c.seq++
+	}
+}
+
+// serverClosesFirst ends the connection as a backend that closes first:
+// its FIN, then the client's FIN (TSval tsval): the backend keeps the
+// TIME_WAIT.
+func (c *snatConn) serverClosesFirst(tsval uint32) {
+	c.fromBackend(prFIN|prACK, 0)
+	c.fromClient(prFIN|prACK, tsval, nil)
+	c.fromBackend(prACK, 0)
+}
+
+// forget deletes the connection's conntrack entries, as their lifetime
+// (CT_TCP_CLOSE) ending and the collector do: its SNAT port is free.
+func (c *snatConn) forget() {
+	c.t.Helper()
+	for _, k := range []bpfCtKey{prCTKey(c.client, prNodePort, prTCP, prDirForward),
+		prCTKey(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, c.port), prTCP, prDirReply)} {
+		if err := c.r.objs.VipdCt.Delete(&k); err != nil {
+			c.t.Fatalf("delete conntrack entry: %v", err)
+		}
+	}
+}
+
+// snatTW is the vipd_snat_tw record of SNAT port port, and whether there
+// is one.
+func snatTW(r *prEnv, port uint16) (bpfSnatTw, bool) {
+	k := prCTKey(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, port), prTCP, prDirReply)
+	var v bpfSnatTw
+	return v, r.objs.VipdSnatTw.Lookup(&k, &v) == nil
+}
+
+// snatStats reads vipd_snat_stats.
+func snatStats(t *testing.T, r *prEnv) (exhausted, twSkips uint64) {
+	t.Helper()
+	d := &Dataplane{objs: &bpfObjects{bpfMaps: r.objs.bpfMaps}}
+	exhausted, twSkips, err := d.SNATCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exhausted, twSkips
+}
+
+// TestProgRunSNATTimeWait: a flow the backend closed first leaves the
+// backend in TIME_WAIT on its tuple (node address:port -> backend), which
+// refuses a SYN whose timestamp is older than the client's last one (PAWS)
+// or, without timestamps, whose sequence number is not after the client's
+// last one. SNAT does not hand that port to such a SYN of another client
+// tuple (one port only: it is dropped, counted), and does to one that the
+// TIME_WAIT takes, and to the same client tuple coming back.
+func TestProgRunSNATTimeWait(t *testing.T) {
+	a := prWithPort(prOutside4, 45000)
+	b := prWithPort(prOutside4, 45001)
+	t.Run("timestamps", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(5000, 61000)
+		c.fromClient(prACK|prPSH, 5001, []byte("GET\n"))
+		c.serverClosesFirst(6000)
+		tw, ok := snatTW(r, 61000)
+		if !ok || tw.Tsval != 6000 || tw.NextSeq != 1006 || tw.Flags != 1 {
+			t.Fatalf("TIME_WAIT record %+v (found %v), want TSval 6000, next seq 1006 (SYN, 4 bytes, FIN), timestamps", tw, ok)
+		}
+		c.forget()
+		ex0, tw0 := snatStats(t, r)
+		// Another client whose timestamps are older: the TIME_WAIT
+		// would refuse it, whatever its sequence number.
+		if got := snatSYNTS(t, r, b, 900000, 5999); got != 0 {
+			t.Fatalf("SYN of %s with TSval 5999 < 6000 SNATed to port %d, want it dropped (the only port's TIME_WAIT refuses it)", b, got)
+		}
+		if ex, tws := snatStats(t, r); ex != ex0+1 || tws < tw0+1 {
+			t.Errorf("counters exhausted %d -> %d, TIME_WAIT skips %d -> %d: want +1 and at least +1", ex0, ex, tw0, tws)
+		}
+		// Equal timestamps are taken only with a sequence number after.
+		if got := snatSYNTS(t, r, b, 1006, 6000); got != 0 {
+			t.Fatalf("SYN of %s with TSval 6000, seq 1006 SNATed to port %d, want it dropped", b, got)
+		}
+		// Newer: taken, and the record is of no flow any more.
+		d := &snatConn{t: t, r: r, client: b, seq: 10}
+		d.open(6001, 61000)
+		if tw, ok := snatTW(r, 61000); ok {
+			t.Errorf("TIME_WAIT record %+v left after a SYN took the tuple over", tw)
+		}
+	})
+	t.Run("same-client-tuple", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(5000, 61000)
+		c.serverClosesFirst(6000)
+		// Its entries still there (closing): another client finds the
+		// port held, the client tuple itself comes back to it.
+		if got := snatSYNTS(t, r, b, 1, 9000); got != 0 {
+			t.Fatalf("SYN of %s SNATed to port %d held by a closing flow, want it dropped", b, got)
+		}
+		c2 := &snatConn{t: t, r: r, client: a, seq: 50000}
+		c2.open(6100, 61000)
+	})
+	t.Run("sequence-numbers", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(0, 61000)
+		c.serverClosesFirst(0)
+		if tw, ok := snatTW(r, 61000); !ok || tw.NextSeq != 1002 || tw.Flags != 0 {
+			t.Fatalf("TIME_WAIT record %+v (found %v), want next seq 1002, no timestamps", tw, ok)
+		}
+		c.forget()
+		// The client had no timestamps: a new SYN's do not count, its
+		// sequence number must be after 1002.
+		for _, syn := range []struct{ seq, tsval uint32 }{{1002, 0}, {1001, 0}, {1002, 99999}, {0x80001002, 99999}} {
+			if got := snatSYNTS(t, r, b, syn.seq, syn.tsval); got != 0 {
+				t.Fatalf("SYN of %s seq %d TSval %d SNATed to port %d, want it dropped (not after 1002)", b, syn.seq, syn.tsval, got)
+			}
+		}
+		if got := snatSYNTS(t, r, b, 1003, 0); got != 61000 {
+			t.Fatalf("SYN of %s seq 1003 SNATed to port %d, want 61000", b, got)
+		}
+	})
+	t.Run("client-reset", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(5000, 61000)
+		c.serverClosesFirst(6000)
+		if _, ok := snatTW(r, 61000); !ok {
+			t.Fatal("no TIME_WAIT record after the backend closed first")
+		}
+		c.fromClient(prRST, 0, nil)
+		if tw, ok := snatTW(r, 61000); ok {
+			t.Fatalf("TIME_WAIT record %+v left after the client's RST", tw)
+		}
+		c.forget()
+		if got := snatSYNTS(t, r, b, 1, 100); got != 61000 {
+			t.Fatalf("SYN of %s SNATed to port %d after the client's RST, want 61000", b, got)
+		}
+	})
+	t.Run("client-closes-first", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(5000, 61000)
+		c.fromClient(prFIN|prACK, 6000, nil)
+		c.fromBackend(prFIN|prACK, 0)
+		c.fromClient(prACK, 6001, nil)
+		if tw, ok := snatTW(r, 61000); ok {
+			t.Fatalf("TIME_WAIT record %+v for a flow the client closed first (the backend keeps none)", tw)
+		}
+		c.forget()
+		if got := snatSYNTS(t, r, b, 1, 100); got != 61000 {
+			t.Fatalf("SYN of %s SNATed to port %d, want 61000", b, got)
+		}
+	})
+	t.Run("guard-ends", func(t *testing.T) {
+		r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+		c := &snatConn{t: t, r: r, client: a, seq: 1000}
+		c.open(5000, 61000)
+		c.serverClosesFirst(6000)
+		c.forget()
+		k := prCTKey(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, 61000), prTCP, prDirReply)
+		tw, _ := snatTW(r, 61000)
+		tw.Closed = uint32(ktimeNow()/1e9) - snatTWGuard
+		if err := r.objs.VipdSnatTw.Put(&k, &tw); err != nil {
+			t.Fatal(err)
+		}
+		if got := snatSYNTS(t, r, b, 1, 100); got != 61000 {
+			t.Fatalf("SYN of %s SNATed to port %d after the TIME_WAIT guard ended, want 61000", b, got)
+		}
+	})
+}
+
+// TestProgRunSNATTimeWaitPicksAnother: with a pool of two ports, one held
+// by a TIME_WAIT that would refuse the SYN, the SYN gets the other one,
+// every time.
+func TestProgRunSNATTimeWaitPicksAnother(t *testing.T) {
+	r := newSNATEnv(t, PortRange{Min: 61000, Max: 61001}, PortRange{})
+	c := &snatConn{t: t, r: r, client: prWithPort(prOutside4, 61000), seq: 1000}
+	c.open(5000, 61000)
+	c.serverClosesFirst(6000)
+	c.forget()
+	for i := range 20 {
+		// Client port 61000: its own port is the first try.
+		cl := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.9"), 61000)
+		d := &snatConn{t: t, r: r, client: cl, seq: uint32(i) * 1000}
+		d.open(100, 61001)
+		d.forget()
+	}
+}
+
+// TestProgRunSNATTimeWaitEstablishedPaysNothing guards the fast path of
+// FASTPATH.md: an established segment of an SNAT flow does not look at
+// vipd_snat_tw (a record planted for its tuple stays as it was), only a
+// segment of a closing flow does.
+func TestProgRunSNATTimeWaitEstablishedPaysNothing(t *testing.T) {
+	r := newSNATEnv(t, PortRange{Min: 61000, Max: 61000}, PortRange{})
+	c := &snatConn{t: t, r: r, client: prWithPort(prOutside4, 45000), seq: 1000}
+	c.open(5000, 61000)
+	k := prCTKey(prBackends4[0].addr, netip.AddrPortFrom(prNodeAddr, 61000), prTCP, prDirReply)
+	planted := bpfSnatTw{Tsval: 1, NextSeq: 1, Closed: 1, Flags: 1}
+	if err := r.objs.VipdSnatTw.Put(&k, &planted); err != nil {
+		t.Fatal(err)
+	}
+	c.fromClient(prACK|prPSH, 5002, []byte("GET\n"))
+	if tw, _ := snatTW(r, 61000); tw != planted {
+		t.Fatalf("an established segment changed the TIME_WAIT record to %+v (planted %+v)", tw, planted)
+	}
+	// Once the backend closed, the client's segments move it on.
+	c.fromBackend(prFIN|prACK, 0)
+	c.fromClient(prACK, 5003, nil)
+	if tw, _ := snatTW(r, 61000); tw.Tsval != 5003 || tw.NextSeq != 1005 {
+		t.Fatalf("TIME_WAIT record %+v after a segment of the closing flow, want TSval 5003, next seq 1005", tw)
 	}
 }

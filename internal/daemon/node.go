@@ -232,6 +232,9 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 	if dd, ok := n.dp.(dataplane.DriftDetector); ok {
 		m.InitDataplane(n.dp.Name(), dd.DriftKinds())
 	}
+	if s, ok := n.dp.(metrics.SNATSource); ok {
+		m.WatchSNAT(s)
+	}
 	recOpts := []reconcile.Option{reconcile.WithResyncPeriod(cfg.ResyncPeriod), reconcile.WithObserver(m),
 		reconcile.WithDriftCheck(cfg.DriftCheckPeriod)}
 	if n.holdReason != "" {

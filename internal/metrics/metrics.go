@@ -284,6 +284,54 @@ func (m *Metrics) SetBackendHealth(service, backend string, v float64) {
 	m.health.WithLabelValues(service, backend).Set(v)
 }
 
+// SNATSource is a dataplane that masquerades external flows to ports it
+// picks itself and counts how that goes (the eBPF one:
+// ebpf.Dataplane.SNATCounters). Both counts only grow.
+type SNATSource interface {
+	// SNATCounters returns the new flows dropped because no SNAT port was
+	// free for them, and the ports passed over because the backend's
+	// TIME_WAIT of that tuple would have refused the new flow's SYN.
+	SNATCounters() (exhausted, timeWaitSkips uint64, err error)
+}
+
+// WatchSNAT exports src's counters as vipd_snat_port_exhausted_total and
+// vipd_snat_timewait_skips_total, read at each scrape. Call it once.
+func (m *Metrics) WatchSNAT(src SNATSource) {
+	m.reg.MustRegister(&snatCollector{src: src})
+}
+
+var (
+	snatExhaustedDesc = prometheus.NewDesc("vipd_snat_port_exhausted_total",
+		"eBPF: new external flows under policy Cluster dropped because SNAT found no free port for them (--snat-port-range held by live flows or by the backends' TIME_WAIT).", nil, nil)
+	snatTimeWaitDesc = prometheus.NewDesc("vipd_snat_timewait_skips_total",
+		"eBPF: SNAT ports passed over for a new TCP flow because the backend still holds the TIME_WAIT of that tuple and would refuse the flow's SYN.", nil, nil)
+)
+
+// snatCollector reads a SNATSource at each scrape. A read that fails (the
+// dataplane closing) exports the last values read.
+type snatCollector struct {
+	src SNATSource
+
+	mu                 sync.Mutex
+	exhausted, twSkips uint64
+}
+
+func (c *snatCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- snatExhaustedDesc
+	ch <- snatTimeWaitDesc
+}
+
+func (c *snatCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	if ex, tw, err := c.src.SNATCounters(); err == nil {
+		c.exhausted, c.twSkips = ex, tw
+	}
+	ex, tw := c.exhausted, c.twSkips
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(snatExhaustedDesc, prometheus.CounterValue, float64(ex))
+	ch <- prometheus.MustNewConstMetric(snatTimeWaitDesc, prometheus.CounterValue, float64(tw))
+}
+
 // DeleteBackendHealth removes the series of a backend no longer probed.
 func (m *Metrics) DeleteBackendHealth(service, backend string) {
 	m.health.DeleteLabelValues(service, backend)

@@ -586,3 +586,46 @@ func TestDriftRepairs(t *testing.T) {
 		}
 	}
 }
+
+// snatSource is a metrics.SNATSource whose counters the test sets.
+type snatSource struct {
+	mu                 sync.Mutex
+	exhausted, twSkips uint64
+	err                error
+}
+
+func (s *snatSource) SNATCounters() (uint64, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exhausted, s.twSkips, s.err
+}
+
+func (s *snatSource) set(exhausted, twSkips uint64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exhausted, s.twSkips, s.err = exhausted, twSkips, err
+}
+
+func TestSNATCounters(t *testing.T) {
+	m := metrics.New()
+	src := &snatSource{}
+	m.WatchSNAT(src)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	want := func(exhausted, twSkips float64) {
+		t.Helper()
+		f := scrape(t, srv.URL)
+		if v := f.value(t, "vipd_snat_port_exhausted_total"); v != exhausted {
+			t.Errorf("vipd_snat_port_exhausted_total = %v, want %v", v, exhausted)
+		}
+		if v := f.value(t, "vipd_snat_timewait_skips_total"); v != twSkips {
+			t.Errorf("vipd_snat_timewait_skips_total = %v, want %v", v, twSkips)
+		}
+	}
+	want(0, 0)
+	src.set(3, 70, nil)
+	want(3, 70)
+	// A read that fails (the dataplane closing) keeps the last values.
+	src.set(0, 0, errors.New("map closed"))
+	want(3, 70)
+}

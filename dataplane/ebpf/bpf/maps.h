@@ -258,6 +258,45 @@ struct config {
 /* How many ports a new SNAT flow tries before it is dropped. */
 #define SNAT_TRIES 32
 
+/*
+ * The backends' TIME_WAIT behind SNAT. When a backend closes an SNAT TCP
+ * flow first, it keeps the TIME_WAIT of the backend-side tuple (node
+ * address:port -> backend) for 60 s, and takes a new SYN on that tuple only
+ * when Linux's tcp_timewait_state_process would: not PAWS-rejected, and
+ * with a sequence number after the old flow's last one or a newer
+ * timestamp. A new client's timestamps have their own offset (they depend
+ * on its ports), so about half of them are older: refused, the client
+ * resets and retries a second later. vipd_snat_tw remembers, per
+ * backend-side tuple (the key of the flow's reply entry: backend ->
+ * node address:port), how the client side of such a flow ended, and
+ * ct_create does not hand the tuple's port to a SYN the TIME_WAIT would
+ * refuse during SNAT_TW_GUARD. It is an LRU map of its own, not longer
+ * lives of closed conntrack entries: its records must outlive the
+ * conntrack entries (60 s against CT_TCP_CLOSE's 10 s) and are small
+ * (120 bytes each with the kernel's overhead, against 200), and they never
+ * push out the entries of live flows. At 5,000 closed flows a second it
+ * would need 325,000: beyond its size the least recently used records
+ * (mostly the oldest, nearest the end of their TIME_WAIT) go, and their
+ * tuples lose the guard, as before it.
+ */
+#define SNAT_TW_F_TS 1 /* the client used timestamps: tsval is valid */
+
+struct snat_tw {
+	__u32 tsval;    /* the TSval of the client's last segment (SNAT_TW_F_TS) */
+	__u32 next_seq; /* the sequence number after the client's last segment (its FIN counted) */
+	__u32 closed;   /* monotonic seconds: when the client's FIN went through */
+	__u32 flags;    /* SNAT_TW_F_* */
+};
+
+/* How long a record guards its tuple: Linux's TIME_WAIT (TCP_TIMEWAIT_LEN,
+ * 60 s, not configurable) from the backend's last ACK, plus a margin for
+ * the FIN's way and clocks read in whole seconds. */
+#define SNAT_TW_GUARD 65
+
+/* vipd_snat_stats slots. */
+#define SNAT_STAT_EXHAUSTED 0 /* new SNAT flows dropped: no port in SNAT_TRIES tries */
+#define SNAT_STAT_TW_SKIPS 1  /* ports skipped because the backend's TIME_WAIT would refuse the SYN */
+
 /* load_balancer_source_ranges: the sources allowed to a frontend. */
 struct src_range_key {
 	__u32 prefixlen; /* 32 (rev_nat_id) + 128 bits of address at most */
@@ -464,6 +503,26 @@ struct {
 	__type(value, struct flow_event); /* documentation (and BTF for bpf2go): a ring has no value size */
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_events SEC(".maps");
+
+/* The backends' TIME_WAIT behind SNAT (struct snat_tw), by reply key. Its
+ * size is configuration (half of MapSizes.Conntrack in dataplane/ebpf);
+ * this is the default. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ct_key);
+	__type(value, struct snat_tw);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_snat_tw SEC(".maps");
+
+/* SNAT counters (SNAT_STAT_*), per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vipd_snat_stats SEC(".maps");
 
 /* Flow events that did not fit vipd_events, per CPU. */
 struct {

@@ -782,6 +782,202 @@ static __always_inline int snat_reclaim(const struct ct_key *rk, __u32 now)
 	return bpf_map_delete_elem(&vipd_ct, rk) == 0;
 }
 
+/* ---- the backends' TIME_WAIT behind SNAT (vipd_snat_tw, maps.h) ---- */
+
+/* snat_count adds one to the vipd_snat_stats slot (SNAT_STAT_*). */
+static __always_inline void snat_count(__u32 slot)
+{
+	__u64 *c = bpf_map_lookup_elem(&vipd_snat_stats, &slot);
+
+	if (c)
+		*c += 1; /* per CPU: no other writer */
+}
+
+/* tcp_seg is what the TIME_WAIT guard needs of a TCP segment. */
+struct tcp_seg {
+	__u32 seq;    /* host order */
+	__u32 end;    /* seq + payload + SYN + FIN: the sequence number after it */
+	__u32 tsval;  /* the timestamp option's TSval, when has_ts */
+	__u32 has_ts;
+};
+
+/*
+ * snat_scratch is per-CPU room for the TIME_WAIT guard: vipd_from_ext's
+ * stack is within a few bytes of the verifier's 512 at ct_create's port
+ * search, too full for the SYN's fields. Only new SNAT TCP flows and the
+ * closing segments of SNAT flows use it. Not pinned: nothing in it
+ * outlives a packet.
+ */
+struct snat_scratch {
+	struct tcp_seg seg; /* the segment tcp_seg_read read last */
+	__u32 seg_ok;       /* ct_create: seg is the new flow's SYN */
+	__s32 tw;           /* ct_create: snat_tw_refuses of the port tried last */
+	__u32 buf;          /* tcp_seg_read's reads */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct snat_scratch);
+} vipd_snat_scratch SEC(".maps");
+
+static __always_inline struct snat_scratch *snat_scratch(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&vipd_snat_scratch, &zero);
+}
+
+/* The most TCP option entries tcp_seg_read walks: Linux's SYN has five
+ * (MSS, SACK permitted, timestamps, NOP, window scale), its other
+ * segments three (NOP, NOP, timestamps). A timestamp option further on is
+ * not seen: the segment counts as one without timestamps. */
+#define TCP_OPT_WALK 16
+
+/*
+ * tcp_seg_read reads into sc->seg the sequence numbers of the TCP segment
+ * at p and the TSval of its timestamp option, found by a bounded walk of
+ * its options. Only SNAT SYNs and closing segments of SNAT flows (a few
+ * per connection) come here: established segments never pay for it. It
+ * returns -1 when the headers cannot be read (sc->seg is then unset).
+ */
+static __always_inline int tcp_seg_read(struct __sk_buff *skb, const struct pkt *p, struct snat_scratch *sc)
+{
+	__u8 *b = (__u8 *)&sc->buf;
+	__u32 hlen, l4len, off, end, seq;
+	int n;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off + 4, &sc->buf, 4) < 0)
+		return -1;
+	seq = bpf_ntohl(sc->buf);
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &sc->buf, 1) < 0)
+		return -1;
+	hlen = (b[0] >> 4) * 4;
+	if (hlen < 20)
+		return -1;
+	/* IPv4's total length, IPv6's payload length (after its 40 bytes). */
+	if (bpf_skb_load_bytes(skb, p->l3_off + (p->is6 ? 4 : 2), &sc->buf, 2) < 0)
+		return -1;
+	l4len = ((__u32)b[0] << 8 | b[1]) + (p->is6 ? 40 : 0) - (p->l4_off - p->l3_off);
+	sc->seg.seq = seq;
+	sc->seg.end = seq + (l4len > hlen ? l4len - hlen : 0) + !!(p->tcp_flags & TCP_FLAG_SYN) +
+		      !!(p->tcp_flags & TCP_FLAG_FIN);
+	sc->seg.tsval = 0;
+	sc->seg.has_ts = 0;
+	off = p->l4_off + 20;
+	end = p->l4_off + hlen;
+	for (n = 0; n < TCP_OPT_WALK; n++) {
+		if (off + 2 > end || bpf_skb_load_bytes(skb, off, &sc->buf, 2) < 0)
+			break;
+		if (b[0] == 0) /* end of options */
+			break;
+		if (b[0] == 1) { /* NOP */
+			off++;
+			continue;
+		}
+		if (b[0] == 8 && b[1] == 10) {
+			if (off + 10 <= end && bpf_skb_load_bytes(skb, off + 2, &sc->buf, 4) == 0) {
+				sc->seg.tsval = bpf_ntohl(sc->buf);
+				sc->seg.has_ts = 1;
+			}
+			break;
+		}
+		if (b[1] < 2)
+			break;
+		off += b[1];
+	}
+	return 0;
+}
+
+/*
+ * snat_tw_refuses reports whether the backend's TIME_WAIT of the tuple rk,
+ * if vipd_snat_tw remembers one younger than SNAT_TW_GUARD, would refuse
+ * the new flow's SYN (in the scratch, when seg_ok), as Linux's
+ * tcp_timewait_state_process decides: with timestamps on both, a SYN
+ * whose TSval is older is refused (PAWS), a newer one taken; otherwise
+ * (or with equal TSvals) it is taken only when its sequence number is
+ * after the old flow's last one. It notes in the scratch's tw -1 when
+ * there is no such record (or no SYN), 0 when the SYN would be taken, 1
+ * when refused, and returns 1 when refused.
+ */
+static __always_inline int snat_tw_refuses(const struct ct_key *rk, __u32 now)
+{
+	struct snat_scratch *sc = snat_scratch();
+	struct snat_tw *tw;
+	__s32 d, r = 0;
+
+	if (!sc)
+		return 0;
+	sc->tw = -1;
+	if (!sc->seg_ok)
+		return 0;
+	tw = bpf_map_lookup_elem(&vipd_snat_tw, rk);
+	if (!tw || (__u32)(now - tw->closed) >= SNAT_TW_GUARD)
+		return 0;
+	d = (__s32)(sc->seg.tsval - tw->tsval);
+	if (sc->seg.has_ts && (tw->flags & SNAT_TW_F_TS) && d)
+		r = d < 0;
+	else
+		r = (__s32)(sc->seg.seq - tw->next_seq) <= 0;
+	sc->tw = r;
+	return r;
+}
+
+/*
+ * snat_tw_client notes a client segment of an SNAT TCP flow (forward entry
+ * e, before this segment was accounted: seen its TCP flags, was_closing
+ * its CT_F_CLOSING) that carries a FIN or RST or belongs to a closing
+ * flow. A flow the backend closed first (the flow was closing before the
+ * client's first FIN or RST) leaves the backend in TIME_WAIT: the client's
+ * first FIN writes the record of the backend-side tuple, its later
+ * segments (a FIN sent again, the last ACK) move it on. A client RST
+ * drops it: the backend keeps no TIME_WAIT then. A flow the client closed
+ * first gets none (the backend's side ends in LAST_ACK, not TIME_WAIT).
+ */
+static __always_inline void snat_tw_client(struct __sk_buff *skb, const struct pkt *p, const struct ct_entry *e,
+					   __u8 seen, int was_closing, __u32 now)
+{
+	struct snat_scratch *sc;
+	struct snat_tw *tw;
+	struct ct_key rk;
+
+	reply_key(&rk, p, e);
+	if (p->tcp_flags & TCP_FLAG_RST) {
+		bpf_map_delete_elem(&vipd_snat_tw, &rk);
+		return;
+	}
+	if (was_closing && (p->tcp_flags & TCP_FLAG_FIN) && !(seen & (TCP_FLAG_FIN | TCP_FLAG_RST))) {
+		/* The client's first FIN: a fresh record, whatever an older
+		 * flow of the tuple left. */
+		struct snat_tw v = {};
+
+		sc = snat_scratch();
+		if (!sc || tcp_seg_read(skb, p, sc) < 0)
+			return;
+		v.tsval = sc->seg.tsval;
+		v.next_seq = sc->seg.end;
+		v.closed = now;
+		v.flags = sc->seg.has_ts ? SNAT_TW_F_TS : 0;
+		bpf_map_update_elem(&vipd_snat_tw, &rk, &v, BPF_ANY);
+		return;
+	}
+	/* Looked up first: a flow without a record reads nothing more. */
+	tw = bpf_map_lookup_elem(&vipd_snat_tw, &rk);
+	if (!tw)
+		return;
+	sc = snat_scratch();
+	if (!sc || tcp_seg_read(skb, p, sc) < 0)
+		return;
+	if ((__s32)(sc->seg.end - tw->next_seq) > 0)
+		tw->next_seq = sc->seg.end;
+	if (sc->seg.has_ts && (__s32)(sc->seg.tsval - tw->tsval) > 0)
+		tw->tsval = sc->seg.tsval;
+	/* A FIN sent again restarts the TIME_WAIT. */
+	tw->closed = now;
+}
+
 /*
  * ct_create records a new flow of the packet at p (not rewritten yet) to
  * backend b of frontend rev_nat_id: the forward entry (keyed as the client
@@ -842,8 +1038,9 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 		 * backend tuple it had, as with netfilter's NAT, and the
 		 * backend's TIME_WAIT of that tuple takes the new SYN (its
 		 * sequence numbers and timestamps follow the old ones); a
-		 * new client would be refused there about half the time.
-		 * Then random ports. */
+		 * new client would be refused there about half the time, so
+		 * a port whose TIME_WAIT would refuse this SYN is skipped
+		 * (vipd_snat_tw, maps.h). Then random ports. */
 		__u32 lo = cfg_or(cfg, snat_port_min, SNAT_PORT_MIN);
 		__u32 hi = cfg_or(cfg, snat_port_max, SNAT_PORT_MAX);
 		__u32 slo = cfg ? cfg->snat_skip_min : 0, shi = cfg ? cfg->snat_skip_max : 0;
@@ -851,6 +1048,15 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 		__u32 n = hi >= lo ? hi - lo + 1 : 1;
 		__u32 cport = bpf_ntohs(p->sport), k;
 		int i, ok = 0;
+		struct snat_scratch *sc = snat_scratch();
+
+		/* The SYN's sequence number and timestamp, for the guard of
+		 * the backends' TIME_WAIT: read once, for new TCP flows only,
+		 * into the scratch (the stack is full here). */
+		if (sc) {
+			sc->tw = -1;
+			sc->seg_ok = p->proto == IPPROTO_TCP && tcp_seg_read(skb, p, sc) == 0;
+		}
 
 		if (skip >= n)
 			skip = 0;
@@ -875,6 +1081,12 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 			rk.dport = bpf_htons((__u16)port);
 			if (local_socket(skb, p, &b->addr, b->port, snat, rk.dport))
 				continue;
+			/* A tuple whose TIME_WAIT at the backend would refuse
+			 * this SYN is no port for it (vipd_snat_tw, maps.h). */
+			if (snat_tw_refuses(&rk, now)) {
+				snat_count(SNAT_STAT_TW_SKIPS);
+				continue;
+			}
 			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_NOEXIST) == 0) {
 				ok = 1;
 				break;
@@ -893,8 +1105,15 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 				break;
 			}
 		}
-		if (!ok)
+		if (!ok) {
+			snat_count(SNAT_STAT_EXHAUSTED);
 			return -1;
+		}
+		/* The backend takes this SYN in place of its TIME_WAIT: the
+		 * record is of no flow any more. */
+		sc = snat_scratch();
+		if (sc && sc->tw == 0)
+			bpf_map_delete_elem(&vipd_snat_tw, &rk);
 		*snat_port = rk.dport;
 		e.snat_addr = *snat;
 		e.snat_port = rk.dport;
@@ -1081,6 +1300,10 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 
 	e = bpf_map_lookup_elem(&vipd_ct, &fk);
 	if (e && reusable(p, e, now)) {
+		/* As they were before this packet, for snat_tw_client. */
+		__u8 seen = e->tcp_flags;
+		int was_closing = e->flags & CT_F_CLOSING;
+
 		ct_account(cfg, skb, p, e, now);
 		b.addr = e->nat_addr;
 		b.port = e->nat_port;
@@ -1096,6 +1319,11 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 			reply_key(&rk, p, e);
 			flow_closed(tcp_close_reason(p), &fk, e, &rk);
 		}
+		/* Only the closing segments of SNAT TCP flows: established
+		 * ones pay nothing more. */
+		if (ext && snatted && p->proto == IPPROTO_TCP &&
+		    (was_closing || (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))))
+			snat_tw_client(skb, p, e, seen, was_closing, now);
 	} else {
 		struct backend *bp;
 
