@@ -91,7 +91,7 @@ func newPREnv(t testing.TB) *prEnv {
 		bpfMapVipdServices:   1 << 16,
 		bpfMapVipdMembers:    1 << 16,
 		bpfMapVipdBackends:   1 << 12,
-		bpfMapVipdRevnat:     1 << 12,
+		bpfMapVipdRevnat:     1 << 16, // holds the members of frontends of up to 16
 		bpfMapVipdMaglev:     1 << 12,
 		bpfMapVipdCt:         1 << 16,
 		bpfMapVipdAffinity:   1 << 12,
