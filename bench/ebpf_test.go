@@ -76,7 +76,7 @@ func BenchmarkEBPFScale(b *testing.B) {
 			sync := time.Since(start)
 			svcs = nil
 			syncProfile()
-			prof.save("heap", "heap-after-sync")
+			prof.save("heap?gc=1", "heap-after-sync") // gc=1: the live heap now, not at the last GC
 			prof.save("allocs", "allocs-after-sync")
 			upsertProfile := prof.cpu("upserts", max(1, b.N/100))
 

@@ -45,15 +45,20 @@ type applyPlan struct {
 //  0. frontends that leave, master first (it becomes a draining master);
 //  1. backends new to the maps (every backend, on a full apply);
 //     then frontend by frontend, in chunks of about a batch of entries:
-//  2. reverse-NAT entries and members;
+//  2. members and reverse-NAT entries: a frontend of at most
+//     revNatInlineMembers members keeps them in its reverse-NAT value, a
+//     larger one in vipd_members (members first, then the value that
+//     points there); a changing frontend's old and new members together
+//     (memberUnion), so that a member leaves only at step 6;
 //  3. Maglev tables (a new inner map, swapped in whole);
 //  4. slots 1..n (none for a dense frontend: see frontend.dense);
 //  5. the master entry (slot 0, with the count, and a dense frontend's
 //     slots) last of the frontend's entries, in one update: before it,
 //     packets use the old slots 1..old count, which all still name live
 //     backends;
-//  6. then stale slots beyond the new count, members and Maglev tables no
-//     longer used;
+//  6. then stale slots beyond the new count, members (the reverse-NAT
+//     value without them, then the vipd_members entries no longer used)
+//     and Maglev tables no longer used;
 //     and once every chunk is done, backends no frontend references any more.
 //
 // Before step 0, IDs are allocated (allocateIDs) and their counters saved;
@@ -235,12 +240,17 @@ func (p *programmer) leavingWrites(gone []change) writes {
 		} else {
 			leaving.svcKeys = append(leaving.svcKeys, svcKeyOf(c.key, 0))
 			leaving.svcVals = append(leaving.svcVals, bpfSvcVal{RevNatId: old.revNat, Flags: svcFlagDraining})
+			// Its reverse-NAT entry stays, with no member (inline, so
+			// that the vipd_members entries below may go).
+			leaving.revNat(old.revNat, revNatBase(c.key))
 		}
 		for i := range old.fe.slotEntries() {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
-		for _, id := range old.memberIDs {
-			leaving.deleteMember(old.revNat, id)
+		if !old.fe.inlineMembers() {
+			for _, id := range old.memberIDs {
+				leaving.deleteMember(old.revNat, id)
+			}
 		}
 		if old.fe.flags&svcFlagMaglev != 0 {
 			leaving.deleteMaglev(old.revNat)
@@ -315,7 +325,7 @@ func chunkEnd(next []*programmed, lo, limit int) int {
 	hi, n := lo, 0
 	for hi < len(next) && n < limit {
 		if pr := next[hi]; pr != nil {
-			n += 1 + pr.fe.slotEntries() + len(pr.memberIDs)
+			n += 1 + pr.fe.slotEntries() + pr.fe.memberEntries()
 		}
 		hi++
 	}
@@ -360,33 +370,56 @@ func (p *programmer) applyChunk(ch chunk, prune bool, au *audit) error {
 	return w.flush(p.maps)
 }
 
-// queueMembers queues step 2: the reverse-NAT entry and every member of a
-// new frontend, or of any on a full apply (prune), but those au found
-// correct; of a changed frontend, the members that are new or whose flags
-// changed. It touches no map.
+// queueMembers queues step 2: the reverse-NAT entry and the members of a
+// new frontend, but those au found correct (on a full apply); of a
+// changed one, its member union (old and new members, see memberUnion):
+// inline in its reverse-NAT value when it fits and anything changed (or
+// the value may be wrong, on a full apply), else as vipd_members entries,
+// those that are new or changed or not there yet. It touches no map.
 func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 	for i, c := range ch.changes {
 		pr := ch.next[i]
 		if pr == nil {
 			continue
 		}
+		off := int(ch.offs[i])
+		// revNatOK: the maps hold pr's final reverse-NAT value.
+		revNatOK := au.revNatOK.has(ch.base + i)
 		old := p.frontends[c.key]
-		if old == nil || prune {
-			if !au.revNatOK.has(ch.base + i) {
-				w.revNat(pr.revNat, c.key)
-			}
-			for j, id := range pr.memberIDs {
-				if !au.memberOK.has(int(ch.offs[i]) + j) {
-					w.member(pr.revNat, id, pr.fe.members[j].flags)
+		if old == nil {
+			if !pr.fe.inlineMembers() {
+				for j, id := range pr.memberIDs {
+					if !au.memberOK.has(off + j) {
+						w.member(pr.revNat, id, pr.fe.members[j].flags)
+					}
 				}
+			}
+			if !revNatOK {
+				w.revNat(pr.revNat, revNatVal(c.key, pr))
 			}
 			continue
 		}
+		u := unionOf(c.key, old, pr)
+		if u.inline() {
+			// old's members are inline too (the union holds them).
+			if u.changed || prune && (!revNatOK || u.removed) {
+				w.revNat(pr.revNat, u.rn)
+			}
+			continue
+		}
+		oldInline := old.fe.inlineMembers()
 		walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
-			if j >= 0 && (i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags) {
+			switch {
+			case j >= 0 && (oldInline || i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags ||
+				prune && !au.memberOK.has(off+j)):
 				w.member(pr.revNat, pr.memberIDs[j], pr.fe.members[j].flags)
+			case j < 0 && oldInline:
+				w.member(old.revNat, old.memberIDs[i], old.fe.members[i].flags)
 			}
 		})
+		if oldInline || prune && (!revNatOK || pr.fe.inlineMembers()) {
+			w.revNat(pr.revNat, u.rn) // after its members: see writes.flush
+		}
 	}
 }
 
@@ -469,11 +502,24 @@ func (p *programmer) queueStale(w *writes, ch chunk) {
 		for j := pr.fe.slotEntries(); j < old.fe.slotEntries(); j++ {
 			w.deleteSlot(c.key, uint32(j+1))
 		}
-		walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
-			if j < 0 {
-				w.deleteMember(old.revNat, old.memberIDs[i])
-			}
-		})
+		// The reverse-NAT value without the members that left (its
+		// final value) is written before the vipd_members entries go
+		// (writes.flush puts before it deletes).
+		u := unionOf(c.key, old, pr)
+		inline := pr.fe.inlineMembers()
+		if inline && (!u.inline() || u.removed) {
+			w.revNat(pr.revNat, revNatVal(c.key, pr))
+		}
+		if !u.inline() {
+			walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
+				switch {
+				case j < 0:
+					w.deleteMember(old.revNat, old.memberIDs[i])
+				case inline:
+					w.deleteMember(pr.revNat, pr.memberIDs[j])
+				}
+			})
+		}
 		if old.fe.flags&svcFlagMaglev != 0 && pr.fe.flags&svcFlagMaglev == 0 {
 			w.deleteMaglev(old.revNat)
 		}
@@ -499,7 +545,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 		}
 		p.unref(old, &dead)
 		p.svcEntries -= 1 + old.fe.slotEntries()
-		p.memberEntries -= len(old.memberIDs)
+		p.memberEntries -= old.fe.memberEntries()
 		p.unindex(old.fe.service, c.key)
 		delete(p.frontends, c.key)
 		if p.noDrain {
@@ -516,7 +562,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 		old := p.frontends[key]
 		if old != nil {
 			p.svcEntries -= 1 + old.fe.slotEntries()
-			p.memberEntries -= len(old.memberIDs)
+			p.memberEntries -= old.fe.memberEntries()
 			if key.proto == ipprotoUDP && p.onMembersRemoved != nil {
 				var removed []beKey
 				walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
@@ -531,7 +577,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			p.unref(old, &dead)
 		}
 		p.svcEntries += 1 + pr.fe.slotEntries()
-		p.memberEntries += len(pr.memberIDs)
+		p.memberEntries += pr.fe.memberEntries()
 		delete(p.draining, key) // back before it drained: a live master again
 		if old == nil || old.fe.service != pr.fe.service {
 			if old != nil {

@@ -170,11 +170,15 @@ func TestAllocateIDs(t *testing.T) {
 func TestChunkEnd(t *testing.T) {
 	pr := func(members, slots int) *programmed {
 		// Weighted: its slots are entries of their own (not dense).
-		fe := &frontend{flags: svcFlagWeighted, slots: make([]slot, slots)}
+		fe := &frontend{flags: svcFlagWeighted, slots: make([]slot, slots), members: make([]member, members)}
 		return &programmed{fe: fe, memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
 	}
-	// Entries each: 1 + slots + members.
-	next := []*programmed{pr(2, 2), nil, pr(1, 0), pr(4, 4), nil, nil, pr(0, 0)}
+	// Entries each: 1 + slots + member entries (none while the members
+	// are inline in the reverse-NAT value, at most 16).
+	if n := chunkEnd([]*programmed{pr(16, 0), pr(17, 0), pr(0, 0)}, 0, 18); n != 2 {
+		t.Errorf("16 inline members count 1 entry, 17 count 18: chunkEnd(limit 18) = %d, want 2", n)
+	}
+	next := []*programmed{pr(2, 4), nil, pr(1, 1), pr(4, 8), nil, nil, pr(0, 0)}
 	//                     5         0    2         9         0    0    1
 	tests := []struct {
 		name      string
@@ -227,8 +231,8 @@ func TestLeavingWrites(t *testing.T) {
 		if !slices.Equal(got, slots) {
 			t.Errorf("deleted service slots %v, want %v", got, slots)
 		}
-		if want := []bpfMemberKey{{RevNatId: 1, BackendId: 1}, {RevNatId: 1, BackendId: 2}}; !slices.Equal(w.memberDeletes, want) {
-			t.Errorf("deleted members %v, want %v", w.memberDeletes, want)
+		if len(w.memberDeletes) != 0 {
+			t.Errorf("deleted members %v, want none (inline in the reverse-NAT value)", w.memberDeletes)
 		}
 		if !slices.Equal(w.maglevDeletes, []uint32{1}) {
 			t.Errorf("deleted Maglev tables %v, want [1]", w.maglevDeletes)
@@ -244,7 +248,19 @@ func TestLeavingWrites(t *testing.T) {
 		if len(w.revNatDeletes) != 0 {
 			t.Errorf("reverse-NAT entries %v deleted while the frontend drains", w.revNatDeletes)
 		}
+		if want := []bpfRevNat{revNatBase(a.key)}; !slices.Equal(w.revNatKeys, []uint32{1}) || !slices.Equal(w.revNatVals, want) {
+			t.Errorf("reverse NAT written %v = %+v, want 1 = %+v (no member)", w.revNatKeys, w.revNatVals, want)
+		}
 		wantDeletes(t, w, []uint32{1, 2})
+	})
+	t.Run("a frontend with its members in the member map deletes them", func(t *testing.T) {
+		big := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, manyBackends(revNatInlineMembers+1)...)
+		p := newStepProgrammer()
+		stepApply(p, false, change{key: big.key, fe: big})
+		w := p.leavingWrites(p.allocateIDs([]change{{key: big.key}}, false).gone)
+		if len(w.memberDeletes) != revNatInlineMembers+1 || len(w.revNatVals) != 1 || w.revNatVals[0].Members != 0 {
+			t.Errorf("deleted members %v, reverse NAT %+v; want all %d and a value with no member", w.memberDeletes, w.revNatVals, revNatInlineMembers+1)
+		}
 	})
 	t.Run("without drain the master goes first", func(t *testing.T) {
 		p, gone := setup()
@@ -322,8 +338,8 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 		if _, ok := p.byService["ns/a"]; ok {
 			t.Errorf("the gone service stays indexed: %v", p.byService)
 		}
-		if p.svcEntries != 1 || p.memberEntries != 2 {
-			t.Errorf("entry counts: %d service, %d member; want b's 1 (dense: its master holds its slots) and 2", p.svcEntries, p.memberEntries)
+		if p.svcEntries != 1 || p.memberEntries != 0 {
+			t.Errorf("entry counts: %d service, %d member; want b's 1 (dense: its master holds its slots) and 0 (inline)", p.svcEntries, p.memberEntries)
 		}
 	})
 
@@ -388,8 +404,12 @@ func TestQueueChangedFrontend(t *testing.T) {
 
 	var w writes
 	p.queueMembers(&w, ch, false, none)
-	if want := []bpfMemberKey{{RevNatId: 1, BackendId: 1}}; !slices.Equal(w.memberKeys, want) || len(w.revNatKeys) != 0 {
-		t.Errorf("step 2 writes members %v and reverse NAT %v; want only the member whose flags changed %v", w.memberKeys, w.revNatKeys, want)
+	// Inline members: one reverse-NAT value with the old and new members
+	// (10.0.0.2 stays until step 6), 10.0.0.1's flags changed.
+	union := revNatBase(fe.key)
+	union.Members, union.MemberIds, union.MemberFlags = 3, [16]uint32{1, 2, 3}, [16]uint8{0, memberFlagEligible, memberFlagEligible}
+	if len(w.memberKeys) != 0 || !slices.Equal(w.revNatKeys, []uint32{1}) || w.revNatVals[0] != union {
+		t.Errorf("step 2 writes members %v and reverse NAT %v = %+v; want no member entry and 1 = %+v", w.memberKeys, w.revNatKeys, w.revNatVals, union)
 	}
 	w.reset()
 	p.queueSlots(&w, ch, false, none)
@@ -406,8 +426,10 @@ func TestQueueChangedFrontend(t *testing.T) {
 	if len(w.svcDeletes) != 1 || w.svcDeletes[0].Slot != 3 {
 		t.Errorf("step 6 deletes slots %v, want slot 3", w.svcDeletes)
 	}
-	if want := []bpfMemberKey{{RevNatId: 1, BackendId: 2}}; !slices.Equal(w.memberDeletes, want) {
-		t.Errorf("step 6 deletes members %v, want %v", w.memberDeletes, want)
+	final := revNatBase(fe.key)
+	final.Members, final.MemberIds, final.MemberFlags = 2, [16]uint32{1, 3}, [16]uint8{0, memberFlagEligible}
+	if len(w.memberDeletes) != 0 || !slices.Equal(w.revNatVals, []bpfRevNat{final}) {
+		t.Errorf("step 6 deletes members %v, writes reverse NAT %+v; want none and %+v (10.0.0.2 gone)", w.memberDeletes, w.revNatVals, final)
 	}
 	if !slices.Equal(w.maglevDeletes, []uint32{1}) {
 		t.Errorf("step 6 deletes Maglev tables %v, want [1]", w.maglevDeletes)
@@ -422,8 +444,8 @@ func TestQueueChangedFrontend(t *testing.T) {
 	p.queueMembers(&w, ch, true, au)
 	p.queueSlots(&w, ch, true, au)
 	p.queueMasters(&w, ch, true, au)
-	if len(w.revNatKeys) != 0 || len(w.memberKeys) != 1 || w.memberKeys[0].BackendId != 1 {
-		t.Errorf("full apply writes reverse NAT %v, members %v; want member 1 alone", w.revNatKeys, w.memberKeys)
+	if !slices.Equal(w.revNatVals, []bpfRevNat{union}) || len(w.memberKeys) != 0 {
+		t.Errorf("full apply writes reverse NAT %+v, members %v; want the union alone", w.revNatVals, w.memberKeys)
 	}
 	var slots []uint32
 	for _, k := range w.svcKeys {
@@ -488,7 +510,7 @@ func TestAuditEntries(t *testing.T) {
 		return rn
 	}
 
-	au.revNatEntry(1, revNatOf(a.key))                                      // correct
+	au.revNatEntry(1, revNatVal(a.key, pr))                                 // correct, with its inline members
 	au.revNatEntry(2, revNatOf(gone.key))                                   // draining: kept
 	au.revNatEntry(9, revNatOf(absent))                                     // absent
 	au.serviceEntry(svcKeyOf(a.key, 0), masterVal(pr))                      // correct
@@ -498,8 +520,7 @@ func TestAuditEntries(t *testing.T) {
 	au.serviceEntry(svcKeyOf(absent, 1), bpfSvcVal{BackendId: 9})           // absent slot
 	au.serviceEntry(svcKeyOf(absent, 0), bpfSvcVal{Count: 1, RevNatId: 9})  // absent master
 	au.serviceEntry(svcKeyOf(gone.key, 0), bpfSvcVal{RevNatId: 2, Flags: svcFlagDraining})
-	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 1}, memberFlagEligible) // correct
-	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 2}, 0)                  // wrong flags
+	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 1}, memberFlagEligible) // a's members are inline: stale
 	au.memberEntry(bpfMemberKey{RevNatId: 1, BackendId: 3}, memberFlagEligible) // not a member: stale
 	au.memberEntry(bpfMemberKey{RevNatId: 9, BackendId: 9}, memberFlagEligible) // absent
 	au.maglevEntry(1, 0)                                                        // a does not use Maglev: stale
@@ -518,8 +539,8 @@ func TestAuditEntries(t *testing.T) {
 	if !got.revNatOK.has(0) || !got.masterOK.has(0) {
 		t.Errorf("a's reverse-NAT entry and master not found correct")
 	}
-	// The ID slab: members 0-1, then slots 2-3.
-	for i, want := range []bool{true, false, true, false} {
+	// The ID slab: members 0-1 (inline: no entries), then slots 2-3.
+	for i, want := range []bool{false, false, true, false} {
 		ok := got.memberOK
 		if i >= 2 {
 			ok = got.slotOK
@@ -531,8 +552,8 @@ func TestAuditEntries(t *testing.T) {
 	if !got.backendOK.has(1) || got.backendOK.has(2) {
 		t.Errorf("backends found correct: 1 %v, 2 %v; want 1 alone", got.backendOK.has(1), got.backendOK.has(2))
 	}
-	wantOK := [numServiceMaps]int{mapServices: 2, mapMembers: 1, mapRevNat: 1, mapBackends: 1}
-	wantWrong := [numServiceMaps]int{mapServices: 1, mapMembers: 1, mapBackends: 1}
+	wantOK := [numServiceMaps]int{mapServices: 2, mapRevNat: 1, mapBackends: 1}
+	wantWrong := [numServiceMaps]int{mapServices: 1, mapBackends: 1}
 	if got.ok != wantOK || got.wrong != wantWrong {
 		t.Errorf("found correct %v and wrong %v, want %v and %v", got.ok, got.wrong, wantOK, wantWrong)
 	}
@@ -545,7 +566,7 @@ func TestAuditEntries(t *testing.T) {
 			got.absent.revNatDeletes, got.absent.maglevDeletes, got.absent.memberDeletes)
 	}
 	if !slices.Equal(got.stale.svcDeletes, []bpfSvcKey{svcKeyOf(a.key, 3)}) ||
-		!slices.Equal(got.stale.memberDeletes, []bpfMemberKey{{RevNatId: 1, BackendId: 3}}) ||
+		!slices.Equal(got.stale.memberDeletes, []bpfMemberKey{{RevNatId: 1, BackendId: 1}, {RevNatId: 1, BackendId: 3}}) ||
 		!slices.Equal(got.stale.maglevDeletes, []uint32{1}) || !slices.Equal(got.stale.backendDeletes, []uint32{9}) {
 		t.Errorf("stale: services %v, members %v, Maglev %v, backends %v",
 			got.stale.svcDeletes, got.stale.memberDeletes, got.stale.maglevDeletes, got.stale.backendDeletes)
@@ -553,6 +574,27 @@ func TestAuditEntries(t *testing.T) {
 	if got.used != 2 {
 		t.Errorf("%d backends used, want 2", got.used)
 	}
+
+	// The reverse-NAT value without its inline members (as the old
+	// layout wrote it), or with one's flags wrong, is wrong: rewritten.
+	bad := revNatVal(a.key, pr)
+	bad.MemberFlags[1] = 0
+	for _, rn := range []bpfRevNat{revNatOf(a.key), bad} {
+		au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
+		au.revNatEntry(1, rn)
+		if au.au.revNatOK.has(0) || au.au.wrong[mapRevNat] != 1 {
+			t.Errorf("reverse-NAT value %+v found correct", rn)
+		}
+	}
+}
+
+// manyBackends returns n backends "10.0.x.y:8080", sorted as members are.
+func manyBackends(n int) []string {
+	var bs []string
+	for i := range n {
+		bs = append(bs, fmt.Sprintf("10.0.%d.%d:8080", i/200, i%200+1))
+	}
+	return bs
 }
 
 // TestChangesFor: an incremental Apply changes the frontends of the
@@ -796,4 +838,95 @@ func TestAuditBackendsBothFamilies(t *testing.T) {
 	if au.au.ok[mapBackends] != 2 || au.au.wrong[mapBackends] != 2 {
 		t.Errorf("backends found correct %d, wrong %d; want 2 and 2", au.au.ok[mapBackends], au.au.wrong[mapBackends])
 	}
+}
+
+// TestQueueInlineMembers: a frontend of at most revNatInlineMembers
+// members keeps them in its reverse-NAT value and writes no vipd_members
+// entry; a larger one writes its members, then a value that points at
+// them. Across a change, old and new members stay members together until
+// step 6 (memberUnion): in the value while they fit, else in vipd_members,
+// written before the value says so and deleted after the final value.
+func TestQueueInlineMembers(t *testing.T) {
+	type steps struct {
+		members, stale writes // step 2, step 6
+	}
+	queue := func(p *programmer, fe *frontend) steps {
+		var s steps
+		pl := p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+		ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
+		p.queueMembers(&s.members, ch, false, &audit{})
+		p.queueStale(&s.stale, ch)
+		p.commit(pl)
+		return s
+	}
+	fe := func(bs []string) *frontend { return stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, bs...) }
+	all := manyBackends(40)
+	p := newStepProgrammer()
+
+	// New, 16 members: inline, no member entry.
+	s := queue(p, fe(all[:16]))
+	if len(s.members.memberKeys) != 0 || len(s.members.revNatVals) != 1 || s.members.revNatVals[0].Members != 16 ||
+		s.members.revNatVals[0].MemberIds[15] == 0 || s.members.revNatVals[0].MemberFlags[15] != memberFlagEligible {
+		t.Errorf("16 members: member entries %v, reverse NAT %+v; want none and 16 inline", s.members.memberKeys, s.members.revNatVals)
+	}
+	if p.memberEntries != 0 {
+		t.Errorf("16 inline members count %d member entries, want 0", p.memberEntries)
+	}
+
+	// 16 -> 17: every member into vipd_members, then the value points there;
+	// nothing to delete.
+	s = queue(p, fe(all[:17]))
+	if len(s.members.memberKeys) != 17 || len(s.members.revNatVals) != 1 || s.members.revNatVals[0].Members != revNatMembersMap {
+		t.Errorf("16 -> 17 members: %d member entries, reverse NAT %+v; want 17 and the map mark", len(s.members.memberKeys), s.members.revNatVals)
+	}
+	if s.stale.len() != 0 {
+		t.Errorf("16 -> 17 members: step 6 queues %d writes, want none", s.stale.len())
+	}
+	if p.memberEntries != 17 {
+		t.Errorf("17 members count %d member entries, want 17", p.memberEntries)
+	}
+
+	// 17 -> 16: the union (17) stays in vipd_members through step 5; step 6
+	// writes the inline value, then deletes all 17 entries.
+	s = queue(p, fe(all[:16]))
+	if len(s.members.memberKeys) != 0 || len(s.members.revNatVals) != 0 {
+		t.Errorf("17 -> 16 members: step 2 writes members %v, reverse NAT %+v; want nothing (the union is all there)", s.members.memberKeys, s.members.revNatVals)
+	}
+	if len(s.stale.revNatVals) != 1 || s.stale.revNatVals[0].Members != 16 || len(s.stale.memberDeletes) != 17 {
+		t.Errorf("17 -> 16 members: step 6 writes reverse NAT %+v, deletes %d members; want 16 inline and 17", s.stale.revNatVals, len(s.stale.memberDeletes))
+	}
+
+	// 16 -> 16 others, union 32: the union goes into vipd_members first,
+	// step 6 writes the new 16 inline and deletes the 32 entries.
+	s = queue(p, fe(all[16:32]))
+	if len(s.members.memberKeys) != 32 || len(s.members.revNatVals) != 1 || s.members.revNatVals[0].Members != revNatMembersMap {
+		t.Errorf("member swap: step 2 writes %d members, reverse NAT %+v; want 32 and the map mark", len(s.members.memberKeys), s.members.revNatVals)
+	}
+	if len(s.stale.revNatVals) != 1 || s.stale.revNatVals[0].Members != 16 || len(s.stale.memberDeletes) != 32 {
+		t.Errorf("member swap: step 6 writes reverse NAT %+v, deletes %d members; want 16 inline and 32", s.stale.revNatVals, len(s.stale.memberDeletes))
+	}
+	if p.memberEntries != 0 {
+		t.Errorf("16 inline members count %d member entries, want 0", p.memberEntries)
+	}
+
+	// One member drained (not eligible), one gone: step 2's value holds
+	// all 16 with the new flags, step 6's the 15 left.
+	next := fe(all[16:31])
+	next.members[0].flags = 0
+	s = queue(p, next)
+	if len(s.members.revNatVals) != 1 || s.members.revNatVals[0].Members != 16 || s.members.revNatVals[0].MemberFlags[0] != 0 ||
+		s.members.revNatVals[0].MemberFlags[15] != memberFlagEligible || len(s.members.memberKeys) != 0 {
+		t.Errorf("drain and removal: step 2 writes reverse NAT %+v, members %v; want the 16 with the first drained", s.members.revNatVals, s.members.memberKeys)
+	}
+	if len(s.stale.revNatVals) != 1 || s.stale.revNatVals[0].Members != 15 || len(s.stale.memberDeletes) != 0 {
+		t.Errorf("drain and removal: step 6 writes reverse NAT %+v, deletes %v; want 15 inline and nothing", s.stale.revNatVals, s.stale.memberDeletes)
+	}
+
+	// Nothing changes: nothing written.
+	s = queue(p, fe(all[16:31]))
+	s2 := queue(p, fe(all[16:31]))
+	if s2.members.len() != 0 || s2.stale.len() != 0 {
+		t.Errorf("unchanged frontend: step 2 %d writes, step 6 %d; want none", s2.members.len(), s2.stale.len())
+	}
+	_ = s
 }

@@ -77,7 +77,7 @@ func (au *audit) counts(next []*programmed, backends *backendTable) entryCounts 
 			continue
 		}
 		want[mapServices] += 1 + pr.fe.slotEntries()
-		want[mapMembers] += len(pr.memberIDs)
+		want[mapMembers] += pr.fe.memberEntries()
 		want[mapRevNat]++
 		if pr.fe.flags&svcFlagMaglev != 0 {
 			want[mapMaglev]++
@@ -298,13 +298,14 @@ func (x *revNatIndex) get(id uint32) (int, bool) {
 	return i, ok
 }
 
-// revNatEntry audits one reverse-NAT entry: correct, to rewrite, kept
-// for a draining frontend, or absent.
+// revNatEntry audits one reverse-NAT entry: correct (the frontend's key
+// and its inline members, or the mark that they are in vipd_members), to
+// rewrite, kept for a draining frontend, or absent.
 func (a *auditor) revNatEntry(id uint32, rn bpfRevNat) {
 	var k bpfSvcKey
 	k.Addr, k.Port, k.Proto, k.Scope = rn.Addr, rn.Port, rn.Proto, rn.Scope
 	if i, ok := a.byRevNat.get(id); ok {
-		if j, ok := a.at[k]; ok && j == i {
+		if j, ok := a.at[k]; ok && j == i && rn == revNatVal(a.next[i].fe.key, a.next[i]) {
 			a.au.revNatOK.set(i)
 			a.au.ok[mapRevNat]++
 		} else {
@@ -377,7 +378,8 @@ func (a *auditor) memberOf(i int, id uint32) int {
 }
 
 // memberEntry audits one member entry: of a desired frontend, correct, to
-// rewrite or stale; of any other, absent.
+// rewrite or stale (any of a frontend whose members are inline); of any
+// other, absent.
 func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	au := a.au
 	i, ok := a.byRevNat.get(mk.RevNatId)
@@ -385,7 +387,10 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 		au.absent.memberDeletes = append(au.absent.memberDeletes, mk)
 		return
 	}
-	j := a.memberOf(i, mk.BackendId)
+	j := -1
+	if !a.next[i].fe.inlineMembers() {
+		j = a.memberOf(i, mk.BackendId)
+	}
 	switch {
 	case j < 0:
 		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)

@@ -155,10 +155,12 @@ type bpfRevNat struct {
 		_ structs.HostLayout
 		W [4]uint32
 	}
-	Port  uint16
-	Proto uint8
-	Scope uint8
-	Pad2  uint32
+	Port        uint16
+	Proto       uint8
+	Scope       uint8
+	Members     uint32
+	MemberIds   [16]uint32
+	MemberFlags [16]uint8
 }
 
 type bpfSnatTw struct {

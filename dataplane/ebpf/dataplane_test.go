@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
@@ -290,13 +291,16 @@ func connRequest(t *testing.T, c *netlab.Conn, what string) string {
 
 // ---- map snapshots ----
 
-// dpSnap is what the service maps hold.
+// dpSnap is what the service maps hold. members are every frontend's
+// members, wherever they are (inline in its reverse-NAT value or in
+// vipd_members); memberEntries counts the vipd_members entries.
 type dpSnap struct {
-	services map[bpfSvcKey]bpfSvcVal
-	members  map[bpfMemberKey]uint32
-	revNat   map[uint32]feKey
-	backends map[uint32]beKey
-	maglev   map[uint32]bool
+	services      map[bpfSvcKey]bpfSvcVal
+	members       map[bpfMemberKey]uint32
+	memberEntries int
+	revNat        map[uint32]feKey
+	backends      map[uint32]beKey
+	maglev        map[uint32]bool
 }
 
 func dpSnapshot(t *testing.T, m *bpfMaps) *dpSnap {
@@ -305,11 +309,17 @@ func dpSnapshot(t *testing.T, m *bpfMaps) *dpSnap {
 		services: map[bpfSvcKey]bpfSvcVal{}, members: map[bpfMemberKey]uint32{},
 		revNat: map[uint32]feKey{}, backends: map[uint32]beKey{}, maglev: map[uint32]bool{},
 	}
+	inline := map[bpfMemberKey]uint32{}
 	err := errors.Join(
 		forEach(m.VipdServices, func(k bpfSvcKey, v bpfSvcVal) { s.services[k] = v }),
-		forEach(m.VipdMembers, func(k bpfMemberKey, v uint32) { s.members[k] = v }),
+		forEach(m.VipdMembers, func(k bpfMemberKey, v uint32) { s.members[k] = v; s.memberEntries++ }),
 		forEach(m.VipdRevnat, func(id uint32, v bpfRevNat) {
 			s.revNat[id] = feKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port), proto: v.Proto}
+			if v.Members != revNatMembersMap {
+				for j := range min(int(v.Members), revNatInlineMembers) {
+					inline[bpfMemberKey{RevNatId: id, BackendId: v.MemberIds[j]}] = uint32(v.MemberFlags[j])
+				}
+			}
 		}),
 		forEach(m.VipdBackends, func(id uint32, v bpfBackend) {
 			s.backends[id] = beKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port)}
@@ -319,6 +329,7 @@ func dpSnapshot(t *testing.T, m *bpfMaps) *dpSnap {
 	if err != nil {
 		t.Fatalf("read maps: %v", err)
 	}
+	maps.Copy(s.members, inline)
 	return s
 }
 

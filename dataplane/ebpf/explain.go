@@ -93,6 +93,21 @@ func (d *Dataplane) ExplainFlow(ctx context.Context, q dataplane.ExplainQuery) (
 // eligible reports whether backend id may take new connections of the
 // frontend revNat.
 func (d *Dataplane) eligible(revNat, id uint32) (bool, error) {
+	var rn bpfRevNat
+	if err := d.objs.VipdRevnat.Lookup(revNat, &rn); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("read reverse-NAT map: %w", err)
+	}
+	if rn.Members != revNatMembersMap {
+		// Inline, as member_flags of bpf/lb.h reads them.
+		for j := range min(int(rn.Members), revNatInlineMembers) {
+			if rn.MemberIds[j] == id {
+				return rn.MemberFlags[j]&memberFlagEligible != 0, nil
+			}
+		}
+		return false, nil
+	}
 	var flags uint32
 	err := d.objs.VipdMembers.Lookup(bpfMemberKey{RevNatId: revNat, BackendId: id}, &flags)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {

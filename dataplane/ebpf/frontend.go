@@ -202,6 +202,20 @@ func (f *frontend) slotEntries() int {
 	return len(f.slots)
 }
 
+// inlineMembers reports whether f keeps its members in its reverse-NAT
+// value (struct rev_nat of bpf/maps.h) and has no vipd_members entries: at
+// most revNatInlineMembers of them.
+func (f *frontend) inlineMembers() bool { return len(f.members) <= revNatInlineMembers }
+
+// memberEntries is the number of vipd_members entries f has: none when its
+// members are inline, else one per member.
+func (f *frontend) memberEntries() int {
+	if f.inlineMembers() {
+		return 0
+	}
+	return len(f.members)
+}
+
 // slotBackend returns the backend of slot i (0-based).
 func (f *frontend) slotBackend(i int) beKey { return f.members[f.slots[i].member].key.unpack() }
 

@@ -7,7 +7,7 @@ import (
 
 // layoutVersion is LAYOUT_VERSION of bpf/maps.h: the version of the pinned
 // map layout. A pinned set of another version is not reused.
-const layoutVersion = 5
+const layoutVersion = 6
 
 // Flags shared with bpf/maps.h.
 const (
@@ -34,6 +34,12 @@ const (
 	scopeExternal = 1
 
 	memberFlagEligible = 1
+
+	// revNatInlineMembers is REVNAT_INLINE_MEMBERS: a frontend with at
+	// most this many members keeps them in its reverse-NAT value, and has
+	// no vipd_members entries. A larger one's value says revNatMembersMap.
+	revNatInlineMembers = 16
+	revNatMembersMap    = 0xffffffff
 
 	ctFlagHairpin = 1
 	ctFlagSNAT    = 8

@@ -275,7 +275,7 @@ func (p *programmer) checkCapacity(changes []change) error {
 		old := p.frontends[c.key]
 		if old != nil {
 			svc -= 1 + old.fe.slotEntries()
-			members -= len(old.memberIDs)
+			members -= old.fe.memberEntries()
 			frontends--
 		}
 		if c.fe == nil {
@@ -287,14 +287,16 @@ func (p *programmer) checkCapacity(changes []change) error {
 		}
 		frontends++
 		svc += 1 + c.fe.slotEntries()
-		members += len(c.fe.members)
 		if old != nil {
 			svc += max(old.fe.slotEntries()-c.fe.slotEntries(), 0)
-			walkMembers(old.fe.members, c.fe.members, func(_, j int) {
-				if j < 0 {
-					members++
-				}
-			})
+			// The union lives in vipd_members unless it is inline.
+			n := 0
+			walkMembers(old.fe.members, c.fe.members, func(_, _ int) { n++ })
+			if n > revNatInlineMembers {
+				members += n
+			}
+		} else {
+			members += c.fe.memberEntries()
 		}
 		for i := range c.fe.members {
 			if _, ok := p.backendIDs.get(c.fe.members[i].key); !ok {

@@ -122,6 +122,25 @@ func BenchmarkProgRunPath(b *testing.B) {
 		f := prTCPFrame(got.addr, prClient4, 5001, 1005, prACK, []byte("ok\n"))
 		prbRun(b, r.objs.VipdFromPod, prbRepeat, func(int) []byte { return f })
 	})
+	// A tracked UDP flow revalidates its backend's membership on every
+	// datagram (member_flags): inline in the reverse-NAT value for a
+	// frontend of up to 16 members, in vipd_members for a larger one.
+	udpTracked := func(b *testing.B, extraMembers int) {
+		r := prbEnv(b)
+		fe := prFrontend{vip: prWithPort(prVIP4, 53), proto: prUDP, id: 2}
+		r.addService(fe, prBackends4...)
+		for i := range extraMembers {
+			r.setMember(fe, uint32(200+i), 0)
+		}
+		f := prUDPFrame(prClient4, fe.vip, []byte("q"))
+		r.run(r.objs.VipdFromPod, f)
+		if _, ok := r.ct(prClient4, fe.vip, prUDP, prDirForward); !ok {
+			b.Fatal("datagram not tracked")
+		}
+		prbRun(b, r.objs.VipdFromPod, 1, func(int) []byte { return f })
+	}
+	b.Run("from_pod/VIP-UDP-tracked", func(b *testing.B) { udpTracked(b, 0) })
+	b.Run("from_pod/VIP-UDP-tracked-17-members", func(b *testing.B) { udpTracked(b, 17-len(prBackends4)) })
 	b.Run("to_pod/VIP-reply-tracked", func(b *testing.B) {
 		r, got := tracked(b)
 		f := prTCPFrame(got.addr, prClient4, 5001, 1005, prACK, []byte("ok\n"))

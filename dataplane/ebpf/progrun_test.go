@@ -91,7 +91,7 @@ func newPREnv(t testing.TB) *prEnv {
 		bpfMapVipdServices:   1 << 16,
 		bpfMapVipdMembers:    1 << 16,
 		bpfMapVipdBackends:   1 << 12,
-		bpfMapVipdRevnat:     1 << 12,
+		bpfMapVipdRevnat:     1 << 16, // holds the members of frontends of up to 16
 		bpfMapVipdMaglev:     1 << 12,
 		bpfMapVipdCt:         1 << 16,
 		bpfMapVipdAffinity:   1 << 12,
@@ -249,16 +249,86 @@ func (r *prEnv) setSlots(fe prFrontend, bes ...prBackend) {
 	}
 }
 
+// revNat returns the frontend's reverse-NAT value, or one with no member.
+func (r *prEnv) revNat(fe prFrontend) bpfRevNat {
+	r.t.Helper()
+	var rn bpfRevNat
+	if err := r.objs.VipdRevnat.Lookup(fe.id, &rn); err == nil {
+		return rn
+	} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		r.t.Fatalf("lookup reverse NAT %d: %v", fe.id, err)
+	}
+	rn.Addr = prAddrOf(fe.vip.Addr())
+	rn.Port, rn.Proto, rn.Scope = prBE16(fe.vip.Port()), fe.proto, fe.scope
+	return rn
+}
+
+func (r *prEnv) putRevNat(fe prFrontend, rn bpfRevNat) {
+	r.t.Helper()
+	if err := r.objs.VipdRevnat.Put(fe.id, &rn); err != nil {
+		r.t.Fatalf("put reverse NAT %d: %v", fe.id, err)
+	}
+}
+
+// setMember makes backend id a member of the frontend with flags, as the
+// dataplane keeps members: inline in its reverse-NAT value while at most
+// revNatInlineMembers fit (one update), else in vipd_members (all of
+// them moved there first, then the value marked).
 func (r *prEnv) setMember(fe prFrontend, id, flags uint32) {
 	r.t.Helper()
+	rn := r.revNat(fe)
+	if rn.Members != revNatMembersMap {
+		n := int(rn.Members)
+		j := slices.Index(rn.MemberIds[:n], id)
+		if j < 0 && n < revNatInlineMembers {
+			j = n
+			rn.Members++
+		}
+		if j >= 0 {
+			rn.MemberIds[j], rn.MemberFlags[j] = id, uint8(flags)
+			r.putRevNat(fe, rn)
+			return
+		}
+		for j := range n {
+			k := bpfMemberKey{RevNatId: fe.id, BackendId: rn.MemberIds[j]}
+			if err := r.objs.VipdMembers.Put(&k, uint32(rn.MemberFlags[j])); err != nil {
+				r.t.Fatalf("put member %d: %v", rn.MemberIds[j], err)
+			}
+		}
+		defer r.putRevNat(fe, bpfRevNat{Addr: rn.Addr, Port: rn.Port, Proto: rn.Proto, Scope: rn.Scope, Members: revNatMembersMap})
+	}
 	k := bpfMemberKey{RevNatId: fe.id, BackendId: id}
 	if err := r.objs.VipdMembers.Put(&k, flags); err != nil {
 		r.t.Fatalf("put member %d: %v", id, err)
 	}
 }
 
+// memberEntries counts the entries of vipd_members.
+func (r *prEnv) memberEntries() int {
+	r.t.Helper()
+	n := 0
+	if err := forEach(r.objs.VipdMembers, func(bpfMemberKey, uint32) { n++ }); err != nil {
+		r.t.Fatalf("read members: %v", err)
+	}
+	return n
+}
+
 func (r *prEnv) deleteMember(fe prFrontend, id uint32) {
 	r.t.Helper()
+	rn := r.revNat(fe)
+	if rn.Members != revNatMembersMap {
+		n := int(rn.Members)
+		j := slices.Index(rn.MemberIds[:n], id)
+		if j < 0 {
+			r.t.Fatalf("delete member %d: not a member", id)
+		}
+		copy(rn.MemberIds[j:n], rn.MemberIds[j+1:n])
+		copy(rn.MemberFlags[j:n], rn.MemberFlags[j+1:n])
+		rn.MemberIds[n-1], rn.MemberFlags[n-1] = 0, 0
+		rn.Members--
+		r.putRevNat(fe, rn)
+		return
+	}
 	k := bpfMemberKey{RevNatId: fe.id, BackendId: id}
 	if err := r.objs.VipdMembers.Delete(&k); err != nil {
 		r.t.Fatalf("delete member %d: %v", id, err)
@@ -983,7 +1053,17 @@ func TestProgRunHairpin(t *testing.T) {
 	prWantFrame(t, out, prSwapMACs(prTCPFrame(prWithPort(prVIP4, client.Port()), be.addr, 1001, 5001, prACK, nil)))
 }
 
+// TestProgRunBackendRemoved: a backend that leaves a frontend, or may take
+// no new connections (drained, terminating), keeps its tracked TCP flows
+// and gets no new one; UDP flows move when it leaves. Both ways a frontend
+// keeps its members: inline in its reverse-NAT value (up to 16), and in
+// vipd_members (17: three backends in slots, 14 more members).
 func TestProgRunBackendRemoved(t *testing.T) {
+	t.Run("inline members", func(t *testing.T) { testBackendRemoved(t, false) })
+	t.Run("members in the member map", func(t *testing.T) { testBackendRemoved(t, true) })
+}
+
+func testBackendRemoved(t *testing.T, spill bool) {
 	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
 	others := func(gone uint32) []prBackend {
 		return slices.DeleteFunc(slices.Clone(prBackends4), func(be prBackend) bool { return be.id == gone })
@@ -991,12 +1071,26 @@ func TestProgRunBackendRemoved(t *testing.T) {
 	beByID := func(id uint32) prBackend {
 		return prBackends4[slices.IndexFunc(prBackends4, func(be prBackend) bool { return be.id == id })]
 	}
+	add := func(r *prEnv, fe prFrontend) {
+		t.Helper()
+		r.addService(fe, prBackends4...)
+		want, entries := uint32(len(prBackends4)), 0
+		if spill {
+			for id := uint32(100); id < 100+revNatInlineMembers+1-uint32(len(prBackends4)); id++ {
+				r.setMember(fe, id, prMemberEligible)
+			}
+			want, entries = revNatMembersMap, revNatInlineMembers+1
+		}
+		if got, n := r.revNat(fe).Members, r.memberEntries(); got != want || n != entries {
+			t.Fatalf("reverse-NAT value says %#x members, vipd_members holds %d; want %#x and %d", got, n, want, entries)
+		}
+	}
 
 	t.Run("udp flow moves", func(t *testing.T) {
 		r := newPREnv(t)
 		fe := fe
 		fe.vip, fe.proto = prWithPort(prVIP4, 53), prUDP
-		r.addService(fe, prBackends4...)
+		add(r, fe)
 		in := prUDPFrame(prClient4, fe.vip, []byte("q"))
 		_, out := r.run(r.objs.VipdFromPod, in)
 		old := prBackendOf(t, out, prBackends4)
@@ -1020,7 +1114,7 @@ func TestProgRunBackendRemoved(t *testing.T) {
 		r := newPREnv(t)
 		fe := fe
 		fe.vip, fe.proto = prWithPort(prVIP4, 53), prUDP
-		r.addService(fe, prBackends4...)
+		add(r, fe)
 		in := prUDPFrame(prClient4, fe.vip, []byte("q"))
 		_, out := r.run(r.objs.VipdFromPod, in)
 		old := prBackendOf(t, out, prBackends4)
@@ -1034,7 +1128,7 @@ func TestProgRunBackendRemoved(t *testing.T) {
 	})
 	t.Run("tcp flow keeps its backend", func(t *testing.T) {
 		r := newPREnv(t)
-		r.addService(fe, prBackends4...)
+		add(r, fe)
 		_, out := r.run(r.objs.VipdFromPod, prTCPFrame(prClient4, prVIP4, 1000, 0, prSYN, nil))
 		old := prBackendOf(t, out, prBackends4)
 
@@ -1048,7 +1142,7 @@ func TestProgRunBackendRemoved(t *testing.T) {
 	})
 	t.Run("tcp SYN leaves an ineligible backend", func(t *testing.T) {
 		r := newPREnv(t)
-		r.addService(fe, prBackends4...)
+		add(r, fe)
 		syn := prTCPFrame(prClient4, prVIP4, 1000, 0, prSYN, nil)
 		_, out := r.run(r.objs.VipdFromPod, syn)
 		old := prBackendOf(t, out, prBackends4)

@@ -46,15 +46,13 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 
 	services := map[bpfSvcKey]bpfSvcVal{}
 	members := map[bpfMemberKey]uint32{}
-	revNat := map[uint32]feKey{}
+	revNat := map[uint32]bpfRevNat{}
 	backends := map[uint32]beKey{}
 	maglevs := map[uint32]bool{}
 	err := errors.Join(
 		forEach(maps[bpfMapVipdServices], func(k bpfSvcKey, v bpfSvcVal) { services[k] = v }),
 		forEach(maps[bpfMapVipdMembers], func(k bpfMemberKey, v uint32) { members[k] = v }),
-		forEach(maps[bpfMapVipdRevnat], func(id uint32, v bpfRevNat) {
-			revNat[id] = feKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port), proto: v.Proto, scope: v.Scope}
-		}),
+		forEach(maps[bpfMapVipdRevnat], func(id uint32, v bpfRevNat) { revNat[id] = v }),
 		forEach(maps[bpfMapVipdBackends], func(id uint32, v bpfBackend) {
 			backends[id] = beKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port)}
 		}),
@@ -92,8 +90,8 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 			diff("frontend %s: stale slot %d (backend ID %d)", fe, k.Slot, v.BackendId)
 		case v.Flags&svcFlagDraining == 0 || v.Count != 0:
 			diff("frontend %s: no service has it, but its master entry is live (count %d, flags %#x)", fe, v.Count, v.Flags)
-		case revNat[v.RevNatId] != fe:
-			diff("frontend %s: draining master names reverse-NAT ID %d, which maps to %v", fe, v.RevNatId, revNat[v.RevNatId])
+		case revNatKey(revNat[v.RevNatId]) != fe:
+			diff("frontend %s: draining master names reverse-NAT ID %d, which maps to %v", fe, v.RevNatId, revNatKey(revNat[v.RevNatId]))
 		default:
 			usedRevNat[v.RevNatId] = true // a draining frontend keeps it
 		}
@@ -103,9 +101,9 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 			diff("stale member: reverse-NAT ID %d, backend ID %d (flags %#x)", k.RevNatId, k.BackendId, flags)
 		}
 	}
-	for id, k := range revNat {
+	for id, rn := range revNat {
 		if !usedRevNat[id] {
-			diff("stale reverse-NAT entry %d: %s", id, k)
+			diff("stale reverse-NAT entry %d: %s", id, revNatKey(rn))
 		}
 	}
 	for id, k := range backends {
@@ -129,10 +127,17 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 	return fmt.Errorf("pinned maps in %s differ from the state of %d services in %d ways:\n  %s", bpffs, s.Len(), n, strings.Join(diffs, "\n  "))
 }
 
+// revNatKey is the frontend a reverse-NAT value names.
+func revNatKey(v bpfRevNat) feKey {
+	return feKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port), proto: v.Proto, scope: v.Scope}
+}
+
 // verifyFrontend compares one desired frontend with the maps, marking the
-// entries it accounts for as used.
+// entries it accounts for as used. Its members are compared wherever they
+// are: inline in its reverse-NAT value, or in vipd_members (any
+// vipd_members entry of a frontend whose members are inline is stale).
 func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[bpfMemberKey]uint32,
-	revNat map[uint32]feKey, backends map[uint32]beKey, maglevs map[uint32]bool,
+	revNat map[uint32]bpfRevNat, backends map[uint32]beKey, maglevs map[uint32]bool,
 	usedSvc map[bpfSvcKey]bool, usedMember map[bpfMemberKey]bool, usedRevNat, usedBackend map[uint32]bool,
 	diff func(string, ...any)) {
 	mk := svcKeyOf(fe.key, 0)
@@ -151,8 +156,14 @@ func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[
 	if master != want {
 		diff("frontend %s (service %s): master entry %+v, want %+v", fe.key, fe.service, master, want)
 	}
-	if k, ok := revNat[master.RevNatId]; !ok || k != fe.key {
+	rn, ok := revNat[master.RevNatId]
+	if k := revNatKey(rn); !ok || k != fe.key {
 		diff("frontend %s (service %s): reverse-NAT ID %d maps to %v (present %v)", fe.key, fe.service, master.RevNatId, k, ok)
+	}
+	inline := rn.Members != revNatMembersMap
+	if inline != fe.inlineMembers() {
+		diff("frontend %s (service %s): reverse-NAT value has %d members inline (%#x: in the member map), want them inline: %v",
+			fe.key, fe.service, rn.Members, uint32(revNatMembersMap), fe.inlineMembers())
 	}
 	usedRevNat[master.RevNatId] = true
 	if fe.flags&svcFlagMaglev != 0 && !maglevs[master.RevNatId] {
@@ -182,8 +193,23 @@ func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[
 	}
 	// Members, by backend address: IDs are the maps' business.
 	got := map[beKey]uint32{}
+	if inline {
+		if rn.Members > revNatInlineMembers {
+			diff("frontend %s (service %s): reverse-NAT value has %d members inline, at most %d fit", fe.key, fe.service, rn.Members, revNatInlineMembers)
+		}
+		for j := range min(int(rn.Members), revNatInlineMembers) {
+			id := rn.MemberIds[j]
+			usedBackend[id] = true
+			b, ok := backends[id]
+			if !ok {
+				diff("frontend %s (service %s): inline member backend ID %d is not in the backend map", fe.key, fe.service, id)
+				continue
+			}
+			got[b] = uint32(rn.MemberFlags[j])
+		}
+	}
 	for k, flags := range members {
-		if k.RevNatId != master.RevNatId {
+		if k.RevNatId != master.RevNatId || inline {
 			continue
 		}
 		usedMember[k] = true

@@ -23,9 +23,11 @@ func mapErr(err error) error {
 }
 
 // writes collects map updates and deletions, and flushes them in batches
-// in a fixed order: backends, reverse NAT, members, services (slots and
+// in a fixed order: backends, members, reverse NAT, services (slots and
 // masters as queued), then deletions of services, members, reverse NAT,
-// Maglev tables and backends.
+// Maglev tables and backends. Members come before reverse NAT: a
+// frontend whose members move out of its reverse-NAT value into
+// vipd_members has them there before its value says so.
 type writes struct {
 	backendKeys []uint32
 	backendVals []bpfBackend
@@ -63,15 +65,83 @@ func (w *writes) backend(id uint32, k bePacked) {
 	w.backendVals = append(w.backendVals, b)
 }
 
-func (w *writes) revNat(id uint32, k feKey) {
+func (w *writes) revNat(id uint32, r bpfRevNat) {
+	w.revNatKeys = append(w.revNatKeys, id)
+	w.revNatVals = append(w.revNatVals, r)
+}
+
+// revNatBase is the reverse-NAT value of frontend k with no member.
+func revNatBase(k feKey) bpfRevNat {
 	var r bpfRevNat
 	r.Addr.W = toWords(k.addr)
 	r.Port = be16(k.port)
 	r.Proto = k.proto
 	r.Scope = k.scope
-	w.revNatKeys = append(w.revNatKeys, id)
-	w.revNatVals = append(w.revNatVals, r)
+	return r
 }
+
+// revNatVal is the reverse-NAT value of a programmed frontend: its
+// members inline when they fit, else revNatMembersMap (they are in
+// vipd_members).
+func revNatVal(k feKey, pr *programmed) bpfRevNat {
+	r := revNatBase(k)
+	if !pr.fe.inlineMembers() {
+		r.Members = revNatMembersMap
+		return r
+	}
+	r.Members = uint32(len(pr.memberIDs))
+	for j, id := range pr.memberIDs {
+		r.MemberIds[j] = id
+		r.MemberFlags[j] = uint8(pr.fe.members[j].flags)
+	}
+	return r
+}
+
+// memberUnion is a changing frontend's members between apply steps 2 and
+// 6: its old members and its new ones together, the new ones with their
+// new flags. Members that leave stay members until the new master is in
+// place (the break comes last), as they did as vipd_members entries.
+type memberUnion struct {
+	n int // members in the union
+	// removed: some old member leaves; changed: some member is new or
+	// has new flags.
+	removed, changed bool
+	// rn is the union's reverse-NAT value: inline when n fits
+	// (n <= revNatInlineMembers), else revNatMembersMap.
+	rn bpfRevNat
+}
+
+// unionOf computes the member union of a frontend changing from old to pr.
+func unionOf(k feKey, old, pr *programmed) memberUnion {
+	u := memberUnion{rn: revNatBase(k)}
+	walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
+		var id, flags uint32
+		if j >= 0 {
+			id, flags = pr.memberIDs[j], pr.fe.members[j].flags
+			if i < 0 || old.fe.members[i].flags != flags {
+				u.changed = true
+			}
+		} else {
+			id, flags = old.memberIDs[i], old.fe.members[i].flags
+			u.removed = true
+		}
+		if u.n < revNatInlineMembers {
+			u.rn.MemberIds[u.n] = id
+			u.rn.MemberFlags[u.n] = uint8(flags)
+		}
+		u.n++
+	})
+	if u.n <= revNatInlineMembers {
+		u.rn.Members = uint32(u.n)
+	} else {
+		u.rn = revNatBase(k)
+		u.rn.Members = revNatMembersMap
+	}
+	return u
+}
+
+// inline reports whether the union's members are inline.
+func (u *memberUnion) inline() bool { return u.n <= revNatInlineMembers }
 
 func (w *writes) member(revNat, backend, flags uint32) {
 	w.memberKeys = append(w.memberKeys, bpfMemberKey{RevNatId: revNat, BackendId: backend})
@@ -123,8 +193,8 @@ func (w *writes) flush(m *bpfMaps) error {
 		run  func() error
 	}{
 		{"backends", func() error { return batchPut(m.VipdBackends, w.backendKeys, w.backendVals) }},
-		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
 		{"members", func() error { return batchPut(m.VipdMembers, w.memberKeys, w.memberVals) }},
+		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
 		{"frontend filter", func() error { return markFrontends(m.VipdSvcAddrs, w.svcKeys) }},
 		{"services", func() error { return batchPut(m.VipdServices, w.svcKeys, w.svcVals) }},
 		{"delete services", func() error { return batchDelete(m.VipdServices, w.svcDeletes) }},

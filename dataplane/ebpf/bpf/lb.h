@@ -50,11 +50,29 @@ static __always_inline void addr_from4(union addr *a, __be32 ip)
 	a->w[3] = ip;
 }
 
+/*
+ * member_flags returns the MEMBER_F_* flags of backend_id in frontend
+ * rev_nat_id, or -1 when it is no member. One lookup (vipd_revnat) for a
+ * frontend whose members are inline, two for a larger one (vipd_members
+ * too): see struct rev_nat.
+ */
 static __always_inline int member_flags(__u32 rev_nat_id, __u32 backend_id)
 {
 	struct member_key mk = {.rev_nat_id = rev_nat_id, .backend_id = backend_id};
-	__u32 *f = bpf_map_lookup_elem(&vipd_members, &mk);
+	struct rev_nat *rn = bpf_map_lookup_elem(&vipd_revnat, &rev_nat_id);
+	__u32 *f, n, i;
 
+	if (!rn)
+		return -1;
+	n = rn->members;
+	if (n != REVNAT_MEMBERS_MAP) {
+		for (i = 0; i < REVNAT_INLINE_MEMBERS && i < n; i++) {
+			if (rn->member_ids[i] == backend_id)
+				return rn->member_flags[i];
+		}
+		return -1;
+	}
+	f = bpf_map_lookup_elem(&vipd_members, &mk);
 	return f ? (int)*f : -1;
 }
 

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 5
+#define LAYOUT_VERSION 6
 
 union addr {
 	__u32 w[4];
@@ -75,7 +75,14 @@ struct backend {
 	__u32 pad2;
 };
 
-/* A backend is a member of a frontend while the service lists it. */
+/*
+ * A backend is a member of a frontend while the service lists it. A
+ * frontend with at most REVNAT_INLINE_MEMBERS members keeps them in its
+ * reverse-NAT value (rev_nat.members, member_ids and member_flags): one
+ * entry per frontend, and a membership or flags change is one update of
+ * it. A larger one has rev_nat.members == REVNAT_MEMBERS_MAP and one
+ * vipd_members entry per member (member_key -> MEMBER_F_* flags).
+ */
 struct member_key {
 	__u32 rev_nat_id;
 	__u32 backend_id;
@@ -83,12 +90,17 @@ struct member_key {
 
 #define MEMBER_F_ELIGIBLE 1 /* may take new connections */
 
+#define REVNAT_INLINE_MEMBERS 16
+#define REVNAT_MEMBERS_MAP 0xffffffff /* rev_nat.members: in vipd_members */
+
 struct rev_nat {
 	union addr addr;
 	__be16 port;
 	__u8 proto;
-	__u8 scope; /* the frontend's svc_key.scope */
-	__u32 pad2;
+	__u8 scope;   /* the frontend's svc_key.scope */
+	__u32 members; /* inline members (0..REVNAT_INLINE_MEMBERS), or REVNAT_MEMBERS_MAP */
+	__u32 member_ids[REVNAT_INLINE_MEMBERS];  /* backend IDs of inline members 0..members-1 */
+	__u8 member_flags[REVNAT_INLINE_MEMBERS]; /* their MEMBER_F_* flags */
 };
 
 #define CT_DIR_FORWARD 0 /* client -> VIP, as the client sent it */
