@@ -89,12 +89,15 @@ func readTopology(e *store.Entry) (*serviceTopology, error) {
 	if t.distribution == vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED && len(t.hints) == 0 {
 		return nil, nil
 	}
-	return &t, nil
+	// A copy escapes, so that t stays on the stack for the services
+	// without topology.
+	out := t
+	return &out, nil
 }
 
 // readBackend records one encoded vipd.v1.Backend's hints, if it has any.
 func (t *serviceTopology) readBackend(b []byte) error {
-	var ip string
+	var ip []byte // converted only for a backend with hints: most have none
 	var h backendHints
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -109,7 +112,7 @@ func (t *serviceTopology) readBackend(b []byte) error {
 			}
 			switch num {
 			case backendIPField:
-				ip = string(v)
+				ip = v
 			case backendForZonesField:
 				h.forZones = append(h.forZones, string(v))
 			case backendForNodesField:
@@ -127,7 +130,7 @@ func (t *serviceTopology) readBackend(b []byte) error {
 	if len(h.forZones) == 0 && len(h.forNodes) == 0 {
 		return nil
 	}
-	a, err := netip.ParseAddr(ip)
+	a, err := netip.ParseAddr(string(ip))
 	if err != nil {
 		return fmt.Errorf("backend ip: %w", err)
 	}
