@@ -64,20 +64,20 @@ func testTopologyRealTraffic(t *testing.T, dp string) {
 			t.Fatalf("%s: upsert: %v", step, err)
 		}
 	}
-	// reached sends n new connections (each UDP request from a new
-	// socket) over proto and returns how many each backend answered. Each
-	// call takes its source ports from a range of its own: a flow that an
-	// earlier step's tracked (a UDP one from a reused port) keeps its
-	// backend, as it should, and is no new connection.
-	calls := 0
+	// reached sends n new connections over proto and returns how many
+	// each backend answered. Every request has a source port of its own:
+	// a flow that an earlier step tracked (a UDP one from a reused
+	// ephemeral port) keeps its backend, as it should, and would be no
+	// new connection. (IP_LOCAL_PORT_RANGE does not reach the port an
+	// unconnected UDP socket binds.)
+	port := uint16(20000)
 	reached := func(step, proto string, n int) map[string]int {
 		t.Helper()
-		calls++
-		lo := uint16(20000 + 500*calls)
 		got := map[string]int{}
 		for range n {
+			port++
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			rep, err := cl.Request(ctx, proto, vip.String(), netlab.WithLocalPortRange(lo, lo+499))
+			rep, err := cl.Request(ctx, proto, vip.String(), netlab.WithLocalPort(port))
 			cancel()
 			if err != nil {
 				t.Fatalf("%s: %s request: %v\nlog:\n%s", step, proto, err, r.log)
