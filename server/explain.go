@@ -42,7 +42,7 @@ func (a *API) Explain(ctx context.Context, req *vipdv1.ExplainRequest) (*vipdv1.
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no service claims %s/%s", q.VIP, q.Protocol)
 	}
-	svc, failing := a.withHealth(e.Dataplane)
+	svc, failing := a.withTopology(a.withHealth(e.Dataplane))
 	api := e.Service()
 	resp := &vipdv1.ExplainResponse{
 		Service:               svc.Name,

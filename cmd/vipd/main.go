@@ -187,7 +187,8 @@ func runCommand() *cobra.Command {
 	f.StringSliceVar(&cfg.NodePortAddresses, "nodeport-addresses", nil, "serve node ports only on the node's addresses within these CIDRs (repeatable); unset: every address of the node but loopback and IPv6 link-local")
 	f.StringSliceVar(&cfg.ExternalInterfaces, "external-interfaces", nil, "globs of the interfaces that traffic from outside the node arrives on (external traffic policy, masquerade); unset: the interfaces that hold a default route")
 	f.StringVar(&cfg.SNATPortRange, "snat-port-range", "", "ebpf: MIN-MAX, the source ports external flows under policy Cluster are masqueraded to (less ip_local_port_range; default 1024-65535); the iptables dataplane ignores it (MASQUERADE picks ports) and warns")
-	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the node-local endpoints of Kubernetes EndpointSlices in --services-dir (default: the host name, in lower case)")
+	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the node-local endpoints of Kubernetes EndpointSlices in --services-dir and the backends' for_nodes hints (default: the host name, in lower case)")
+	f.StringVar(&cfg.Zone, "zone", "", "this node's topology zone: services with a traffic_distribution prefer backends in it, and backends' for_zones hints are matched against it (unset: no zone, so no zone preference applies)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
 	f.BoolVar(&logJSON, "log-json", false, "log JSON lines instead of text")
 	return cmd

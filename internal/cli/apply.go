@@ -57,7 +57,8 @@ grpcurl print them, or as in the .proto (target_port). Enums take their full
 names (PROTOCOL_UDP) or short ones, in any case and with "-" or "_":
 protocol tcp, udp, sctp; state ready, terminating, not-serving; session
 affinity mode none, client-ip; internalTrafficPolicy and
-externalTrafficPolicy cluster, local; loadBalancing random, maglev.
+externalTrafficPolicy cluster, local; loadBalancing random, maglev;
+trafficDistribution prefer-same-zone, prefer-same-node.
 Unknown fields are errors, named by document and path. The output of "vipctl service get -o yaml" and "vipctl service list
 -o json" reads back.
 

@@ -46,6 +46,9 @@ func serviceView(s *vipdv1.Service, health ...*vipdv1.BackendHealth) func(*table
 		t.field("Internal traffic policy", enumString(s.GetInternalTrafficPolicy()))
 		externalFields(t, s)
 		t.field("Load balancing", enumString(s.GetLoadBalancing()))
+		if d := s.GetTrafficDistribution(); d != vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED {
+			t.field("Traffic distribution", enumString(d))
+		}
 		t.field("Labels", mapString(s.GetLabels()))
 		t.field("Backends", fmt.Sprintf("%d ready of %d", readyBackends(s), len(s.GetBackends())))
 		if len(s.GetBackends()) > 0 {
@@ -142,12 +145,36 @@ func backendsView(backends []*vipdv1.Backend, ports ...*vipdv1.Port) func(*table
 
 // backendRows writes a table of backends of a service with ports, each row
 // starting with indent.
+// A HINTS column (topology hints, hintsString) is added only when a
+// backend has hints.
 func backendRows(t *table, backends []*vipdv1.Backend, ports []*vipdv1.Port, indent string) {
-	t.row(indent+"IP", "STATE", "WEIGHT", "NODE-LOCAL", "ZONE", "PORTS")
-	for _, b := range backends {
-		t.row(indent+b.GetIp(), enumString(b.GetState()), strconv.FormatUint(uint64(b.GetWeight()), 10),
-			strconv.FormatBool(b.GetNodeLocal()), b.GetZone(), backendPortsString(b, ports))
+	hints := slices.ContainsFunc(backends, func(b *vipdv1.Backend) bool { return hintsString(b) != "" })
+	head := []string{indent + "IP", "STATE", "WEIGHT", "NODE-LOCAL", "ZONE", "PORTS"}
+	if hints {
+		head = append(head, "HINTS")
 	}
+	t.row(head...)
+	for _, b := range backends {
+		row := []string{indent + b.GetIp(), enumString(b.GetState()), strconv.FormatUint(uint64(b.GetWeight()), 10),
+			strconv.FormatBool(b.GetNodeLocal()), b.GetZone(), backendPortsString(b, ports)}
+		if hints {
+			row = append(row, hintsString(b))
+		}
+		t.row(row...)
+	}
+}
+
+// hintsString is the HINTS cell of backend b: its topology hints as
+// "zones=a,b nodes=n1", "" without any.
+func hintsString(b *vipdv1.Backend) string {
+	var parts []string
+	if z := b.GetForZones(); len(z) > 0 {
+		parts = append(parts, "zones="+strings.Join(z, ","))
+	}
+	if n := b.GetForNodes(); len(n) > 0 {
+		parts = append(parts, "nodes="+strings.Join(n, ","))
+	}
+	return strings.Join(parts, " ")
 }
 
 // backendPortsString is the PORTS cell of backend b of a service with

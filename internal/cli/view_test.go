@@ -156,3 +156,32 @@ func TestServiceViewNotServedPorts(t *testing.T) {
 		t.Errorf("backends view without the service's ports:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestTopologyView: "service get" shows a traffic distribution that is
+// set, and the backend tables gain a HINTS column when a backend has
+// topology hints.
+func TestTopologyView(t *testing.T) {
+	svc := &vipdv1.Service{Name: "web", Vips: []string{"198.19.0.1"}, Ports: []*vipdv1.Port{{Port: 80}},
+		TrafficDistribution: vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE,
+		Backends: []*vipdv1.Backend{
+			{Ip: "198.18.1.1", State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1, Zone: "zone-a", ForZones: []string{"zone-a", "zone-c"}, ForNodes: []string{"node-1"}},
+			{Ip: "198.18.2.1", State: vipdv1.BackendState_BACKEND_STATE_READY, Weight: 1, Zone: "zone-b"},
+		}}
+	var out strings.Builder
+	tbl := newTable(&out)
+	serviceView(svc)(tbl)
+	if err := tbl.flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "Traffic distribution:") || !strings.Contains(got, "prefer-same-zone") {
+		t.Errorf("service view without the traffic distribution:\n%s", got)
+	}
+	want := `  IP          STATE  WEIGHT  NODE-LOCAL  ZONE    PORTS  HINTS
+  198.18.1.1  ready  1       false       zone-a  -      zones=zone-a,zone-c nodes=node-1
+  198.18.2.1  ready  1       false       zone-b  -      -
+`
+	if !strings.HasSuffix(got, want) {
+		t.Errorf("service view ends\n%s\nwant it to end\n%s", got, want)
+	}
+}

@@ -6,10 +6,13 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane/ebpf/maglev"
+	"github.com/vipd/vipd/server/validation"
 )
 
 // Check refuses a Config that makes no sense, before anything is opened:
@@ -48,6 +51,9 @@ func (c Config) Check() error {
 		}
 	}
 	errs = append(errs, c.checkNodeNet()...)
+	if len(c.Zone) > validation.MaxZoneLength || strings.ContainsFunc(c.Zone, unicode.IsControl) {
+		errs = append(errs, fmt.Errorf("--zone %q: at most %d characters, without control characters", c.Zone, validation.MaxZoneLength))
+	}
 	if c.FlowBuffer < 1 {
 		errs = append(errs, fmt.Errorf("--flow-buffer %d: each WatchFlows stream needs room for at least 1 event", c.FlowBuffer))
 	}

@@ -97,3 +97,18 @@ func TestCheckGCPercentOff(t *testing.T) {
 		t.Fatalf("GCPercent -1 with a 1 GiB limit: %v", err)
 	}
 }
+
+// TestCheckZone checks that --zone takes what a backend's zone may be: at
+// most 63 characters, without control characters.
+func TestCheckZone(t *testing.T) {
+	for zone, ok := range map[string]bool{"": true, "zone-a": true, strings.Repeat("z", 63): true,
+		strings.Repeat("z", 64): false, "zone\n": false} {
+		cfg := config(t)
+		cfg.Zone = zone
+		if err := cfg.Check(); (err == nil) != ok {
+			t.Errorf("--zone %q: Check() = %v, want ok %v", zone, err, ok)
+		} else if err != nil && !strings.Contains(err.Error(), "--zone") {
+			t.Errorf("--zone %q: the error %q does not name the flag", zone, err)
+		}
+	}
+}

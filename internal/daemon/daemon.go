@@ -88,6 +88,13 @@ type Config struct {
 	// NodeName names this node for the Kubernetes manifests in ServicesDir
 	// (their node-local endpoints); empty means the host name in lower case.
 	NodeName string
+	// Zone is this node's topology zone (vipd run --zone), for
+	// topology-aware routing: services with traffic_distribution prefer
+	// backends in it, and backends' for_zones hints are matched against
+	// it. Empty: no zone, which no backend matches. The node's name for
+	// for_nodes hints is NodeName. Check refuses one longer than 63
+	// characters or with control characters.
+	Zone string
 	// NodePortAddresses, when set, are CIDRs: node ports are served only on
 	// the node's addresses within them (vipd run --nodeport-addresses).
 	// Empty: on every address of the node but loopback and IPv6

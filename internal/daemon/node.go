@@ -246,6 +246,10 @@ func (n *Node) buildCore(m *metrics.Metrics, snap *store.Snapshot, o options) er
 		return err
 	}
 	recOpts = append(recOpts, n.nodeNet.reconcileOptions()...)
+	recOpts = append(recOpts, reconcile.WithTopology(reconcile.Topology{NodeName: nodeName(cfg.NodeName), Zone: cfg.Zone}))
+	if cfg.Zone != "" {
+		log.Info("topology-aware routing", "node", nodeName(cfg.NodeName), "zone", cfg.Zone)
+	}
 	var persister reconcile.Persister = n.dir
 	if o.persister != nil {
 		persister = o.persister(n.dir)

@@ -189,6 +189,7 @@ func ConvertWithOmissions(svc *corev1.Service, slices []*discoveryv1.EndpointSli
 	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
 		out.InternalTrafficPolicy = vipdv1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	}
+	out.TrafficDistribution = trafficDistribution(svc)
 	out.Backends = backends(svc, slices, opts, fam.v4, fam.v6)
 	unsetContradictedTargets(out)
 	return out, omitted, nil
@@ -263,9 +264,7 @@ func backends(svc *corev1.Service, all []*discoveryv1.EndpointSlice, opts Option
 				OnlyNamedPorts: true,
 				Ports:          map[string]uint32{},
 			}
-			if ep.Zone != nil {
-				b.Zone = *ep.Zone
-			}
+			setTopology(b, &ep)
 			for name, number := range ports {
 				b.Ports[name] = number
 			}
@@ -301,9 +300,7 @@ func merge(first, second *vipdv1.Backend) *vipdv1.Backend {
 		}
 	}
 	better.NodeLocal = better.NodeLocal || other.NodeLocal
-	if better.Zone == "" {
-		better.Zone = other.Zone
-	}
+	mergeTopology(better, other)
 	return better
 }
 

@@ -28,6 +28,13 @@
 // SetNode takes the node's network (internal/nodenet) the same way: every
 // State carries the current dataplane.Node (WithNode for the first
 // apply), a changed Node is applied at once, and it is never saved.
+// WithTopology gives the node's name and zone for topology-aware routing
+// (topology.go): before each apply, the services with a
+// traffic_distribution or backend hints get the backends this node should
+// not send new connections to lowered to NOT_SERVING, on top of health
+// checks, so that the dataplanes need no notion of topology. Like health,
+// this is not desired state: it is never saved, and TopologyLeftOut tells
+// Explain what it left out.
 // WithAppliedHook tells a follower (the health-check node port server)
 // every State the dataplane accepted.
 package reconcile

@@ -138,6 +138,12 @@ type Reconciler struct {
 	// node is the Node every State carries (WithNode, SetNode), as the
 	// dataplane has it; Run's goroutine only once Run started.
 	node dataplane.Node
+	// topology is the node's place for topology-aware routing
+	// (WithTopology).
+	topology Topology
+	// topo is what the topology filter made of the applied state; it is
+	// replaced only by Run's goroutine, after a successful Apply.
+	topo atomic.Pointer[topoState]
 	// applied, when not nil, is told every State the dataplane accepted
 	// (WithAppliedHook).
 	applied func(*dataplane.State)
@@ -510,7 +516,17 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 	start := time.Now()
 	s := dataplaneState(snap, changed, r.failing)
 	s.Node = r.node
-	err := r.dp.Apply(ctx, s)
+	// Topology works on the health-lowered services: a backend that fails
+	// its checks is no longer usable, which may widen the selection.
+	topo, err := r.topo.Load().next(r.topology, snap, s.ServiceSet(), changed)
+	if err != nil {
+		// The specs were encoded by the store: this is a bug, not input.
+		r.log.Error("topology filter failed; applying without it", "error", err)
+		topo = nil
+	} else {
+		s.Set = topo.set(s.ServiceSet())
+	}
+	err = r.dp.Apply(ctx, s)
 	end := time.Now()
 	elapsed := end.Sub(start)
 	kind := SyncPartial
@@ -533,6 +549,7 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 	if err != nil {
 		return end, err
 	}
+	r.topo.Store(topo)
 	r.observer.SetState(snap.Len(), snap.BackendCount())
 	if r.applied != nil {
 		r.applied(s)

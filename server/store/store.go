@@ -92,6 +92,12 @@ func (e *Entry) Service() *vipdv1.Service {
 	return svc
 }
 
+// Spec is the normalized API form without its generation, as EncodeSpec
+// made it, for a reader that decodes only the fields it needs (the
+// reconciler's topology filter). The entry shares it: the caller must not
+// change it.
+func (e *Entry) Spec() []byte { return e.spec }
+
 // healthCheckField is vipd.v1.Service's health_check field number.
 const healthCheckField protowire.Number = 11
 

@@ -176,6 +176,7 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	labels(&v, in, field)
 	healthCheck(&v, in, field)
 	externalPolicy(&v, in, field)
+	trafficDistribution(&v, in, field)
 
 	dp, cv := convertService(in, field, badVIPs)
 	v = v.withConversion(cv)
@@ -321,6 +322,7 @@ func backend(v *Violations, b *vipdv1.Backend, field string) bool {
 	} else if hasControl(b.Zone) {
 		v.add(field+".zone", "%q has control characters", b.Zone)
 	}
+	hints(v, b, field)
 	return len(*v) == before
 }
 

@@ -274,6 +274,31 @@ func TestServiceViolations(t *testing.T) {
 		{name: "zone of 63 characters", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = long(63) }},
 		{name: "zone of 64 characters", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = long(64) }, want: []string{"service.backends[0].zone"}},
 		{name: "zone with a control character", edit: func(s *vipdv1.Service) { s.Backends[0].Zone = "zone\x7f" }, want: []string{"service.backends[0].zone"}},
+
+		// topology
+		{name: "traffic distribution prefer same zone", edit: func(s *vipdv1.Service) {
+			s.TrafficDistribution = vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE
+		}},
+		{name: "traffic distribution prefer same node", edit: func(s *vipdv1.Service) {
+			s.TrafficDistribution = vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE
+		}},
+		{name: "unknown traffic distribution", edit: func(s *vipdv1.Service) { s.TrafficDistribution = 3 }, want: []string{"service.traffic_distribution"}},
+		{name: "eight zone and node hints", edit: func(s *vipdv1.Service) {
+			s.Backends[0].ForZones = []string{"a", "b", "c", "d", "e", "f", "g", long(63)}
+			s.Backends[0].ForNodes = []string{"a", "b", "c", "d", "e", "f", "g", long(253)}
+		}},
+		{name: "nine zone hints", edit: func(s *vipdv1.Service) {
+			s.Backends[0].ForZones = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+		}, want: []string{"service.backends[0].for_zones"}},
+		{name: "nine node hints", edit: func(s *vipdv1.Service) {
+			s.Backends[0].ForNodes = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i"}
+		}, want: []string{"service.backends[0].for_nodes"}},
+		{name: "empty zone hint", edit: func(s *vipdv1.Service) { s.Backends[0].ForZones = []string{"a", ""} }, want: []string{"service.backends[0].for_zones[1]"}},
+		{name: "empty node hint", edit: func(s *vipdv1.Service) { s.Backends[0].ForNodes = []string{""} }, want: []string{"service.backends[0].for_nodes[0]"}},
+		{name: "zone hint of 64 characters", edit: func(s *vipdv1.Service) { s.Backends[0].ForZones = []string{long(64)} }, want: []string{"service.backends[0].for_zones[0]"}},
+		{name: "node hint of 254 characters", edit: func(s *vipdv1.Service) { s.Backends[0].ForNodes = []string{long(254)} }, want: []string{"service.backends[0].for_nodes[0]"}},
+		{name: "zone hint with a control character", edit: func(s *vipdv1.Service) { s.Backends[0].ForZones = []string{"a\n"} }, want: []string{"service.backends[0].for_zones[0]"}},
+		{name: "repeated node hint", edit: func(s *vipdv1.Service) { s.Backends[0].ForNodes = []string{"n1", "n2", "n1"} }, want: []string{"service.backends[0].for_nodes[2]"}},
 		{name: "every bad backend field is reported", edit: func(s *vipdv1.Service) {
 			s.Backends[0] = &vipdv1.Backend{Ip: "fd00::1", Ports: map[string]uint32{"x": 1}, State: 9, Weight: 1 << 20, Zone: long(100)}
 		}, want: []string{

@@ -242,6 +242,64 @@ func (TrafficPolicy) EnumDescriptor() ([]byte, []int) {
 	return file_vipd_v1_service_proto_rawDescGZIP(), []int{3}
 }
 
+// TrafficDistribution is a service's topology preference: which of its
+// usable backends (READY and passing health checks) this node sends new
+// connections to. Kubernetes' spec.trafficDistribution.
+type TrafficDistribution int32
+
+const (
+	// TRAFFIC_DISTRIBUTION_UNSPECIFIED states no preference: the backends'
+	// hints (for_nodes, for_zones) still apply when they are complete.
+	TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED TrafficDistribution = 0
+	// TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE (Kubernetes' PreferClose and
+	// PreferSameZone) prefers the backends in this node's zone.
+	TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE TrafficDistribution = 1
+	// TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE (Kubernetes' PreferSameNode)
+	// prefers the node_local backends, then those in this node's zone.
+	TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE TrafficDistribution = 2
+)
+
+// Enum value maps for TrafficDistribution.
+var (
+	TrafficDistribution_name = map[int32]string{
+		0: "TRAFFIC_DISTRIBUTION_UNSPECIFIED",
+		1: "TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE",
+		2: "TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE",
+	}
+	TrafficDistribution_value = map[string]int32{
+		"TRAFFIC_DISTRIBUTION_UNSPECIFIED":      0,
+		"TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE": 1,
+		"TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE": 2,
+	}
+)
+
+func (x TrafficDistribution) Enum() *TrafficDistribution {
+	p := new(TrafficDistribution)
+	*p = x
+	return p
+}
+
+func (x TrafficDistribution) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TrafficDistribution) Descriptor() protoreflect.EnumDescriptor {
+	return file_vipd_v1_service_proto_enumTypes[4].Descriptor()
+}
+
+func (TrafficDistribution) Type() protoreflect.EnumType {
+	return &file_vipd_v1_service_proto_enumTypes[4]
+}
+
+func (x TrafficDistribution) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TrafficDistribution.Descriptor instead.
+func (TrafficDistribution) EnumDescriptor() ([]byte, []int) {
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
+}
+
 // LoadBalancing is the algorithm that picks a backend for a new connection.
 type LoadBalancing int32
 
@@ -279,11 +337,11 @@ func (x LoadBalancing) String() string {
 }
 
 func (LoadBalancing) Descriptor() protoreflect.EnumDescriptor {
-	return file_vipd_v1_service_proto_enumTypes[4].Descriptor()
+	return file_vipd_v1_service_proto_enumTypes[5].Descriptor()
 }
 
 func (LoadBalancing) Type() protoreflect.EnumType {
-	return &file_vipd_v1_service_proto_enumTypes[4]
+	return &file_vipd_v1_service_proto_enumTypes[5]
 }
 
 func (x LoadBalancing) Number() protoreflect.EnumNumber {
@@ -292,7 +350,7 @@ func (x LoadBalancing) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LoadBalancing.Descriptor instead.
 func (LoadBalancing) EnumDescriptor() ([]byte, []int) {
-	return file_vipd_v1_service_proto_rawDescGZIP(), []int{4}
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{5}
 }
 
 // HealthCheckProtocol is how a backend is probed.
@@ -337,11 +395,11 @@ func (x HealthCheckProtocol) String() string {
 }
 
 func (HealthCheckProtocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_vipd_v1_service_proto_enumTypes[5].Descriptor()
+	return file_vipd_v1_service_proto_enumTypes[6].Descriptor()
 }
 
 func (HealthCheckProtocol) Type() protoreflect.EnumType {
-	return &file_vipd_v1_service_proto_enumTypes[5]
+	return &file_vipd_v1_service_proto_enumTypes[6]
 }
 
 func (x HealthCheckProtocol) Number() protoreflect.EnumNumber {
@@ -350,7 +408,7 @@ func (x HealthCheckProtocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HealthCheckProtocol.Descriptor instead.
 func (HealthCheckProtocol) EnumDescriptor() ([]byte, []int) {
-	return file_vipd_v1_service_proto_rawDescGZIP(), []int{5}
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{6}
 }
 
 // HealthState is the result of a backend's health checks.
@@ -394,11 +452,11 @@ func (x HealthState) String() string {
 }
 
 func (HealthState) Descriptor() protoreflect.EnumDescriptor {
-	return file_vipd_v1_service_proto_enumTypes[6].Descriptor()
+	return file_vipd_v1_service_proto_enumTypes[7].Descriptor()
 }
 
 func (HealthState) Type() protoreflect.EnumType {
-	return &file_vipd_v1_service_proto_enumTypes[6]
+	return &file_vipd_v1_service_proto_enumTypes[7]
 }
 
 func (x HealthState) Number() protoreflect.EnumNumber {
@@ -407,7 +465,7 @@ func (x HealthState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HealthState.Descriptor instead.
 func (HealthState) EnumDescriptor() ([]byte, []int) {
-	return file_vipd_v1_service_proto_rawDescGZIP(), []int{6}
+	return file_vipd_v1_service_proto_rawDescGZIP(), []int{7}
 }
 
 // Port is one (protocol, port) of a service's VIPs.
@@ -518,7 +576,11 @@ type Backend struct {
 	Weight uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
 	// node_local marks a backend that runs on this node.
 	NodeLocal bool `protobuf:"varint,5,opt,name=node_local,json=nodeLocal,proto3" json:"node_local,omitempty"`
-	// zone is informational: the backend's topology zone.
+	// zone is the backend's topology zone (Kubernetes' EndpointSlice
+	// endpoints[].zone): a service with traffic_distribution
+	// TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE prefers the backends whose zone is
+	// this node's (vipd run --zone) when no backend has hints. At most 63
+	// characters.
 	Zone string `protobuf:"bytes,6,opt,name=zone,proto3" json:"zone,omitempty"`
 	// only_named_ports, when true, makes the backend serve only the ports that
 	// ports names (with their target ports there); new connections to the
@@ -528,8 +590,21 @@ type Backend struct {
 	// The default, false, makes the backend serve every port of the service,
 	// those that ports does not name on the port's own target_port.
 	OnlyNamedPorts bool `protobuf:"varint,7,opt,name=only_named_ports,json=onlyNamedPorts,proto3" json:"only_named_ports,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// for_zones are the zones whose nodes should send this backend their new
+	// connections (Kubernetes' EndpointSlice hints.forZones): at most 8
+	// distinct names of 1-63 characters. When every usable backend of the
+	// service has for_zones, a node whose zone (vipd run --zone) one of them
+	// names sends new connections only to the backends that name it; see
+	// Service.traffic_distribution for the whole rule.
+	ForZones []string `protobuf:"bytes,8,rep,name=for_zones,json=forZones,proto3" json:"for_zones,omitempty"`
+	// for_nodes are the nodes that should send this backend their new
+	// connections (Kubernetes' EndpointSlice hints.forNodes): at most 8
+	// distinct names of 1-253 characters, matched against vipd run
+	// --node-name. They take precedence over for_zones, under the same
+	// every-usable-backend rule.
+	ForNodes      []string `protobuf:"bytes,9,rep,name=for_nodes,json=forNodes,proto3" json:"for_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Backend) Reset() {
@@ -609,6 +684,20 @@ func (x *Backend) GetOnlyNamedPorts() bool {
 		return x.OnlyNamedPorts
 	}
 	return false
+}
+
+func (x *Backend) GetForZones() []string {
+	if x != nil {
+		return x.ForZones
+	}
+	return nil
+}
+
+func (x *Backend) GetForNodes() []string {
+	if x != nil {
+		return x.ForNodes
+	}
+	return nil
 }
 
 // SessionAffinityConfig configures session affinity for a service.
@@ -739,6 +828,31 @@ type Service struct {
 	// usable node_local backend, 503 otherwise. 0 means none. Two services
 	// with the same one, or one that is a TCP node_port, is AlreadyExists.
 	HealthCheckNodePort uint32 `protobuf:"varint,16,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
+	// traffic_distribution defaults to TRAFFIC_DISTRIBUTION_UNSPECIFIED. It
+	// narrows the backends that traffic of cluster scope (internal traffic
+	// with internal_traffic_policy TRAFFIC_POLICY_CLUSTER, external traffic
+	// with external_traffic_policy TRAFFIC_POLICY_CLUSTER) sends new
+	// connections to, the way kube-proxy does; the others get no new
+	// connections from this node, and their existing connections keep
+	// flowing. Only the usable backends count, and a health-check change
+	// re-evaluates the rule:
+	//  1. Hints: when every usable backend has for_nodes and one of them
+	//     names this node (vipd run --node-name), the backends that name it;
+	//     else when every usable backend has for_zones and one names this
+	//     node's zone (vipd run --zone), the backends that name it; else,
+	//     when any usable backend has a hint, all usable backends. Hints
+	//     apply whatever traffic_distribution says, as in Kubernetes, where
+	//     only services that ask for a distribution get them.
+	//  2. Without any hint: TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE takes the
+	//     backends whose zone is this node's zone, if there is any;
+	//     TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE takes the node_local
+	//     backends, if any, else those of this node's zone, if any. Otherwise
+	//     all.
+	//
+	// A node without a zone (no vipd run --zone) matches no zone. When the
+	// service has a TRAFFIC_POLICY_LOCAL policy, its node_local backends are
+	// always kept, so that the Local policy's traffic has them.
+	TrafficDistribution TrafficDistribution `protobuf:"varint,17,opt,name=traffic_distribution,json=trafficDistribution,proto3,enum=vipd.v1.TrafficDistribution" json:"traffic_distribution,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -883,6 +997,13 @@ func (x *Service) GetHealthCheckNodePort() uint32 {
 		return x.HealthCheckNodePort
 	}
 	return 0
+}
+
+func (x *Service) GetTrafficDistribution() TrafficDistribution {
+	if x != nil {
+		return x.TrafficDistribution
+	}
+	return TrafficDistribution_TRAFFIC_DISTRIBUTION_UNSPECIFIED
 }
 
 // HealthCheck configures the active health checks of a service's backends.
@@ -1167,7 +1288,7 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x04 \x01(\rR\n" +
 	"targetPort\x12\x1b\n" +
-	"\tnode_port\x18\x05 \x01(\rR\bnodePort\"\xa8\x02\n" +
+	"\tnode_port\x18\x05 \x01(\rR\bnodePort\"\xe2\x02\n" +
 	"\aBackend\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x121\n" +
 	"\x05ports\x18\x02 \x03(\v2\x1b.vipd.v1.Backend.PortsEntryR\x05ports\x12+\n" +
@@ -1176,14 +1297,16 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"node_local\x18\x05 \x01(\bR\tnodeLocal\x12\x12\n" +
 	"\x04zone\x18\x06 \x01(\tR\x04zone\x12(\n" +
-	"\x10only_named_ports\x18\a \x01(\bR\x0eonlyNamedPorts\x1a8\n" +
+	"\x10only_named_ports\x18\a \x01(\bR\x0eonlyNamedPorts\x12\x1b\n" +
+	"\tfor_zones\x18\b \x03(\tR\bforZones\x12\x1b\n" +
+	"\tfor_nodes\x18\t \x03(\tR\bforNodes\x1a8\n" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"n\n" +
 	"\x15SessionAffinityConfig\x12,\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x18.vipd.v1.SessionAffinityR\x04mode\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\xd1\x06\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\"\xa2\a\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x12\n" +
@@ -1203,7 +1326,8 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\x11load_balancer_ips\x18\r \x03(\tR\x0floadBalancerIps\x12=\n" +
 	"\x1bload_balancer_source_ranges\x18\x0e \x03(\tR\x18loadBalancerSourceRanges\x12N\n" +
 	"\x17external_traffic_policy\x18\x0f \x01(\x0e2\x16.vipd.v1.TrafficPolicyR\x15externalTrafficPolicy\x123\n" +
-	"\x16health_check_node_port\x18\x10 \x01(\rR\x13healthCheckNodePort\x1a9\n" +
+	"\x16health_check_node_port\x18\x10 \x01(\rR\x13healthCheckNodePort\x12O\n" +
+	"\x14traffic_distribution\x18\x11 \x01(\x0e2\x1c.vipd.v1.TrafficDistributionR\x13trafficDistribution\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +
@@ -1247,7 +1371,11 @@ const file_vipd_v1_service_proto_rawDesc = "" +
 	"\rTrafficPolicy\x12\x1e\n" +
 	"\x1aTRAFFIC_POLICY_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16TRAFFIC_POLICY_CLUSTER\x10\x01\x12\x18\n" +
-	"\x14TRAFFIC_POLICY_LOCAL\x10\x02*e\n" +
+	"\x14TRAFFIC_POLICY_LOCAL\x10\x02*\x91\x01\n" +
+	"\x13TrafficDistribution\x12$\n" +
+	" TRAFFIC_DISTRIBUTION_UNSPECIFIED\x10\x00\x12)\n" +
+	"%TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE\x10\x01\x12)\n" +
+	"%TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE\x10\x02*e\n" +
 	"\rLoadBalancing\x12\x1e\n" +
 	"\x1aLOAD_BALANCING_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOAD_BALANCING_RANDOM\x10\x01\x12\x19\n" +
@@ -1275,46 +1403,48 @@ func file_vipd_v1_service_proto_rawDescGZIP() []byte {
 	return file_vipd_v1_service_proto_rawDescData
 }
 
-var file_vipd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_vipd_v1_service_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_vipd_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_vipd_v1_service_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: vipd.v1.Protocol
 	(BackendState)(0),             // 1: vipd.v1.BackendState
 	(SessionAffinity)(0),          // 2: vipd.v1.SessionAffinity
 	(TrafficPolicy)(0),            // 3: vipd.v1.TrafficPolicy
-	(LoadBalancing)(0),            // 4: vipd.v1.LoadBalancing
-	(HealthCheckProtocol)(0),      // 5: vipd.v1.HealthCheckProtocol
-	(HealthState)(0),              // 6: vipd.v1.HealthState
-	(*Port)(nil),                  // 7: vipd.v1.Port
-	(*Backend)(nil),               // 8: vipd.v1.Backend
-	(*SessionAffinityConfig)(nil), // 9: vipd.v1.SessionAffinityConfig
-	(*Service)(nil),               // 10: vipd.v1.Service
-	(*HealthCheck)(nil),           // 11: vipd.v1.HealthCheck
-	(*BackendHealth)(nil),         // 12: vipd.v1.BackendHealth
-	(*Endpoint)(nil),              // 13: vipd.v1.Endpoint
-	nil,                           // 14: vipd.v1.Backend.PortsEntry
-	nil,                           // 15: vipd.v1.Service.LabelsEntry
+	(TrafficDistribution)(0),      // 4: vipd.v1.TrafficDistribution
+	(LoadBalancing)(0),            // 5: vipd.v1.LoadBalancing
+	(HealthCheckProtocol)(0),      // 6: vipd.v1.HealthCheckProtocol
+	(HealthState)(0),              // 7: vipd.v1.HealthState
+	(*Port)(nil),                  // 8: vipd.v1.Port
+	(*Backend)(nil),               // 9: vipd.v1.Backend
+	(*SessionAffinityConfig)(nil), // 10: vipd.v1.SessionAffinityConfig
+	(*Service)(nil),               // 11: vipd.v1.Service
+	(*HealthCheck)(nil),           // 12: vipd.v1.HealthCheck
+	(*BackendHealth)(nil),         // 13: vipd.v1.BackendHealth
+	(*Endpoint)(nil),              // 14: vipd.v1.Endpoint
+	nil,                           // 15: vipd.v1.Backend.PortsEntry
+	nil,                           // 16: vipd.v1.Service.LabelsEntry
 }
 var file_vipd_v1_service_proto_depIdxs = []int32{
 	0,  // 0: vipd.v1.Port.protocol:type_name -> vipd.v1.Protocol
-	14, // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
+	15, // 1: vipd.v1.Backend.ports:type_name -> vipd.v1.Backend.PortsEntry
 	1,  // 2: vipd.v1.Backend.state:type_name -> vipd.v1.BackendState
 	2,  // 3: vipd.v1.SessionAffinityConfig.mode:type_name -> vipd.v1.SessionAffinity
-	7,  // 4: vipd.v1.Service.ports:type_name -> vipd.v1.Port
-	8,  // 5: vipd.v1.Service.backends:type_name -> vipd.v1.Backend
-	9,  // 6: vipd.v1.Service.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
+	8,  // 4: vipd.v1.Service.ports:type_name -> vipd.v1.Port
+	9,  // 5: vipd.v1.Service.backends:type_name -> vipd.v1.Backend
+	10, // 6: vipd.v1.Service.session_affinity:type_name -> vipd.v1.SessionAffinityConfig
 	3,  // 7: vipd.v1.Service.internal_traffic_policy:type_name -> vipd.v1.TrafficPolicy
-	4,  // 8: vipd.v1.Service.load_balancing:type_name -> vipd.v1.LoadBalancing
-	15, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
-	11, // 10: vipd.v1.Service.health_check:type_name -> vipd.v1.HealthCheck
+	5,  // 8: vipd.v1.Service.load_balancing:type_name -> vipd.v1.LoadBalancing
+	16, // 9: vipd.v1.Service.labels:type_name -> vipd.v1.Service.LabelsEntry
+	12, // 10: vipd.v1.Service.health_check:type_name -> vipd.v1.HealthCheck
 	3,  // 11: vipd.v1.Service.external_traffic_policy:type_name -> vipd.v1.TrafficPolicy
-	5,  // 12: vipd.v1.HealthCheck.protocol:type_name -> vipd.v1.HealthCheckProtocol
-	6,  // 13: vipd.v1.BackendHealth.state:type_name -> vipd.v1.HealthState
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	4,  // 12: vipd.v1.Service.traffic_distribution:type_name -> vipd.v1.TrafficDistribution
+	6,  // 13: vipd.v1.HealthCheck.protocol:type_name -> vipd.v1.HealthCheckProtocol
+	7,  // 14: vipd.v1.BackendHealth.state:type_name -> vipd.v1.HealthState
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_vipd_v1_service_proto_init() }
@@ -1327,7 +1457,7 @@ func file_vipd_v1_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vipd_v1_service_proto_rawDesc), len(file_vipd_v1_service_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
