@@ -121,13 +121,18 @@ func testServiceThroughClusterIP(t *testing.T, dp string) {
 			t.Errorf("%s %v: answered by %v; want be1 and be2", target.network, target.addr, seen)
 		}
 	}
-	svcs, err := env.API.ListServices(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(svcs) != 1 || svcs[0].GetName() != "shop/web" || svcs[0].GetOwner() != kubeconvert.Owner {
-		t.Fatalf("vipd's services: %v; want only shop/web, owned by %s (the headless and the other proxy's Services left alone)", svcs, kubeconvert.Owner)
-	}
+	// vipd programs the kernel before it commits and answers the call:
+	// the ClusterIP can answer a moment before ListServices shows it.
+	waitFor(t, "vipd to list only shop/web", func() error {
+		svcs, err := env.API.ListServices(context.Background(), "")
+		if err != nil {
+			return err
+		}
+		if len(svcs) != 1 || svcs[0].GetName() != "shop/web" || svcs[0].GetOwner() != kubeconvert.Owner {
+			return fmt.Errorf("vipd's services: %v; want only shop/web, owned by %s (the headless and the other proxy's Services left alone)", svcs, kubeconvert.Owner)
+		}
+		return nil
+	})
 
 	// Scale to zero: every slice of the Service loses its endpoints.
 	setEndpoints(t, kube, "web-v4", nil)
