@@ -95,6 +95,8 @@ func service(name string, ports ...int32) *corev1.Service {
 	return svc
 }
 
+var createOpts = metav1.CreateOptions{}
+
 func (e *env) createService(svc *corev1.Service) *corev1.Service {
 	e.t.Helper()
 	got, err := e.c.Admin.CoreV1().Services(svc.Namespace).Create(e.ctx, svc, metav1.CreateOptions{})
@@ -126,50 +128,60 @@ type podSpec struct {
 // (status set through the status subresource), and returns their names.
 func (e *env) createPods(n int, s podSpec) []string {
 	e.t.Helper()
-	pods := e.c.Admin.CoreV1().Pods(ns)
 	var names []string
 	for range n {
-		v4, v6 := podIPs()
-		name := fmt.Sprintf("%s-%s-%s", s.app, s.version, strings.NewReplacer(".", "-").Replace(v4))
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": s.app, "version": s.version}},
-			Spec: corev1.PodSpec{
-				NodeName:   s.node,
-				Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}},
-			},
-		}
-		portNames := make([]string, 0, len(s.ports))
-		for pn := range s.ports {
-			portNames = append(portNames, pn)
-		}
-		sort.Strings(portNames)
-		for _, pn := range portNames {
-			pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{Name: pn, ContainerPort: s.ports[pn], Protocol: corev1.ProtocolTCP})
-		}
-		created, err := pods.Create(e.ctx, pod, metav1.CreateOptions{})
+		name, err := e.createPod(e.ctx, s)
 		if err != nil {
-			e.t.Fatalf("create pod %s: %v", name, err)
-		}
-		now := metav1.Now()
-		created.Status = corev1.PodStatus{
-			Phase:  corev1.PodRunning,
-			PodIP:  v4,
-			PodIPs: []corev1.PodIP{{IP: v4}},
-			Conditions: []corev1.PodCondition{
-				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
-				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			},
-		}
-		if s.dualStack {
-			created.Status.PodIPs = append(created.Status.PodIPs, corev1.PodIP{IP: v6})
-		}
-		if _, err := pods.UpdateStatus(e.ctx, created, metav1.UpdateOptions{}); err != nil {
-			e.t.Fatalf("set pod %s's status: %v", name, err)
+			e.t.Fatal(err)
 		}
 		names = append(names, name)
 	}
 	return names
+}
+
+// createPod creates one pod of s, Running and Ready, and returns its name.
+// It is safe for concurrent use.
+func (e *env) createPod(ctx context.Context, s podSpec) (string, error) {
+	pods := e.c.Admin.CoreV1().Pods(ns)
+	v4, v6 := podIPs()
+	name := fmt.Sprintf("%s-%s-%s", s.app, s.version, strings.NewReplacer(".", "-").Replace(v4))
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": s.app, "version": s.version}},
+		Spec: corev1.PodSpec{
+			NodeName:   s.node,
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}},
+		},
+	}
+	portNames := make([]string, 0, len(s.ports))
+	for pn := range s.ports {
+		portNames = append(portNames, pn)
+	}
+	sort.Strings(portNames)
+	for _, pn := range portNames {
+		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{Name: pn, ContainerPort: s.ports[pn], Protocol: corev1.ProtocolTCP})
+	}
+	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("create pod %s: %w", name, err)
+	}
+	now := metav1.Now()
+	created.Status = corev1.PodStatus{
+		Phase:  corev1.PodRunning,
+		PodIP:  v4,
+		PodIPs: []corev1.PodIP{{IP: v4}},
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		},
+	}
+	if s.dualStack {
+		created.Status.PodIPs = append(created.Status.PodIPs, corev1.PodIP{IP: v6})
+	}
+	if _, err := pods.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return "", fmt.Errorf("set pod %s's status: %w", name, err)
+	}
+	return name, nil
 }
 
 // terminate deletes the pods with a long grace period: with no kubelet to

@@ -58,6 +58,9 @@ type Options struct {
 	RBAC string
 	// AdapterArgs are extra vipd-k8s flags (such as --service-proxy-name).
 	AdapterArgs []string
+	// NoWait returns as soon as vipd-k8s runs, without waiting for it to
+	// be healthy (for tests that expect it never to be).
+	NoWait bool
 }
 
 // Node is a running vipd and vipd-k8s pair.
@@ -148,8 +151,10 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	if err := n.Adapter.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.WaitHealthy(60 * time.Second); err != nil {
-		t.Fatal(err)
+	if !opts.NoWait {
+		if err := n.WaitHealthy(60 * time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return n
 }
