@@ -5,7 +5,7 @@
 // and no scheduler: tests create Nodes and Pods and set the Pods' status
 // themselves, and the real controller makes the EndpointSlices.
 //
-// The binaries come from this module (see build.sh). Everything the
+// The binaries come from the nested module controlplane (see its build.sh). Everything the
 // cluster writes lives in one temporary directory, removed with every
 // process on cleanup even when the test fails.
 package cluster
@@ -40,7 +40,7 @@ const (
 
 // BinEnv names the environment variable that points at a directory holding
 // etcd, kube-apiserver and kube-controller-manager; without it Binaries
-// runs build.sh.
+// runs controlplane/build.sh.
 const BinEnv = "VIPD_KUBE_BIN"
 
 var (
@@ -50,7 +50,7 @@ var (
 )
 
 // Binaries returns the directory of the control-plane binaries: $VIPD_KUBE_BIN,
-// or what this module's build.sh builds (once per process; the script
+// or what controlplane/build.sh builds (once per process; the script
 // rebuilds only when the module changed).
 func Binaries() (string, error) {
 	binOnce.Do(func() {
@@ -63,8 +63,8 @@ func Binaries() (string, error) {
 			binErr = err
 			return
 		}
-		cmd := exec.Command(filepath.Join(dir, "build.sh"))
-		cmd.Dir = dir
+		cmd := exec.Command(filepath.Join(dir, "controlplane", "build.sh"))
+		cmd.Dir = filepath.Join(dir, "controlplane")
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -103,6 +103,7 @@ type Cluster struct {
 
 	Etcd, APIServer, ControllerManager *Process
 	etcdURL                            string
+	apiserverStopped                   bool
 }
 
 // Start starts etcd, the apiserver and the controller manager, waits until
@@ -238,7 +239,7 @@ func (c *Cluster) start(bin string) error {
 	}
 	c.ControllerManager = &Process{Name: "kube-controller-manager", Bin: filepath.Join(bin, "kube-controller-manager"), LogFile: logPath(c.Dir, "kube-controller-manager"), Args: []string{
 		"--kubeconfig=" + kcmKubeconfig,
-		"--controllers=endpointslice-controller,endpointslicemirroring-controller",
+		"--controllers=endpointslice-controller,endpointslice-mirroring-controller",
 		"--use-service-account-credentials=true",
 		"--leader-elect=false",
 		// Its default 20 requests/s would make the 1,000-Service scenario
@@ -250,13 +251,33 @@ func (c *Cluster) start(bin string) error {
 	return c.ControllerManager.Start()
 }
 
+// Check reports a control-plane process that exited on its own (the
+// apiserver while stopped by StopAPIServer does not count).
+func (c *Cluster) Check() error {
+	for _, p := range []*Process{c.Etcd, c.ControllerManager} {
+		if p != nil && p.Exited() != nil && !p.Running() {
+			return fmt.Errorf("%s exited:\n%s", p.Name, p.Tail(20))
+		}
+	}
+	if c.APIServer != nil && !c.apiserverStopped && c.APIServer.Exited() != nil && !c.APIServer.Running() {
+		return fmt.Errorf("%s exited:\n%s", c.APIServer.Name, c.APIServer.Tail(20))
+	}
+	return nil
+}
+
 // StartAPIServer starts the apiserver (again) with the same flags and
 // storage, without waiting for it to be ready (see WaitReady).
-func (c *Cluster) StartAPIServer() error { return c.APIServer.Start() }
+func (c *Cluster) StartAPIServer() error {
+	c.apiserverStopped = false
+	return c.APIServer.Start()
+}
 
 // StopAPIServer stops the apiserver; etcd and the controller manager keep
 // running (the controller manager retries, as in a cluster).
-func (c *Cluster) StopAPIServer() error { return c.APIServer.Stop(20 * time.Second) }
+func (c *Cluster) StopAPIServer() error {
+	c.apiserverStopped = true
+	return c.APIServer.Stop(20 * time.Second)
+}
 
 // WaitReady waits until the apiserver answers /readyz with ok.
 func (c *Cluster) WaitReady(timeout time.Duration) error {

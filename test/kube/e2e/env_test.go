@@ -57,6 +57,8 @@ type env struct {
 	c    *cluster.Cluster
 	node *vipdnode.Node
 	ctx  context.Context
+	// adapterStopped: the test stopped vipd-k8s on purpose.
+	adapterStopped bool
 }
 
 func newEnv(t *testing.T, adapterArgs ...string) *env {
@@ -225,6 +227,12 @@ func (e *env) waitVIPDWithin(what string, timeout time.Duration, check func(svcs
 			}
 		}
 		last = err
+		if err := e.c.Check(); err != nil {
+			e.t.Fatalf("vipd: waiting for %s: %v", what, err)
+		}
+		if !e.node.VIPD.Running() || !e.node.Adapter.Running() && !e.adapterStopped {
+			e.t.Fatalf("vipd: waiting for %s: vipd or vipd-k8s exited:\n%s\n%s", what, e.node.VIPD.Tail(20), e.node.Adapter.Tail(20))
+		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("vipd: waited %v for %s: %v", timeout, what, last)
 		}

@@ -61,6 +61,10 @@ type Options struct {
 	// NoWait returns as soon as vipd-k8s runs, without waiting for it to
 	// be healthy (for tests that expect it never to be).
 	NoWait bool
+	// AllowForbidden turns off the check, at cleanup, that the apiserver
+	// never refused vipd-k8s a request ("forbidden" in its log): for tests
+	// that weaken the RBAC manifest on purpose.
+	AllowForbidden bool
 }
 
 // Node is a running vipd and vipd-k8s pair.
@@ -100,6 +104,11 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	}
 	n := &Node{Dir: dir}
 	t.Cleanup(func() {
+		if n.Adapter != nil && !opts.AllowForbidden {
+			if lines := n.Forbidden(); len(lines) > 0 {
+				t.Errorf("the apiserver refused vipd-k8s requests with %s's rights:\n%s", opts.RBAC, strings.Join(lines, "\n"))
+			}
+		}
 		for _, p := range []*cluster.Process{n.Adapter, n.VIPD} {
 			if p == nil {
 				continue
@@ -157,6 +166,22 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 		}
 	}
 	return n
+}
+
+// Forbidden returns the lines of vipd-k8s's log (client-go's, through
+// klog) that say the apiserver refused a request for lack of rights.
+func (n *Node) Forbidden() []string {
+	b, err := os.ReadFile(n.Adapter.LogFile)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "forbidden") {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // WaitHealthy waits until vipd-k8s's /healthz answers 200 (it has synced
