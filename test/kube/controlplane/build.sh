@@ -18,6 +18,7 @@ kube_version=$($GO list -m -f '{{.Version}}' k8s.io/kubernetes)
 key=$(cat go.mod go.sum $(find cmd -name '*.go' | sort) build.sh | sha256sum | cut -c1-16)
 out="$outroot/$key"
 if [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/etcd" ]]; then
+	touch "$out"
 	echo "$out"
 	exit 0
 fi
@@ -36,4 +37,6 @@ $GO build -trimpath -ldflags "$ldflags" -o "$out.tmp/kube-apiserver" k8s.io/kube
 $GO build -trimpath -ldflags "$ldflags" -o "$out.tmp/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager >&2
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# Builds of other module versions (about 300 MB each) go once unused for a week.
+find "$outroot" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -mtime +7 -exec rm -rf {} +
 echo "$out"
