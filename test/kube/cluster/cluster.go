@@ -103,7 +103,7 @@ type Cluster struct {
 
 	Etcd, APIServer, ControllerManager *Process
 	etcdURL                            string
-	apiserverStopped                   bool
+	apiserverStopped, etcdStopped      bool
 }
 
 // Start starts etcd, the apiserver and the controller manager, waits until
@@ -255,6 +255,9 @@ func (c *Cluster) start(bin string) error {
 // apiserver while stopped by StopAPIServer does not count).
 func (c *Cluster) Check() error {
 	for _, p := range []*Process{c.Etcd, c.ControllerManager} {
+		if p == c.Etcd && c.etcdStopped {
+			continue
+		}
 		if p != nil && p.Exited() != nil && !p.Running() {
 			return fmt.Errorf("%s exited:\n%s", p.Name, p.Tail(20))
 		}
@@ -277,6 +280,21 @@ func (c *Cluster) StartAPIServer() error {
 func (c *Cluster) StopAPIServer() error {
 	c.apiserverStopped = true
 	return c.APIServer.Stop(20 * time.Second)
+}
+
+// RestartEtcd stops etcd, waits down, and starts it again on the same data
+// and port, waiting until it answers; the apiserver reconnects by itself.
+func (c *Cluster) RestartEtcd(down time.Duration) error {
+	c.etcdStopped = true
+	if err := c.Etcd.Stop(20 * time.Second); err != nil {
+		return err
+	}
+	time.Sleep(down)
+	if err := c.Etcd.Start(); err != nil {
+		return err
+	}
+	c.etcdStopped = false
+	return waitHTTP(c.Etcd, c.etcdURL+"/health", nil, 30*time.Second)
 }
 
 // WaitReady waits until the apiserver answers /readyz with ok.

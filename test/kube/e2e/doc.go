@@ -3,6 +3,7 @@
 // with vipd-k8s holding only deploy/kubernetes/rbac.yaml's rights
 // (package vipdnode), and checks vipd's state through its API after each
 // change a cluster makes: pods created, scaled, rolled and deleted,
-// Services changing type, the apiserver restarting, watches expiring, and
+// Services changing type, the apiserver and etcd restarting, watches
+// expiring, and
 // 1,000 Services at once. `make kube-e2e` runs it.
 package e2e

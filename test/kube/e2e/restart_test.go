@@ -188,3 +188,26 @@ func watchExpired(e *env, rv string) error {
 	}
 	return fmt.Errorf("watch from resourceVersion %s: error event %v; want 410 Gone", rv, ev.Object)
 }
+
+// TestEtcdRestart stops etcd for 10 s under a running apiserver: the
+// adapter keeps vipd as it was, and a change made once etcd is back
+// reaches vipd.
+func TestEtcdRestart(t *testing.T) {
+	e := newEnv(t)
+	e.createService(service("web", 80))
+	pods := e.createPods(1, podSpec{app: "web", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
+	first := e.podIP(pods[0]) + " READY http=8080"
+	e.waitVIPD("the Service before the restart", wantBackends("web", first))
+	if err := e.c.RestartEtcd(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.waitVIPDWithin("vipd to keep its services", 5*time.Second, wantBackends("web", first))
+	if err := e.c.WaitReady(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	more := e.createPods(1, podSpec{app: "web", version: "v1", node: thisNode, ports: map[string]int32{"http": 8080}})
+	e.waitVIPD("the pod added after etcd's restart", wantBackends("web", first, e.podIP(more[0])+" READY http=8080 local"))
+	if err := e.node.WaitHealthy(30 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
