@@ -211,3 +211,21 @@ func TestEtcdRestart(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestVIPDRestartWithoutState restarts vipd with its state directory
+// emptied: the adapter notices vipd's health stream break and full-syncs,
+// so vipd has the cluster's Services again without any Kubernetes change.
+func TestVIPDRestartWithoutState(t *testing.T) {
+	e := newEnv(t)
+	e.createService(service("web", 80))
+	pods := e.createPods(1, podSpec{app: "web", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
+	first := e.podIP(pods[0]) + " READY http=8080"
+	e.waitVIPD("the Service before the restart", wantBackends("web", first))
+	if err := e.node.RestartVIPD(e.ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	e.waitVIPDWithin("the adapter to refill vipd", 60*time.Second, wantBackends("web", first))
+	if err := e.node.WaitHealthy(30 * time.Second); err != nil {
+		t.Error(err)
+	}
+}

@@ -168,6 +168,29 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	return n
 }
 
+// RestartVIPD stops vipd and starts it again on the same socket, with its
+// state directory kept or, with wipe, emptied first (a node that lost its
+// disk), and waits until it serves. vipd-k8s keeps running throughout.
+func (n *Node) RestartVIPD(ctx context.Context, wipe bool) error {
+	if err := n.VIPD.Stop(10 * time.Second); err != nil {
+		return err
+	}
+	if wipe {
+		if err := os.RemoveAll(filepath.Join(n.Dir, "state")); err != nil {
+			return err
+		}
+	}
+	if err := n.VIPD.Start(); err != nil {
+		return err
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := n.API.WaitServing(waitCtx); err != nil {
+		return fmt.Errorf("vipd not serving after its restart: %w\n%s", err, n.VIPD.Tail(20))
+	}
+	return nil
+}
+
 // Forbidden returns the lines of vipd-k8s's log (client-go's, through
 // klog) that say the apiserver refused a request for lack of rights.
 func (n *Node) Forbidden() []string {
