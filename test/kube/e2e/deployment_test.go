@@ -81,7 +81,12 @@ func TestDeploymentLifecycle(t *testing.T) {
 	// Three steps made pods Ready (create, scale up, roll); a pod that is
 	// deleted leaves no trigger time of its own, so removals are not timed,
 	// for vipd-k8s as for kube-proxy.
-	if n := m.Sum("vipd_k8s_network_programming_duration_seconds_count"); n < 3 {
+	n := m.Sum("vipd_k8s_network_programming_duration_seconds_count")
+	if n > 0 {
+		t.Logf("programming latency from the trigger-time annotation: %v passes, mean %.3f s (the annotation is kept to the second)",
+			n, m.Sum("vipd_k8s_network_programming_duration_seconds_sum")/n)
+	}
+	if n < 3 {
 		t.Errorf("vipd_k8s_network_programming_duration_seconds_count = %v after 3 steps that made pods Ready; want at least 3 (timed from %s)", n, triggerAnnotation)
 	}
 

@@ -129,7 +129,7 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	if err := c.WriteTokenKubeconfig(kubeconfig, token); err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freePorts(3)
+	ports, err := cluster.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,6 +305,3 @@ func scrape(url string) (Metrics, error) {
 	}
 	return m, sc.Err()
 }
-
-// freePorts returns n distinct unused ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) { return cluster.FreePorts(n) }
