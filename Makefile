@@ -7,7 +7,7 @@ BIN      := $(CURDIR)/bin
 GOTEST   ?= $(GO) test
 TESTARGS ?= -count=1 -race -timeout 20m
 
-.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz test-soak test-soak-full package
+.PHONY: all build test generate lint demo clean deps bench bench-quick fuzz test-soak test-soak-full package kube-e2e
 
 all: build
 
@@ -32,6 +32,22 @@ test-soak: deps
 test-soak-full: deps
 	VIPD_SOAK=full $(GOTEST) -count=1 -timeout 30m ./test/soak/
 	$(GO) test -run '^$$' -fuzz '^FuzzTornStateDir$$' -fuzztime 5m ./server/store/
+
+# kube-e2e runs vipd-k8s (with deploy/kubernetes/rbac.yaml's rights) and
+# vipd against a real etcd, kube-apiserver and EndpointSlice controller on
+# loopback (test/kube, its own module). test/kube/controlplane/build.sh
+# builds those binaries once into a directory beside the Go build cache
+# and prints it; a later run with the same module only prints it. Nothing
+# in it may skip: under CI=true a skipped test fails the target.
+KUBE_TESTARGS ?= -count=1 -timeout 40m
+
+kube-e2e:
+	@set -e; bin=$$(test/kube/controlplane/build.sh); \
+	echo "== control plane binaries: $$bin"; \
+	out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	{ rc=0; cd test/kube && VIPD_KUBE_BIN=$$bin $(GO) test -p 1 -v $(KUBE_TESTARGS) ./... 2>&1 || rc=$$?; echo $$rc >"$$out/rc"; } | tee "$$out/log"; \
+	if [ "$$CI" = true ] && grep -q -- '--- SKIP' "$$out/log"; then echo "kube-e2e: a test skipped under CI=true" >&2; exit 1; fi; \
+	exit $$(cat "$$out/rc")
 
 # fuzz runs every fuzz target for FUZZTIME each (package:target pairs; go
 # test fuzzes one target of one package at a time). A crasher is written
