@@ -229,3 +229,26 @@ func TestVIPDRestartWithoutState(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestVIPDRestartedTwice restarts vipd twice in quick succession, the
+// second time with its state directory emptied, inside the adapter's
+// reconnect wait: the adapter must tell the second instance from the
+// first (vipd's instance ID) and full-sync it, as the bug report
+// found it did not.
+func TestVIPDRestartedTwice(t *testing.T) {
+	e := newEnv(t)
+	e.createService(service("web", 80))
+	pods := e.createPods(1, podSpec{app: "web", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
+	first := e.podIP(pods[0]) + " READY http=8080"
+	e.waitVIPD("the Service before the restarts", wantBackends("web", first))
+	if err := e.node.RestartVIPD(e.ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.node.RestartVIPD(e.ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	e.waitVIPDWithin("the adapter to refill vipd", 30*time.Second, wantBackends("web", first))
+	if err := e.node.WaitHealthy(30 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
