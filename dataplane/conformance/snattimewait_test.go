@@ -13,7 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // snatTimeWaitScenario is the snat-timewait scenario. Its vipd shrinks the
@@ -50,6 +53,15 @@ const (
 	// that waited for a retransmission (TCP's first SYN retransmission
 	// comes after 1 s).
 	timeWaitSlow = 900 * time.Millisecond
+	// reuseWorkers, reusePerWorker and reusePorts shape the port-reuse
+	// phase: reuseWorkers clients at once, each making reusePerWorker
+	// connections per family from its reusePorts source ports in turn
+	// (from reusePortBase up, outside the namespace's ephemeral range), as
+	// a busy client without TIME_WAITs of its own does.
+	reuseWorkers   = 4
+	reusePerWorker = 600
+	reusePorts     = 16
+	reusePortBase  = 20000
 )
 
 // should not stall server-closes-first TCP connections from outside through
@@ -58,9 +70,14 @@ const (
 // it (PAWS: its timestamp older than the last client's of that tuple) is
 // reset and retried a second later. The backend's TcpExtPAWSTimewait must
 // not move, and every connection must complete. eBPF reuses the ports of
-// its small pool (61000-61127) many times over; iptables' MASQUERADE
-// --random-fully draws from 64k ports and its conntrack keeps a closed
-// tuple for 120 s, so it passes without reusing any.
+// its small pool (61000-61127) many times over; iptables' MASQUERADE draws
+// from 64k ports and its conntrack keeps a closed tuple for 120 s, so this
+// phase alone reuses none there.
+//
+// Then (iptables) the client reuses its source ports, a few at a time,
+// over thousands of connections (see clientPortReuse): still no PAWS.
+// This phase failed (be1's TcpExtPAWSTimewait +23 over 2,400 IPv4
+// connections) with MASQUERADE --random-fully.
 //
 // With eBPF, vipd's metrics (at metricsAddr) must show the guard at work:
 // ports skipped for the TIME_WAIT (vipd_snat_timewait_skips_total), and
@@ -138,6 +155,12 @@ func snatTimeWait(e *env, metricsAddr string) {
 		}
 	}
 	if e.dp != "ebpf" {
+		// eBPF's pool is shrunk to 128 ports held 1 s each here: the
+		// first phase paces its connections to fit, and this one could
+		// not.
+		for _, f := range families {
+			e.clientPortReuse(ap(e.node1.addr(f), nodePort))
+		}
 		return
 	}
 	if metricsAddr == "" {
@@ -154,6 +177,65 @@ func snatTimeWait(e *env, metricsAddr string) {
 			exhausted, ok, grepSamples(samples, "vipd_snat_timewait_skips_total", "vipd_snat_port_exhausted_total"))
 	}
 	e.logf("vipd_snat_timewait_skips_total %v", skips)
+}
+
+// clientPortReuse makes reuseWorkers × reusePerWorker server-closes-first
+// connections from e.out to np (a masqueraded node port served by be1),
+// each worker from its own reusePorts source ports in turn, and fails if
+// any failed or be1's TcpExtPAWSTimewait moved. The client keeps no
+// TIME_WAIT, so each port comes back within milliseconds, while node1's
+// conntrack still holds the last flow of that client tuple in TIME_WAIT:
+// the new SYN replaces that entry, and with it the flow's masqueraded
+// (backend-side) tuple, whose TIME_WAIT be1 keeps for 60 s. A masquerade
+// that then hands such a tuple to another client tuple (MASQUERADE
+// --random-fully: a random port of 64k, so about n²/2/64k times for n
+// connections, ~45 here) has be1 refuse the SYN by PAWS half the time;
+// one that keeps the client's port brings the tuple back with the same
+// client's timestamps.
+func (e *env) clientPortReuse(np netip.AddrPort) {
+	before := e.pawsTimewait(e.be1)
+	var (
+		mu     sync.Mutex
+		peers  = map[netip.AddrPort]int{}
+		slow   int
+		failed []error
+		wg     sync.WaitGroup
+	)
+	for w := range reuseWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range reusePerWorker {
+				port := uint16(reusePortBase + w*reusePorts + i%reusePorts)
+				start := time.Now()
+				peer, err := closeFirstRequestFrom(e.out, port, np)
+				took := time.Since(start)
+				mu.Lock()
+				if err != nil {
+					failed = append(failed, err)
+				} else {
+					peers[peer]++
+				}
+				if took > timeWaitSlow {
+					slow++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	after := e.pawsTimewait(e.be1)
+	n := reuseWorkers * reusePerWorker
+	e.logf("TCP %v from out, %d client ports reused in turn: %d server-closes-first connections, %d failed, %d over %v, %d distinct backend-side tuples, be1's TcpExtPAWSTimewait +%d",
+		np, reuseWorkers*reusePorts, n, len(failed), slow, timeWaitSlow, len(peers), after-before)
+	if len(failed) > 0 {
+		e.fatalf("TCP %v from out, client ports reused: %d of %d server-closes-first connections failed, the first: %v", np, len(failed), n, failed[0])
+	}
+	if after != before {
+		e.fatalf("TCP %v from out, client ports reused: be1's TcpExtPAWSTimewait went from %d to %d over %d server-closes-first connections "+
+			"(%d distinct backend-side tuples; %d took over %v): the masquerade handed backend-side tuples still in TIME_WAIT at be1 "+
+			"to other client tuples, whose SYNs it refused", np, before, after, n, len(peers), slow, timeWaitSlow)
+	}
 }
 
 // startCloseFirstServer starts a TCP server on closeFirstPort in h (both
@@ -201,12 +283,31 @@ func (e *env) startCloseFirstServer(h host) {
 // answer up to the server's close, then closes: the server closes first.
 // It returns the peer the server saw.
 func closeFirstRequest(h host, dst netip.AddrPort) (netip.AddrPort, error) {
+	return closeFirstRequestFrom(h, 0, dst)
+}
+
+// closeFirstRequestFrom is closeFirstRequest from source port port (0: an
+// ephemeral one), bound with SO_REUSEADDR.
+func closeFirstRequestFrom(h host, port uint16, dst netip.AddrPort) (netip.AddrPort, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), replyDeadline)
 	defer cancel()
+	d := &net.Dialer{}
+	if port != 0 {
+		d.LocalAddr = &net.TCPAddr{Port: int(port)}
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
 	var c net.Conn
 	err := h.Do(func() error {
 		var err error
-		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", dst.String())
+		c, err = d.DialContext(ctx, "tcp", dst.String())
 		return err
 	})
 	if err != nil {

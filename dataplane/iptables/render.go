@@ -122,9 +122,24 @@ const (
 // the bit as mask leaves the rest of the mark alone.
 const MasqueradeMark uint32 = 0x00800000
 
+// masqTarget is how vipd masquerades (the marked external flows and
+// hairpin flows): plain MASQUERADE, which keeps the client's source port
+// when the node address:port -> backend tuple is free in conntrack and
+// picks another port only when it is not. Not --random-fully (kube-proxy's
+// choice): conntrack forgets a flow's backend-side tuple as soon as the
+// client reuses its source port (a SYN on a TIME_WAIT entry replaces the
+// entry), while the backend keeps that tuple's TIME_WAIT for 60 s; a
+// random port then lands on such a tuple for another client tuple, whose
+// TCP timestamps the backend's TIME_WAIT refuses (PAWS): the SYN is
+// answered with an ACK, reset, and retried (after 1 s when the retry is
+// refused too). With the client's port kept, a tuple comes back with the
+// same client's timestamps, which the TIME_WAIT accepts. README: Node
+// ports and external traffic.
+const masqTarget = "-j MASQUERADE"
+
 var (
 	masqMarkRule = fmt.Sprintf("-j MARK --set-xmark %#x/%#x", MasqueradeMark, MasqueradeMark)
-	masqRule     = fmt.Sprintf("-m mark --mark %#x/%#x -j MASQUERADE --random-fully", MasqueradeMark, MasqueradeMark)
+	masqRule     = fmt.Sprintf("-m mark --mark %#x/%#x %s", MasqueradeMark, MasqueradeMark, masqTarget)
 )
 
 // flowMarkRule marks a new connection as vipd's. It heads every SVC chain:
@@ -419,7 +434,7 @@ func renderService(svc *dataplane.Service, f Family, external []string) serviceR
 	hairpin = slices.CompactFunc(hairpin, func(a, b *dataplane.Backend) bool { return a.IP == b.IP })
 	for _, b := range hairpin {
 		h := hostPrefix(b.IP)
-		out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " -j MASQUERADE --random-fully"})
+		out.tries[hairpinTrie] = append(out.tries[hairpinTrie], trieEntry{b.IP, "-s " + h + " -d " + h + " " + masqTarget})
 	}
 	return out
 }

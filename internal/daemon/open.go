@@ -48,7 +48,7 @@ func openDataplane(ctx context.Context, log hclog.Logger, cfg Config) (dataplane
 
 func openIPTables(ctx context.Context, log hclog.Logger, cfg Config) (dataplane.Dataplane, error) {
 	if cfg.SNATPortRange != "" {
-		log.Warn("--snat-port-range applies to the eBPF dataplane only: the iptables dataplane masquerades with MASQUERADE --random-fully, which picks the ports itself",
+		log.Warn("--snat-port-range applies to the eBPF dataplane only: the iptables dataplane masquerades with MASQUERADE, which keeps the client's port or picks one itself",
 			"snat_port_range", cfg.SNATPortRange)
 	}
 	dp, err := iptables.New(ctx, log.Named("iptables"), iptables.Config{NetNS: cfg.NetNS, Mode: cmp.Or(cfg.IPTablesMode, iptables.ModeAuto), SetFlowSysctls: cfg.SetSysctls})
