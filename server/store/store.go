@@ -17,22 +17,30 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Entry is one stored service. An Entry is immutable.
+// Entry is one stored service. An Entry is immutable, and so is
+// everything it holds: its Dataplane service, which the dataplanes and the
+// snapshots committed after it share, is never modified once stored (the
+// store and its callers only ever replace an entry), so that no stored
+// service is kept in more than one copy.
 //
 // It keeps the dataplane form, which the dataplane reads on every apply,
 // and the API form only serialized: that is what the state file and the
 // journal hold anyway, and it takes a fraction of the memory of the
 // decoded messages (a store of 100,000 services with 10 backends each
 // would otherwise keep a million backend messages alive). Service decodes
-// it on demand.
+// it on demand. The serialized form leaves out the backends, which it
+// encodes from the dataplane form when needed (see spec.go).
 type Entry struct {
 	// Dataplane is the service as the dataplane sees it. Its Name, Owner
-	// and Generation are the service's.
+	// and Generation are the service's. It must not be modified.
 	Dataplane *dataplane.Service
 	// spec is the normalized API form without its generation (see
-	// EncodeSpec); the generation is Dataplane's. Entries of different
+	// EncodeSpec); the generation is Dataplane's. When backendsAt is not
+	// negative, the backends field is cut out of spec at that offset: it
+	// is appendBackends(Dataplane.Backends). Entries of different
 	// generations, such as those of a retried mutation, may share it.
-	spec []byte
+	spec       []byte
+	backendsAt int32
 }
 
 // generationField is vipd.v1.Service's generation field number.
@@ -65,10 +73,30 @@ func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, e
 }
 
 // newEntry is NewEntry for a service already encoded by EncodeSpec. The
-// entry shares spec, which must not change.
+// entry may share spec, which must not change.
 func newEntry(spec []byte, dp *dataplane.Service, gen uint64) *Entry {
 	dp.Generation = gen
-	return &Entry{Dataplane: dp, spec: spec}
+	rest, at := slimSpec(spec, dp.Backends)
+	return &Entry{Dataplane: dp, spec: rest, backendsAt: at}
+}
+
+// appendSpec appends EncodeSpec's form of the service: spec with its
+// backends put back.
+func (e *Entry) appendSpec(b []byte) []byte {
+	if e.backendsAt < 0 {
+		return append(b, e.spec...)
+	}
+	b = append(b, e.spec[:e.backendsAt]...)
+	b, _ = appendBackends(b, e.Dataplane.Backends) // slimSpec checked it
+	return append(b, e.spec[e.backendsAt:]...)
+}
+
+// specLen is the length of appendSpec's output.
+func (e *Entry) specLen() int {
+	if e.backendsAt < 0 {
+		return len(e.spec)
+	}
+	return len(e.spec) + backendsSize(e.Dataplane.Backends)
 }
 
 // Name is the service's name.
@@ -81,10 +109,12 @@ func (e *Entry) Owner() string { return e.Dataplane.Owner }
 func (e *Entry) Generation() uint64 { return e.Dataplane.Generation }
 
 // Service returns the normalized API form, with its generation set. It
-// decodes a new message on every call, which the caller owns.
+// decodes a new message on every call, which the caller owns: the message
+// shares no memory with the entry.
 func (e *Entry) Service() *vipdv1.Service {
 	svc := &vipdv1.Service{}
-	if err := proto.Unmarshal(e.spec, svc); err != nil {
+	var buf [1024]byte
+	if err := proto.Unmarshal(e.appendSpec(buf[:0]), svc); err != nil {
 		// EncodeSpec made it: it cannot fail to decode.
 		panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), err))
 	}
@@ -133,13 +163,13 @@ func (e *Entry) HealthCheck() *vipdv1.HealthCheck {
 
 // encodedLen is the length of appendEncoded's output.
 func (e *Entry) encodedLen() int {
-	return len(e.spec) + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())
+	return e.specLen() + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())
 }
 
 // appendEncoded appends the service, generation included, as one
 // vipd.v1.Service message: the form of the state file and the journal.
 func (e *Entry) appendEncoded(b []byte) []byte {
-	b = append(b, e.spec...)
+	b = e.appendSpec(b)
 	b = protowire.AppendTag(b, generationField, protowire.VarintType)
 	return protowire.AppendVarint(b, e.Generation())
 }
@@ -152,7 +182,16 @@ func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
 }
 
 // SameEncodedSpec is SameSpec for a service encoded by EncodeSpec.
-func (e *Entry) SameEncodedSpec(spec []byte) bool { return bytes.Equal(spec, e.spec) }
+func (e *Entry) SameEncodedSpec(spec []byte) bool {
+	if e.backendsAt < 0 {
+		return bytes.Equal(spec, e.spec)
+	}
+	if len(spec) != e.specLen() {
+		return false
+	}
+	var buf [1024]byte
+	return bytes.Equal(spec, e.appendSpec(buf[:0]))
+}
 
 // Claim is one VIP:port/protocol, external or load-balancer IP:port/protocol,
 // or node port/protocol that a service forwards. Two services may not hold
