@@ -71,4 +71,3 @@ func writeHeapProfile(b *testing.B, path string) {
 		b.Fatal(err)
 	}
 }
-
