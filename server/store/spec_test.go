@@ -151,12 +151,20 @@ func TestStoredServiceNotMutated(t *testing.T) {
 	got := e.Service()
 	got.Backends[0].Zone, got.Backends[0].Ports["http"] = "changed", 1
 	got.Vips[0] = "198.19.9.9"
-	copied := *e.Dataplane
+	if e.Dataplane != dp {
+		t.Error("the store copied a service never stored before rather than keep it")
+	}
+	// A retried mutation puts the same service again: the store must
+	// copy it rather than stamp the stored one with a new generation.
 	tx = snap.Begin()
-	if _, err := tx.PutSpec(spec, &copied); err != nil {
+	again, err := tx.PutSpec(spec, dp)
+	if err != nil {
 		t.Fatal(err)
 	}
 	tx.Commit()
+	if again.Dataplane == dp || again.Generation() == e.Generation() {
+		t.Errorf("the second Put shares the stored service (generation %d, first %d)", again.Generation(), e.Generation())
+	}
 	e.appendEncoded(nil)
 	e.SameSpec(got)
 	if d := cmp.Diff(before, e.Dataplane, equateAddrs); d != "" {

@@ -62,7 +62,7 @@ func EncodeSpec(svc *vipdv1.Service) ([]byte, error) {
 
 // NewEntry pairs a validated, normalized service with its dataplane form and
 // stamps both with generation gen. It sets svc.Generation but does not keep
-// svc; it keeps dp, which the caller hands over.
+// svc; it keeps dp, which the caller hands over and must not change again.
 func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, error) {
 	spec, err := EncodeSpec(svc)
 	if err != nil {
@@ -555,6 +555,7 @@ func (t *Txn) holder(c Claim) string {
 
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
+// It keeps dp as PutSpec does.
 // It fails, and stages nothing, with a *ConflictError if another service
 // holds one of svc's claims (claimsOf), with an *AddressConflictError if it
 // would give an address two roles (see checkAddrs), and
@@ -576,8 +577,14 @@ func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 }
 
 // PutSpec is Put for a service encoded by EncodeSpec, so that a caller may
-// drop the decoded message early: the Entry shares spec, which must not
+// drop the decoded message early: the Entry may share spec, which must not
 // change.
+//
+// A dp that was never stored (its Generation is 0, as validation returns
+// it) is taken over: the entry keeps it, stamped with its generation, and
+// the caller must not change it afterwards. A dp stored before, such as
+// the one a retried mutation puts again, is copied first: a stored
+// service never changes, and a dataplane may still hold it.
 func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 	for _, c := range claimsOf(dp) {
 		if h := t.holder(c); h != "" && h != dp.Name {
@@ -602,6 +609,10 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 		return nil, err
 	}
 	t.stageAddrs(old, dp, adds, extAdds, has)
+	if dp.Generation != 0 {
+		c := *dp
+		dp = &c
+	}
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
