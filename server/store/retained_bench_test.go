@@ -1,11 +1,13 @@
 package store_test
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"testing"
 
+	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/store"
 	"github.com/vipd/vipd/server/validation"
 )
@@ -17,13 +19,35 @@ import (
 // here is the store keeping more of each service; the memory targets at
 // 100,000 services live in bench/. With VIPD_HEAP_PROFILE set it writes a
 // heap profile of the retained state there.
+//
+// The kubernetes case has backends as vipd's Kubernetes adapter writes
+// them: each names its port (ports {"http": 8080}, only_named_ports) and
+// has a zone.
 func BenchmarkRetainedPerService(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchmarkRetained(b, bigServices) })
+	b.Run("kubernetes", func(b *testing.B) {
+		benchmarkRetained(b, func(n int) []*vipdv1.Service {
+			svcs := bigServices(n)
+			for i, s := range svcs {
+				s.Ports[0].Name = "http"
+				for _, be := range s.Backends {
+					be.Ports = map[string]uint32{"http": 8080}
+					be.OnlyNamedPorts = true
+					be.Zone = fmt.Sprintf("zone-%c", 'a'+i%3)
+				}
+			}
+			return svcs
+		})
+	})
+}
+
+func benchmarkRetained(b *testing.B, services func(n int) []*vipdv1.Service) {
 	const n = 20_000
 	var perService float64
 	for range b.N {
 		b.StopTimer()
 		before := heapInuse()
-		svcs := bigServices(n)
+		svcs := services(n)
 		b.StartTimer()
 		tx := store.Empty().Begin()
 		for i, s := range svcs {
