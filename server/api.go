@@ -430,7 +430,7 @@ type syncBuilder struct {
 	owner        string
 	validateOnly bool
 	v            validation.Violations
-	// A desired service is kept encoded (store.EncodeSpec) rather than as
+	// A desired service is kept encoded (store.NewSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change.
 	want  []desiredService
@@ -442,7 +442,7 @@ type syncBuilder struct {
 
 // desiredService is one listed service, validated.
 type desiredService struct {
-	spec []byte
+	spec store.Spec
 	dp   *dataplane.Service
 	// index is the service's place in the list, and order its backends'
 	// (requestOrder), to name a field in an error.
@@ -497,7 +497,7 @@ func (b *syncBuilder) add(services []*vipdv1.Service) {
 			b.v = append(b.v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
 			continue
 		}
-		spec, err := store.EncodeSpec(svc)
+		spec, err := store.NewSpec(svc, dp)
 		if err != nil {
 			b.err = cmp.Or(b.err, err)
 			continue

@@ -56,7 +56,7 @@ func benchmarkRetained(b *testing.B, services func(n int) []*vipdv1.Service) {
 			if len(v) > 0 {
 				b.Fatal(v)
 			}
-			spec, err := store.EncodeSpec(out)
+			spec, err := store.NewSpec(out, dp)
 			if err != nil {
 				b.Fatal(err)
 			}

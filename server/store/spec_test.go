@@ -91,12 +91,33 @@ func TestEntryKeepsBackendsOnce(t *testing.T) {
 			if d := cmp.Diff(want.GetHealthCheck(), e.HealthCheck(), protocmp.Transform()); d != "" {
 				t.Errorf("HealthCheck() (-want +got):\n%s", d)
 			}
+			same := func(svc *vipdv1.Service) (bool, bool) {
+				t.Helper()
+				svc.Generation = 0
+				out, dp, v := validation.Service(svc, validation.Limits{}, "service")
+				if len(v) > 0 {
+					t.Fatal(v)
+				}
+				spec, err := NewSpec(out, dp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e.SameSpec(out), e.SameEncodedSpec(spec)
+			}
+			if a, b := same(proto.Clone(want).(*vipdv1.Service)); !a || !b {
+				t.Errorf("SameSpec, SameEncodedSpec of the stored service = %v, %v", a, b)
+			}
 			for i := range want.Backends {
 				other := proto.Clone(want).(*vipdv1.Service)
-				other.Backends[i].Weight++
-				if e.SameSpec(other) {
-					t.Errorf("SameSpec is true with backends[%d].weight changed", i)
+				other.Backends[i].Weight = other.Backends[i].Weight%65535 + 1
+				if a, b := same(other); a || b {
+					t.Errorf("SameSpec, SameEncodedSpec with backends[%d].weight changed = %v, %v", i, a, b)
 				}
+			}
+			other := proto.Clone(want).(*vipdv1.Service)
+			other.Labels = map[string]string{"changed": "yes"}
+			if a, b := same(other); a || b {
+				t.Errorf("SameSpec, SameEncodedSpec with labels changed = %v, %v", a, b)
 			}
 		})
 	}
@@ -137,7 +158,7 @@ func TestStoredServiceNotMutated(t *testing.T) {
 	if len(v) > 0 {
 		t.Fatal(v)
 	}
-	spec, err := EncodeSpec(svc)
+	spec, err := NewSpec(svc, dp)
 	if err != nil {
 		t.Fatal(err)
 	}

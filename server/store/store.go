@@ -43,6 +43,56 @@ type Entry struct {
 	backendsAt int32
 }
 
+// Spec is a validated, normalized service encoded as an Entry keeps it:
+// EncodeSpec's form, with the backends cut out when its dataplane form
+// gives them back (see spec.go). NewSpec makes one. A Spec is immutable,
+// and the entries put with it share it, so that a caller that keeps
+// services encoded until they are stored (a big SyncServices) keeps them
+// once.
+type Spec struct {
+	b  []byte
+	at int32 // where the backends are cut out of b; -1: b is whole
+	// backends is the dataplane form the backends were cut against.
+	backends []dataplane.Backend
+}
+
+// NewSpec encodes svc, whose dataplane form is dp, as an Entry keeps it.
+// It leaves svc as it was, and keeps nothing of it.
+func NewSpec(svc *vipdv1.Service, dp *dataplane.Service) (Spec, error) {
+	full, err := EncodeSpec(svc)
+	if err != nil {
+		return Spec{}, err
+	}
+	return newSpec(full, dp.Backends), nil
+}
+
+func newSpec(full []byte, bs []dataplane.Backend) Spec {
+	b, at := slimSpec(full, bs)
+	return Spec{b: b, at: at, backends: bs}
+}
+
+// appendFull appends EncodeSpec's form of the service.
+func (s Spec) appendFull(b []byte) []byte {
+	if s.at < 0 {
+		return append(b, s.b...)
+	}
+	b = append(b, s.b[:s.at]...)
+	b, _ = appendBackends(b, s.backends) // slimSpec checked it
+	return append(b, s.b[s.at:]...)
+}
+
+// sameBackends reports whether a and b, the same length, are the same
+// backends or encode to the same bytes.
+func sameBackends(a, b []dataplane.Backend) bool {
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	var x, y [1024]byte
+	ea, _ := appendBackends(x[:0], a)
+	eb, _ := appendBackends(y[:0], b)
+	return bytes.Equal(ea, eb)
+}
+
 // generationField is vipd.v1.Service's generation field number.
 const generationField protowire.Number = 10
 
@@ -64,7 +114,7 @@ func EncodeSpec(svc *vipdv1.Service) ([]byte, error) {
 // stamps both with generation gen. It sets svc.Generation but does not keep
 // svc; it keeps dp, which the caller hands over and must not change again.
 func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, error) {
-	spec, err := EncodeSpec(svc)
+	spec, err := NewSpec(svc, dp)
 	if err != nil {
 		return nil, err
 	}
@@ -72,24 +122,25 @@ func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, e
 	return newEntry(spec, dp, gen), nil
 }
 
-// newEntry is NewEntry for a service already encoded by EncodeSpec. The
-// entry may share spec, which must not change.
-func newEntry(spec []byte, dp *dataplane.Service, gen uint64) *Entry {
+// newEntry is NewEntry for a service already encoded. The entry shares
+// spec. A spec cut against other backends than dp's (not NewSpec(svc, dp)'s)
+// is cut again.
+func newEntry(spec Spec, dp *dataplane.Service, gen uint64) *Entry {
 	dp.Generation = gen
-	rest, at := slimSpec(spec, dp.Backends)
-	return &Entry{Dataplane: dp, spec: rest, backendsAt: at}
+	if spec.at >= 0 && (len(spec.backends) != len(dp.Backends) || !sameBackends(spec.backends, dp.Backends)) {
+		spec = newSpec(spec.appendFull(nil), dp.Backends)
+	}
+	return &Entry{Dataplane: dp, spec: spec.b, backendsAt: spec.at}
+}
+
+// specOf is the Spec e keeps.
+func (e *Entry) specOf() Spec {
+	return Spec{b: e.spec, at: e.backendsAt, backends: e.Dataplane.Backends}
 }
 
 // appendSpec appends EncodeSpec's form of the service: spec with its
 // backends put back.
-func (e *Entry) appendSpec(b []byte) []byte {
-	if e.backendsAt < 0 {
-		return append(b, e.spec...)
-	}
-	b = append(b, e.spec[:e.backendsAt]...)
-	b, _ = appendBackends(b, e.Dataplane.Backends) // slimSpec checked it
-	return append(b, e.spec[e.backendsAt:]...)
-}
+func (e *Entry) appendSpec(b []byte) []byte { return e.specOf().appendFull(b) }
 
 // specLen is the length of appendSpec's output.
 func (e *Entry) specLen() int {
@@ -178,19 +229,28 @@ func (e *Entry) appendEncoded(b []byte) []byte {
 // generation. svc must be normalized, as stored services are.
 func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
 	b, err := EncodeSpec(svc)
-	return err == nil && e.SameEncodedSpec(b)
+	return err == nil && e.sameEncoded(b)
 }
 
-// SameEncodedSpec is SameSpec for a service encoded by EncodeSpec.
-func (e *Entry) SameEncodedSpec(spec []byte) bool {
+// sameEncoded is SameSpec for a service encoded by EncodeSpec.
+func (e *Entry) sameEncoded(full []byte) bool {
 	if e.backendsAt < 0 {
-		return bytes.Equal(spec, e.spec)
+		return bytes.Equal(full, e.spec)
 	}
-	if len(spec) != e.specLen() {
+	if len(full) != e.specLen() {
 		return false
 	}
 	var buf [1024]byte
-	return bytes.Equal(spec, e.appendSpec(buf[:0]))
+	return bytes.Equal(full, e.appendSpec(buf[:0]))
+}
+
+// SameEncodedSpec is SameSpec for a service encoded by NewSpec.
+func (e *Entry) SameEncodedSpec(spec Spec) bool {
+	if spec.at == e.backendsAt && len(spec.backends) == len(e.Dataplane.Backends) {
+		return bytes.Equal(spec.b, e.spec) && (spec.at < 0 || sameBackends(spec.backends, e.Dataplane.Backends))
+	}
+	var buf [1024]byte
+	return e.sameEncoded(spec.appendFull(buf[:0]))
 }
 
 // Claim is one VIP:port/protocol, external or load-balancer IP:port/protocol,
@@ -564,7 +624,7 @@ func (t *Txn) holder(c Claim) string {
 // are checked at each Put, so a change that frees room (SyncServices
 // dropping services) must Delete before it Puts.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
-	spec, err := EncodeSpec(svc)
+	spec, err := NewSpec(svc, dp)
 	if err != nil {
 		return nil, err
 	}
@@ -576,16 +636,15 @@ func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 	return e, nil
 }
 
-// PutSpec is Put for a service encoded by EncodeSpec, so that a caller may
-// drop the decoded message early: the Entry may share spec, which must not
-// change.
+// PutSpec is Put for a service encoded by NewSpec, so that a caller may
+// drop the decoded message early: the Entry shares spec.
 //
 // A dp that was never stored (its Generation is 0, as validation returns
 // it) is taken over: the entry keeps it, stamped with its generation, and
 // the caller must not change it afterwards. A dp stored before, such as
 // the one a retried mutation puts again, is copied first: a stored
 // service never changes, and a dataplane may still hold it.
-func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
+func (t *Txn) PutSpec(spec Spec, dp *dataplane.Service) (*Entry, error) {
 	for _, c := range claimsOf(dp) {
 		if h := t.holder(c); h != "" && h != dp.Name {
 			return nil, t.conflict(dp, c, h)
