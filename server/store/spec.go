@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"slices"
 
@@ -87,13 +88,24 @@ func slimSpec(spec []byte, bs []dataplane.Backend) ([]byte, int32) {
 // know).
 func appendBackends(b []byte, bs []dataplane.Backend) ([]byte, bool) {
 	for i := range bs {
-		size, ok := backendSize(&bs[i])
-		if !ok {
+		if _, ok := apiState(bs[i].State); !ok {
 			return b, false
 		}
 		b = protowire.AppendTag(b, backendsField, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(size))
-		b = appendBackend(b, &bs[i])
+		// The length goes first: one byte is kept for it, the length of
+		// almost every backend, and the message moved when it needs more.
+		at := len(b)
+		b = appendBackend(append(b, 0), &bs[i])
+		n := len(b) - at - 1
+		if n < 0x80 {
+			b[at] = byte(n)
+			continue
+		}
+		var l [binary.MaxVarintLen64]byte
+		ln := protowire.AppendVarint(l[:0], uint64(n))
+		b = append(b, ln[1:]...)
+		copy(b[at+len(ln):], b[at+1:at+1+n])
+		copy(b[at:], ln)
 	}
 	return b, true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -32,6 +33,9 @@ func specCases() []*vipdv1.Service {
 				{Ip: "198.18.0.4", Ports: map[string]uint32{"http": 8080, "dns": 65535}, State: vipdv1.BackendState_BACKEND_STATE_TERMINATING,
 					Weight: 65535, NodeLocal: true, Zone: "zone-a", OnlyNamedPorts: true},
 				{Ip: "fd00:198::4", State: vipdv1.BackendState_BACKEND_STATE_NOT_SERVING, Zone: "zone-b"},
+				// A message of more than 127 bytes: a 2-byte length.
+				{Ip: "fd00:198:ffff:ffff:ffff:ffff:ffff:fff4", Ports: map[string]uint32{"http": 8080, "dns": 5353}, Weight: 300,
+					Zone: strings.Repeat("z", 63), NodeLocal: true, OnlyNamedPorts: true},
 				{Ip: "198.18.0.5", Ports: map[string]uint32{"dns": 1}},
 			},
 			SessionAffinity: &vipdv1.SessionAffinityConfig{Mode: vipdv1.SessionAffinity_SESSION_AFFINITY_CLIENT_IP},
