@@ -140,18 +140,21 @@ func (a *API) honoured(out *vipdv1.Service, dp *dataplane.Service, v validation.
 
 // put stages svc unless the stored service already has the same spec, and
 // returns the service as stored (with its generation). svc.Owner is the
-// owner stored, whatever dp says. The store keeps a copy of dp, not dp
-// itself, because a mutation may run more than once and each run stamps
-// its own generation; dp's slices and maps are shared and must not change
-// afterwards. It reports whether anything changed.
+// owner stored, whatever dp says. The store takes dp over (see
+// store.Txn.PutSpec: a mutation that runs more than once puts a copy the
+// second time), so dp must not change afterwards. It reports whether
+// anything changed.
 func put(tx *store.Txn, svc *vipdv1.Service, dp *dataplane.Service) (*vipdv1.Service, bool, error) {
 	if old, ok := tx.Get(svc.Name); ok && old.SameSpec(svc) {
 		svc.Generation = old.Generation()
 		return svc, false, nil
 	}
-	dpCopy := *dp
-	dpCopy.Owner = svc.Owner
-	if _, err := tx.Put(svc, &dpCopy); err != nil {
+	if dp.Owner != svc.Owner {
+		c := *dp
+		c.Owner, c.Generation = svc.Owner, 0
+		dp = &c
+	}
+	if _, err := tx.Put(svc, dp); err != nil {
 		return nil, false, err
 	}
 	return svc, true, nil
@@ -427,7 +430,7 @@ type syncBuilder struct {
 	owner        string
 	validateOnly bool
 	v            validation.Violations
-	// A desired service is kept encoded (store.EncodeSpec) rather than as
+	// A desired service is kept encoded (store.NewSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change.
 	want  []desiredService
@@ -439,7 +442,7 @@ type syncBuilder struct {
 
 // desiredService is one listed service, validated.
 type desiredService struct {
-	spec []byte
+	spec store.Spec
 	dp   *dataplane.Service
 	// index is the service's place in the list, and order its backends'
 	// (requestOrder), to name a field in an error.
@@ -494,7 +497,7 @@ func (b *syncBuilder) add(services []*vipdv1.Service) {
 			b.v = append(b.v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
 			continue
 		}
-		spec, err := store.EncodeSpec(svc)
+		spec, err := store.NewSpec(svc, dp)
 		if err != nil {
 			b.err = cmp.Or(b.err, err)
 			continue
@@ -621,8 +624,9 @@ func putAll(tx *store.Txn, changes []desiredService, index map[string]int) error
 		culprits  []culprit
 	)
 	for _, d := range changes {
-		dpCopy := *d.dp // see put
-		_, err := tx.PutSpec(d.spec, &dpCopy)
+		// The store takes d.dp over, and copies it if the mutation runs
+		// again (see put).
+		_, err := tx.PutSpec(d.spec, d.dp)
 		if err == nil {
 			continue
 		}

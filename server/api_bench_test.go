@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -40,7 +42,8 @@ func BenchmarkUpsertService(b *testing.B) {
 // backends each, from empty, over the fake dataplane: the server's own
 // share of a big sync (gRPC, validation, store, state file). It reports
 // the heap the stored state keeps (heap-MiB, after a GC) and the Go
-// runtime's peak memory from the OS (sys-MiB).
+// runtime's peak memory from the OS (sys-MiB). With VIPD_HEAP_PROFILE set
+// it writes a heap profile of the stored state there.
 func BenchmarkSyncServices(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
@@ -72,6 +75,12 @@ func BenchmarkSyncServices(b *testing.B) {
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
 				b.ReportMetric(float64(ms.HeapAlloc)/(1<<20), "heap-MiB")
+				if p := os.Getenv("VIPD_HEAP_PROFILE"); p != "" {
+					if f, err := os.Create(p); err == nil {
+						pprof.Lookup("heap").WriteTo(f, 0)
+						f.Close()
+					}
+				}
 				b.ReportMetric(float64(ms.Sys)/(1<<20), "sys-MiB")
 				in.stop()
 				b.StartTimer()

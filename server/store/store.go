@@ -17,22 +17,80 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Entry is one stored service. An Entry is immutable.
+// Entry is one stored service. An Entry is immutable, and so is
+// everything it holds: its Dataplane service, which the dataplanes and the
+// snapshots committed after it share, is never modified once stored (the
+// store and its callers only ever replace an entry), so that no stored
+// service is kept in more than one copy.
 //
 // It keeps the dataplane form, which the dataplane reads on every apply,
 // and the API form only serialized: that is what the state file and the
 // journal hold anyway, and it takes a fraction of the memory of the
 // decoded messages (a store of 100,000 services with 10 backends each
 // would otherwise keep a million backend messages alive). Service decodes
-// it on demand.
+// it on demand. The serialized form leaves out the backends, which it
+// encodes from the dataplane form when needed (see spec.go).
 type Entry struct {
 	// Dataplane is the service as the dataplane sees it. Its Name, Owner
-	// and Generation are the service's.
+	// and Generation are the service's. It must not be modified.
 	Dataplane *dataplane.Service
 	// spec is the normalized API form without its generation (see
-	// EncodeSpec); the generation is Dataplane's. Entries of different
+	// EncodeSpec); the generation is Dataplane's. When backendsAt is not
+	// negative, the backends field is cut out of spec at that offset: it
+	// is appendBackends(Dataplane.Backends). Entries of different
 	// generations, such as those of a retried mutation, may share it.
-	spec []byte
+	spec       []byte
+	backendsAt int32
+}
+
+// Spec is a validated, normalized service encoded as an Entry keeps it:
+// EncodeSpec's form, with the backends cut out when its dataplane form
+// gives them back (see spec.go). NewSpec makes one. A Spec is immutable,
+// and the entries put with it share it, so that a caller that keeps
+// services encoded until they are stored (a big SyncServices) keeps them
+// once.
+type Spec struct {
+	b  []byte
+	at int32 // where the backends are cut out of b; -1: b is whole
+	// backends is the dataplane form the backends were cut against.
+	backends []dataplane.Backend
+}
+
+// NewSpec encodes svc, whose dataplane form is dp, as an Entry keeps it.
+// It leaves svc as it was, and keeps nothing of it.
+func NewSpec(svc *vipdv1.Service, dp *dataplane.Service) (Spec, error) {
+	full, err := EncodeSpec(svc)
+	if err != nil {
+		return Spec{}, err
+	}
+	return newSpec(full, dp.Backends), nil
+}
+
+func newSpec(full []byte, bs []dataplane.Backend) Spec {
+	b, at := slimSpec(full, bs)
+	return Spec{b: b, at: at, backends: bs}
+}
+
+// appendFull appends EncodeSpec's form of the service.
+func (s Spec) appendFull(b []byte) []byte {
+	if s.at < 0 {
+		return append(b, s.b...)
+	}
+	b = append(b, s.b[:s.at]...)
+	b, _ = appendBackends(b, s.backends) // slimSpec checked it
+	return append(b, s.b[s.at:]...)
+}
+
+// sameBackends reports whether a and b, the same length, are the same
+// backends or encode to the same bytes.
+func sameBackends(a, b []dataplane.Backend) bool {
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	var x, y [1024]byte
+	ea, _ := appendBackends(x[:0], a)
+	eb, _ := appendBackends(y[:0], b)
+	return bytes.Equal(ea, eb)
 }
 
 // generationField is vipd.v1.Service's generation field number.
@@ -54,9 +112,9 @@ func EncodeSpec(svc *vipdv1.Service) ([]byte, error) {
 
 // NewEntry pairs a validated, normalized service with its dataplane form and
 // stamps both with generation gen. It sets svc.Generation but does not keep
-// svc; it keeps dp, which the caller hands over.
+// svc; it keeps dp, which the caller hands over and must not change again.
 func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, error) {
-	spec, err := EncodeSpec(svc)
+	spec, err := NewSpec(svc, dp)
 	if err != nil {
 		return nil, err
 	}
@@ -64,11 +122,32 @@ func NewEntry(svc *vipdv1.Service, dp *dataplane.Service, gen uint64) (*Entry, e
 	return newEntry(spec, dp, gen), nil
 }
 
-// newEntry is NewEntry for a service already encoded by EncodeSpec. The
-// entry shares spec, which must not change.
-func newEntry(spec []byte, dp *dataplane.Service, gen uint64) *Entry {
+// newEntry is NewEntry for a service already encoded. The entry shares
+// spec. A spec cut against other backends than dp's (not NewSpec(svc, dp)'s)
+// is cut again.
+func newEntry(spec Spec, dp *dataplane.Service, gen uint64) *Entry {
 	dp.Generation = gen
-	return &Entry{Dataplane: dp, spec: spec}
+	if spec.at >= 0 && (len(spec.backends) != len(dp.Backends) || !sameBackends(spec.backends, dp.Backends)) {
+		spec = newSpec(spec.appendFull(nil), dp.Backends)
+	}
+	return &Entry{Dataplane: dp, spec: spec.b, backendsAt: spec.at}
+}
+
+// specOf is the Spec e keeps.
+func (e *Entry) specOf() Spec {
+	return Spec{b: e.spec, at: e.backendsAt, backends: e.Dataplane.Backends}
+}
+
+// appendSpec appends EncodeSpec's form of the service: spec with its
+// backends put back.
+func (e *Entry) appendSpec(b []byte) []byte { return e.specOf().appendFull(b) }
+
+// specLen is the length of appendSpec's output.
+func (e *Entry) specLen() int {
+	if e.backendsAt < 0 {
+		return len(e.spec)
+	}
+	return len(e.spec) + backendsSize(e.Dataplane.Backends)
 }
 
 // Name is the service's name.
@@ -81,10 +160,12 @@ func (e *Entry) Owner() string { return e.Dataplane.Owner }
 func (e *Entry) Generation() uint64 { return e.Dataplane.Generation }
 
 // Service returns the normalized API form, with its generation set. It
-// decodes a new message on every call, which the caller owns.
+// decodes a new message on every call, which the caller owns: the message
+// shares no memory with the entry.
 func (e *Entry) Service() *vipdv1.Service {
 	svc := &vipdv1.Service{}
-	if err := proto.Unmarshal(e.spec, svc); err != nil {
+	var buf [1024]byte
+	if err := proto.Unmarshal(e.appendSpec(buf[:0]), svc); err != nil {
 		// EncodeSpec made it: it cannot fail to decode.
 		panic(fmt.Sprintf("decode stored service %s: %v", e.Name(), err))
 	}
@@ -139,13 +220,13 @@ func (e *Entry) HealthCheck() *vipdv1.HealthCheck {
 
 // encodedLen is the length of appendEncoded's output.
 func (e *Entry) encodedLen() int {
-	return len(e.spec) + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())
+	return e.specLen() + protowire.SizeTag(generationField) + protowire.SizeVarint(e.Generation())
 }
 
 // appendEncoded appends the service, generation included, as one
 // vipd.v1.Service message: the form of the state file and the journal.
 func (e *Entry) appendEncoded(b []byte) []byte {
-	b = append(b, e.spec...)
+	b = e.appendSpec(b)
 	b = protowire.AppendTag(b, generationField, protowire.VarintType)
 	return protowire.AppendVarint(b, e.Generation())
 }
@@ -154,11 +235,29 @@ func (e *Entry) appendEncoded(b []byte) []byte {
 // generation. svc must be normalized, as stored services are.
 func (e *Entry) SameSpec(svc *vipdv1.Service) bool {
 	b, err := EncodeSpec(svc)
-	return err == nil && e.SameEncodedSpec(b)
+	return err == nil && e.sameEncoded(b)
 }
 
-// SameEncodedSpec is SameSpec for a service encoded by EncodeSpec.
-func (e *Entry) SameEncodedSpec(spec []byte) bool { return bytes.Equal(spec, e.spec) }
+// sameEncoded is SameSpec for a service encoded by EncodeSpec.
+func (e *Entry) sameEncoded(full []byte) bool {
+	if e.backendsAt < 0 {
+		return bytes.Equal(full, e.spec)
+	}
+	if len(full) != e.specLen() {
+		return false
+	}
+	var buf [1024]byte
+	return bytes.Equal(full, e.appendSpec(buf[:0]))
+}
+
+// SameEncodedSpec is SameSpec for a service encoded by NewSpec.
+func (e *Entry) SameEncodedSpec(spec Spec) bool {
+	if spec.at == e.backendsAt && len(spec.backends) == len(e.Dataplane.Backends) {
+		return bytes.Equal(spec.b, e.spec) && (spec.at < 0 || sameBackends(spec.backends, e.Dataplane.Backends))
+	}
+	var buf [1024]byte
+	return e.sameEncoded(spec.appendFull(buf[:0]))
+}
 
 // Claim is one VIP:port/protocol, external or load-balancer IP:port/protocol,
 // or node port/protocol that a service forwards. Two services may not hold
@@ -522,6 +621,7 @@ func (t *Txn) holder(c Claim) string {
 
 // Put stores svc (normalized, in dataplane form dp) under a new generation,
 // replacing any service of the same name, and sets svc.Generation to it.
+// It keeps dp as PutSpec does.
 // It fails, and stages nothing, with a *ConflictError if another service
 // holds one of svc's claims (claimsOf), with an *AddressConflictError if it
 // would give an address two roles (see checkAddrs), and
@@ -530,7 +630,7 @@ func (t *Txn) holder(c Claim) string {
 // are checked at each Put, so a change that frees room (SyncServices
 // dropping services) must Delete before it Puts.
 func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
-	spec, err := EncodeSpec(svc)
+	spec, err := NewSpec(svc, dp)
 	if err != nil {
 		return nil, err
 	}
@@ -542,10 +642,15 @@ func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 	return e, nil
 }
 
-// PutSpec is Put for a service encoded by EncodeSpec, so that a caller may
-// drop the decoded message early: the Entry shares spec, which must not
-// change.
-func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
+// PutSpec is Put for a service encoded by NewSpec, so that a caller may
+// drop the decoded message early: the Entry shares spec.
+//
+// A dp that was never stored (its Generation is 0, as validation returns
+// it) is taken over: the entry keeps it, stamped with its generation, and
+// the caller must not change it afterwards. A dp stored before, such as
+// the one a retried mutation puts again, is copied first: a stored
+// service never changes, and a dataplane may still hold it.
+func (t *Txn) PutSpec(spec Spec, dp *dataplane.Service) (*Entry, error) {
 	for _, c := range claimsOf(dp) {
 		if h := t.holder(c); h != "" && h != dp.Name {
 			return nil, t.conflict(dp, c, h)
@@ -569,6 +674,10 @@ func (t *Txn) PutSpec(spec []byte, dp *dataplane.Service) (*Entry, error) {
 		return nil, err
 	}
 	t.stageAddrs(old, dp, adds, extAdds, has)
+	if dp.Generation != 0 {
+		c := *dp
+		dp = &c
+	}
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)

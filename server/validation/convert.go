@@ -87,7 +87,7 @@ func convertService(svc *vipdv1.Service, field string, badVIPs bool) (*dataplane
 // ConvertService does each backend, and returns its dataplane form.
 func ConvertBackend(b *vipdv1.Backend, ctx BackendContext, field string) (dataplane.Backend, Violations) {
 	var v Violations
-	db, _ := convertBackend(&v, b, ctx, field)
+	db, _ := convertBackend(&v, b, ctx, field, nil)
 	return db, v
 }
 
@@ -225,13 +225,14 @@ func convertBackends(v *Violations, svc *vipdv1.Service, ctx BackendContext, fie
 	var seen map[netip.Addr]int
 	var indexBuf [16]int
 	index := indexBuf[:0] // index[k]: where res[k] is in svc.Backends
+	var shared sharedValues
 	for i, b := range svc.Backends {
 		// The field's name is built only for a violation: a big SyncServices
 		// converts millions of backends.
 		var probe Violations
-		db, ok := convertBackend(&probe, b, ctx, "")
+		db, ok := convertBackend(&probe, b, ctx, "", &shared)
 		if !ok {
-			convertBackend(v, b, ctx, fmt.Sprintf("%s.backends[%d]", field, i))
+			convertBackend(v, b, ctx, fmt.Sprintf("%s.backends[%d]", field, i), nil)
 			continue
 		}
 		j, dup := -1, false
@@ -263,6 +264,70 @@ func convertBackends(v *Violations, svc *vipdv1.Service, ctx BackendContext, fie
 		res = append(res, db)
 	}
 	return res
+}
+
+// sharedValues are the ports maps and zones of a service's backends
+// converted so far, a few of each, so that backends with equal ones share
+// one: the backends of a Kubernetes service all name the same ports, and
+// a map per backend would cost some 250 bytes each (and more in the heap's
+// fragmentation, when the copies die among the kept ones). A dataplane
+// service is never modified once converted, so the sharing cannot be
+// seen. A nil *sharedValues shares nothing.
+type sharedValues struct {
+	maps  [4]map[string]uint16
+	zones [4]string
+}
+
+// ports returns a remembered map equal to api, or nil.
+func (sv *sharedValues) ports(api map[string]uint32) map[string]uint16 {
+	if sv == nil {
+		return nil
+	}
+next:
+	for _, m := range sv.maps {
+		if m == nil {
+			return nil
+		}
+		if len(m) != len(api) {
+			continue
+		}
+		for k, p := range api {
+			if q, ok := m[k]; !ok || uint32(q) != p {
+				continue next
+			}
+		}
+		return m
+	}
+	return nil
+}
+
+// remember makes b use an equal zone remembered before, and remembers
+// b's zone, and its ports map when fresh (not a remembered one), while
+// there is room.
+func (sv *sharedValues) remember(b *dataplane.Backend, fresh bool) {
+	if sv == nil {
+		return
+	}
+	if fresh && b.Ports != nil {
+		for i, m := range sv.maps {
+			if m == nil {
+				sv.maps[i] = b.Ports
+				break
+			}
+		}
+	}
+	if b.Zone != "" {
+		for i, z := range sv.zones {
+			if z == "" {
+				sv.zones[i] = b.Zone
+				break
+			}
+			if z == b.Zone {
+				b.Zone = z
+				break
+			}
+		}
+	}
 }
 
 // sortBackends sorts dp by IP, and api (its API form, index for index)
@@ -328,7 +393,9 @@ var backendStates = map[vipdv1.BackendState]dataplane.BackendState{
 	vipdv1.BackendState_BACKEND_STATE_NOT_SERVING: dataplane.BackendNotServing,
 }
 
-func convertBackend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string) (dataplane.Backend, bool) {
+// convertBackend converts b. With shared, the backend shares an equal
+// ports map or zone of the service's backends converted before it.
+func convertBackend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field string, shared *sharedValues) (dataplane.Backend, bool) {
 	if b == nil {
 		v.add(field, "is empty")
 		return dataplane.Backend{}, false
@@ -345,8 +412,12 @@ func convertBackend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field 
 	var ports map[string]uint16
 	// Sorted, so that the same input always gives the same violations.
 	var names []string
+	fresh := false // ports is a new map, not a shared one
 	if len(b.Ports) > 0 {
-		names = slices.Sorted(maps.Keys(b.Ports))
+		// A map equal to one that converted has every name and port valid.
+		if ports = shared.ports(b.Ports); ports == nil {
+			names, fresh = slices.Sorted(maps.Keys(b.Ports)), true
+		}
 	}
 	for _, name := range names {
 		port := b.Ports[name]
@@ -387,8 +458,10 @@ func convertBackend(v *Violations, b *vipdv1.Backend, ctx BackendContext, field 
 	if len(*v) > before {
 		return dataplane.Backend{}, false
 	}
-	return dataplane.Backend{IP: ip, Ports: ports, OnlyNamedPorts: b.OnlyNamedPorts, State: state, Weight: uint16(b.Weight),
-		NodeLocal: b.NodeLocal, Zone: b.Zone}, true
+	db := dataplane.Backend{IP: ip, Ports: ports, OnlyNamedPorts: b.OnlyNamedPorts, State: state, Weight: uint16(b.Weight),
+		NodeLocal: b.NodeLocal, Zone: b.Zone}
+	shared.remember(&db, fresh)
+	return db, true
 }
 
 func family(a netip.Addr) string {
