@@ -175,8 +175,11 @@ func (e *Entry) Service() *vipdv1.Service {
 
 // Spec is the normalized API form without its generation, as EncodeSpec
 // made it, for a reader that decodes only the fields it needs (the
-// reconciler's topology filter). The entry shares it: the caller must not
-// change it.
+// reconciler's topology filter), except that it may lack backends: those
+// whose API form says no more than their dataplane form (Dataplane.Backends)
+// are cut out (see slimSpec). So a backend with a field that only the API
+// form has (for_zones, for_nodes) is always in it. The entry shares it:
+// the caller must not change it.
 func (e *Entry) Spec() []byte { return e.spec }
 
 // healthCheckField is vipd.v1.Service's health_check field number.
