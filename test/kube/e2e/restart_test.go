@@ -216,18 +216,7 @@ func TestEtcdRestart(t *testing.T) {
 // emptied: the adapter notices vipd's health stream break and full-syncs,
 // so vipd has the cluster's Services again without any Kubernetes change.
 func TestVIPDRestartWithoutState(t *testing.T) {
-	e := newEnv(t)
-	e.createService(service("web", 80))
-	pods := e.createPods(1, podSpec{app: "web", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
-	first := e.podIP(pods[0]) + " READY http=8080"
-	e.waitVIPD("the Service before the restart", wantBackends("web", first))
-	if err := e.node.RestartVIPD(e.ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	e.waitVIPDWithin("the adapter to refill vipd", 60*time.Second, wantBackends("web", first))
-	if err := e.node.WaitHealthy(30 * time.Second); err != nil {
-		t.Error(err)
-	}
+	testVIPDRestarts(t, 60*time.Second, true)
 }
 
 // TestVIPDRestartedTwice restarts vipd twice in quick succession, the
@@ -236,18 +225,24 @@ func TestVIPDRestartWithoutState(t *testing.T) {
 // first (vipd's instance ID) and full-sync it, as the bug report
 // found it did not.
 func TestVIPDRestartedTwice(t *testing.T) {
+	testVIPDRestarts(t, 30*time.Second, false, true)
+}
+
+// testVIPDRestarts restarts vipd once per wipes entry, back to back (with
+// its state directory emptied where the entry is true), and checks that
+// the adapter refills vipd within refill and reports healthy again.
+func testVIPDRestarts(t *testing.T, refill time.Duration, wipes ...bool) {
 	e := newEnv(t)
 	e.createService(service("web", 80))
 	pods := e.createPods(1, podSpec{app: "web", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
 	first := e.podIP(pods[0]) + " READY http=8080"
 	e.waitVIPD("the Service before the restarts", wantBackends("web", first))
-	if err := e.node.RestartVIPD(e.ctx, false); err != nil {
-		t.Fatal(err)
+	for _, wipe := range wipes {
+		if err := e.node.RestartVIPD(e.ctx, wipe); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := e.node.RestartVIPD(e.ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	e.waitVIPDWithin("the adapter to refill vipd", 30*time.Second, wantBackends("web", first))
+	e.waitVIPDWithin("the adapter to refill vipd", refill, wantBackends("web", first))
 	if err := e.node.WaitHealthy(30 * time.Second); err != nil {
 		t.Error(err)
 	}
