@@ -29,11 +29,11 @@ const (
 	srcRange = "198.18.0.0/16"
 )
 
-// external describes a vipd service's external part in one line: each
+// describeExternal describes a vipd service's external part in one line: each
 // port's node port by name, the external and load-balancer IPs, the
 // source ranges, the external traffic policy and the health-check node
 // port.
-func external(s *vipdv1.Service) string {
+func describeExternal(s *vipdv1.Service) string {
 	var nps []string
 	for _, p := range s.GetPorts() {
 		nps = append(nps, fmt.Sprintf("%s:%d", p.GetName(), p.GetNodePort()))
@@ -49,15 +49,15 @@ func external(s *vipdv1.Service) string {
 		strings.TrimPrefix(s.GetExternalTrafficPolicy().String(), "TRAFFIC_POLICY_"), s.GetHealthCheckNodePort())
 }
 
-// want is what vipd should have as the external part of a Service: the
+// externalWant is what vipd should have as the external part of a Service: the
 // node ports the apiserver gave svc's ports, and the rest as given.
-type want struct {
+type externalWant struct {
 	externalIPs, lbIPs, ranges []string
 	local                      bool
 	healthCheckNodePort        int32
 }
 
-func (w want) of(svc *corev1.Service) string {
+func (w externalWant) of(svc *corev1.Service) string {
 	// vipd stores an unset policy as CLUSTER.
 	s := &vipdv1.Service{ExternalIps: w.externalIPs, LoadBalancerIps: w.lbIPs, LoadBalancerSourceRanges: w.ranges, HealthCheckNodePort: uint32(w.healthCheckNodePort),
 		ExternalTrafficPolicy: vipdv1.TrafficPolicy_TRAFFIC_POLICY_CLUSTER}
@@ -67,7 +67,7 @@ func (w want) of(svc *corev1.Service) string {
 	for _, p := range svc.Spec.Ports {
 		s.Ports = append(s.Ports, &vipdv1.Port{Name: p.Name, NodePort: uint32(p.NodePort)})
 	}
-	return external(s)
+	return describeExternal(s)
 }
 
 // wantExternal is a check that shop/name's external part is want (as
@@ -78,7 +78,7 @@ func wantExternal(name string, vips []string, want string) func(map[string]*vipd
 		if !ok {
 			return fmt.Errorf("no service %s/%s (have %v)", ns, name, keys(svcs))
 		}
-		if got := external(svc); got != want {
+		if got := describeExternal(svc); got != want {
 			return fmt.Errorf("%s/%s external part:\n  %s\nwant:\n  %s", ns, name, got, want)
 		}
 		if got := svc.GetVips(); !slices.Equal(got, vips) {
@@ -161,7 +161,7 @@ func TestNodePortService(t *testing.T) {
 		t.Fatalf("both ports got node port %d", created.Spec.Ports[0].NodePort)
 	}
 	vips := []string{created.Spec.ClusterIP}
-	e.waitVIPD("the allocated node ports", wantExternal("np", vips, want{}.of(created)))
+	e.waitVIPD("the allocated node ports", wantExternal("np", vips, externalWant{}.of(created)))
 
 	local, err := e.updateService("np", "externalTrafficPolicy Local", func(s *corev1.Service) {
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
@@ -172,7 +172,7 @@ func TestNodePortService(t *testing.T) {
 	if local.Spec.HealthCheckNodePort != 0 {
 		t.Fatalf("the apiserver gave a NodePort Service healthCheckNodePort %d; want none", local.Spec.HealthCheckNodePort)
 	}
-	e.waitVIPD("external_traffic_policy LOCAL", wantExternal("np", vips, want{local: true}.of(local)))
+	e.waitVIPD("external_traffic_policy LOCAL", wantExternal("np", vips, externalWant{local: true}.of(local)))
 
 	_, err = e.updateService("np", "healthCheckNodePort on a NodePort Service", func(s *corev1.Service) {
 		s.Spec.HealthCheckNodePort = 31999
@@ -191,7 +191,7 @@ func TestNodePortService(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitVIPD("no node ports once ClusterIP", wantExternal("np", vips, want{}.of(back)))
+	e.waitVIPD("no node ports once ClusterIP", wantExternal("np", vips, externalWant{}.of(back)))
 	if n := back.Spec.Ports[0].NodePort; n != 0 {
 		t.Fatalf("a ClusterIP Service kept node port %d", n)
 	}
@@ -219,7 +219,7 @@ func TestLoadBalancerService(t *testing.T) {
 	vips := []string{created.Spec.ClusterIP}
 	// No ingress yet: node ports and the health-check port only; the
 	// ranges have no load-balancer IP to restrict.
-	e.waitVIPD("node ports before the load balancer", wantExternal("lb", vips, want{local: true, healthCheckNodePort: hc}.of(created)))
+	e.waitVIPD("node ports before the load balancer", wantExternal("lb", vips, externalWant{local: true, healthCheckNodePort: hc}.of(created)))
 
 	vip, proxy := corev1.LoadBalancerIPModeVIP, corev1.LoadBalancerIPModeProxy
 	st := e.setIngress("lb",
@@ -234,7 +234,7 @@ func TestLoadBalancerService(t *testing.T) {
 		}
 		t.Logf("the apiserver stored ingress %s with ipMode %s", ing.IP, mode)
 	}
-	e.waitVIPD("the load-balancer IPs", wantExternal("lb", vips, want{
+	e.waitVIPD("the load-balancer IPs", wantExternal("lb", vips, externalWant{
 		lbIPs: []string{lbIP1, lbIP2}, ranges: []string{srcRange}, local: true, healthCheckNodePort: hc,
 	}.of(created)))
 
@@ -249,7 +249,7 @@ func TestLoadBalancerService(t *testing.T) {
 	if cluster.Spec.HealthCheckNodePort != 0 {
 		t.Fatalf("policy Cluster kept healthCheckNodePort %d", cluster.Spec.HealthCheckNodePort)
 	}
-	e.waitVIPD("policy Cluster", wantExternal("lb", vips, want{lbIPs: []string{lbIP1, lbIP2}, ranges: []string{srcRange}}.of(cluster)))
+	e.waitVIPD("policy Cluster", wantExternal("lb", vips, externalWant{lbIPs: []string{lbIP1, lbIP2}, ranges: []string{srcRange}}.of(cluster)))
 
 	noNP := service("lb-nonp", 80)
 	noNP.Spec.Type = corev1.ServiceTypeLoadBalancer
@@ -260,7 +260,7 @@ func TestLoadBalancerService(t *testing.T) {
 		t.Fatalf("allocateLoadBalancerNodePorts false: the apiserver allocated node port %d", n)
 	}
 	e.setIngress("lb-nonp", corev1.LoadBalancerIngress{IP: lbIP4})
-	e.waitVIPD("a load balancer without node ports", wantExternal("lb-nonp", []string{created.Spec.ClusterIP}, want{lbIPs: []string{lbIP4}}.of(created)))
+	e.waitVIPD("a load balancer without node ports", wantExternal("lb-nonp", []string{created.Spec.ClusterIP}, externalWant{lbIPs: []string{lbIP4}}.of(created)))
 	if whole, ext := e.leftOut(); len(whole)+len(ext) != 0 {
 		t.Errorf("services left out %v, programmed without their external part %v; want none", whole, ext)
 	}
@@ -277,7 +277,7 @@ func TestExternalIPs(t *testing.T) {
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	created := e.createService(svc)
 	vips := []string{created.Spec.ClusterIP}
-	e.waitVIPD("the external IPs", wantExternal("ext", vips, want{externalIPs: []string{extIP1, extIP2}, local: true}.of(created)))
+	e.waitVIPD("the external IPs", wantExternal("ext", vips, externalWant{externalIPs: []string{extIP1, extIP2}, local: true}.of(created)))
 
 	one, err := e.updateService("ext", "one external IP removed", func(s *corev1.Service) {
 		s.Spec.ExternalIPs = []string{extIP2}
@@ -285,7 +285,7 @@ func TestExternalIPs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitVIPD("one external IP left", wantExternal("ext", vips, want{externalIPs: []string{extIP2}, local: true}.of(one)))
+	e.waitVIPD("one external IP left", wantExternal("ext", vips, externalWant{externalIPs: []string{extIP2}, local: true}.of(one)))
 }
 
 // TestExternalIPOnAnotherClusterIP: the apiserver lets a Service name
@@ -302,13 +302,13 @@ func TestExternalIPOnAnotherClusterIP(t *testing.T) {
 	thief.Spec.ExternalIPs = []string{owner.Spec.ClusterIP}
 	created := e.createService(thief)
 	e.waitVIPD("the cluster IP part alone", func(svcs map[string]*vipdv1.Service) error {
-		if err := wantExternal("owner", []string{owner.Spec.ClusterIP}, want{}.of(owner))(svcs); err != nil {
+		if err := wantExternal("owner", []string{owner.Spec.ClusterIP}, externalWant{}.of(owner))(svcs); err != nil {
 			return err
 		}
-		if err := wantExternal("thief", []string{created.Spec.ClusterIP}, want{}.of(created))(svcs); err != nil {
+		if err := wantExternal("thief", []string{created.Spec.ClusterIP}, externalWant{}.of(created))(svcs); err != nil {
 			return err
 		}
-		if whole, ext := e.leftOut(); len(whole) != 0 || !maps1(ext, "invalid") {
+		if whole, ext := e.leftOut(); len(whole) != 0 || !onlyOne(ext, "invalid") {
 			return fmt.Errorf("left out %v, programmed without the external part %v; want none and invalid=1", whole, ext)
 		}
 		return nil
@@ -321,7 +321,7 @@ func TestExternalIPOnAnotherClusterIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitVIPD("the whole Service", func(svcs map[string]*vipdv1.Service) error {
-		if err := wantExternal("thief", []string{created.Spec.ClusterIP}, want{externalIPs: []string{extIP1}}.of(fixed))(svcs); err != nil {
+		if err := wantExternal("thief", []string{created.Spec.ClusterIP}, externalWant{externalIPs: []string{extIP1}}.of(fixed))(svcs); err != nil {
 			return err
 		}
 		if whole, ext := e.leftOut(); len(whole)+len(ext) != 0 {
@@ -331,5 +331,5 @@ func TestExternalIPOnAnotherClusterIP(t *testing.T) {
 	})
 }
 
-// maps1 reports whether m is exactly {key: 1}.
-func maps1(m map[string]float64, key string) bool { return len(m) == 1 && m[key] == 1 }
+// onlyOne reports whether m is exactly {key: 1}.
+func onlyOne(m map[string]float64, key string) bool { return len(m) == 1 && m[key] == 1 }
