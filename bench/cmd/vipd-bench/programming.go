@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"net/netip"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/vipd/vipd/bench/kubeproxy"
@@ -42,6 +47,39 @@ func (c progCell) quantiles() (land50, land99, call50, call99 time.Duration) {
 	return quantile(land, 0.5), quantile(land, 0.99), quantile(call, 0.5), quantile(call, 0.99)
 }
 
+// progFlags are the command line's choices for the programming section:
+// sizes, dataplanes and changes instead of the defaults, and whether the
+// eBPF cells run with vipd and the prober pinned to CPUs of their own.
+var progFlags struct {
+	sizes      intList
+	dataplanes string
+	samples    int
+	pin        string
+}
+
+func init() {
+	flag.Var(&progFlags.sizes, "prog-sizes", "comma-separated service counts of the programming section, instead of its defaults (for example 10000)")
+	flag.StringVar(&progFlags.dataplanes, "prog-dataplanes", "ebpf,iptables,kube-proxy", "comma-separated dataplanes of the programming section")
+	flag.IntVar(&progFlags.samples, "prog-samples", 0, "changes per cell of the programming section, instead of its default (0: default; the slow cells keep theirs unless it is larger)")
+	flag.StringVar(&progFlags.pin, "prog-pin", "both", "eBPF cells of the programming section: \"off\" shares the CPUs as scheduled, \"on\" pins vipd to CPU 0 and the benchmark (prober, backends) to CPU 1, \"both\" measures each")
+}
+
+// pinModes returns the pin settings the eBPF cells run with.
+func pinModes() ([]bool, error) {
+	switch progFlags.pin {
+	case "off":
+		return []bool{false}, nil
+	case "on":
+		return []bool{true}, nil
+	case "both", "":
+		return []bool{false, true}, nil
+	}
+	return nil, fmt.Errorf("-prog-pin %q: want off, on or both", progFlags.pin)
+}
+
+// pinnedCPUs is where vipd and the benchmark run in a pinned cell.
+const pinVipdCPU, pinBenchCPU = 0, 1
+
 // programmingLab is a node with a client pod and two backend pods, be1 and
 // be2, serving on 8080.
 func (b *bench) programmingLab(ctx context.Context) (*netlab.Lab, error) {
@@ -61,7 +99,10 @@ func (b *bench) programmingLab(ctx context.Context) (*netlab.Lab, error) {
 // programmingVipd measures vipd with dataplane dp and n other services
 // present (5 backends each): samples changes of the tested service's
 // backend between be1 and be2.
-func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int) (cell progCell) {
+// With pin, vipd runs on CPU pinVipdCPU alone and this process (the
+// prober, the backends and the API client) on pinBenchCPU, from the start
+// of the changes to their end.
+func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int, pin bool) (cell progCell) {
 	lab, err := b.programmingLab(ctx)
 	if err != nil {
 		return progCell{err: err}
@@ -93,6 +134,22 @@ func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int) 
 	client := node.Pod("client")
 	if _, _, err := load.Probe(client.NS, progVIP, "be1", time.Now().Add(landTimeout)); err != nil {
 		return progCell{err: err}
+	}
+	if pin {
+		unpinVipd, err := pinProcess(d.cmd.Process.Pid, pinVipdCPU)
+		if err != nil {
+			return progCell{err: fmt.Errorf("pin vipd: %w", err)}
+		}
+		unpinBench, err := pinProcess(os.Getpid(), pinBenchCPU)
+		if err != nil {
+			unpinVipd()
+			return progCell{err: fmt.Errorf("pin the benchmark: %w", err)}
+		}
+		defer func() {
+			if err := errors.Join(unpinBench(), unpinVipd()); err != nil && cell.err == nil {
+				cell.err = fmt.Errorf("unpin: %w", err)
+			}
+		}()
 	}
 	for i := range samples {
 		target := []string{"be2", "be1"}[i%2]
@@ -188,44 +245,66 @@ func (b *bench) programmingSection(ctx context.Context) (*table, error) {
 			"p50/p99 over %d changes per cell (%d for iptables at 100,000 and the kube-proxy-shaped peer at 10,000: each change takes seconds there); ratios are of the p99 land time.", b.cfg.progSamples, b.cfg.progSamplesSlow),
 		header: []string{"N present", "dataplane", "land p50", "land p99", "call p50", "call p99", "land p99 vs kube-proxy"},
 	}
+	pins, err := pinModes()
+	if err != nil {
+		return t, err
+	}
+	sizes := b.cfg.progSizes
+	if len(progFlags.sizes) > 0 {
+		sizes = progFlags.sizes
+	}
+	rows := []string{"ebpf", "ebpf pinned", "iptables", "kube-proxy"}
+	rows = slices.DeleteFunc(rows, func(row string) bool {
+		dp, pinned := strings.CutSuffix(row, " pinned")
+		return !slices.Contains(strings.Split(progFlags.dataplanes, ","), dp) || (dp == "ebpf" && !slices.Contains(pins, pinned))
+	})
+	if slices.Contains(rows, "ebpf pinned") {
+		t.note("**ebpf pinned**: the same measurement with vipd pinned to CPU %d and the benchmark's process (the prober, the backends and the API client) to CPU %d, so that the prober never takes vipd's CPU; the unpinned row is the one the targets use.", pinVipdCPU, pinBenchCPU)
+	}
 	var firstErr error
-	for _, n := range b.cfg.progSizes {
+	for _, n := range sizes {
 		cells := map[string]progCell{}
-		for _, dp := range []string{"ebpf", "iptables", "kube-proxy"} {
+		for _, row := range rows {
+			dp, pinned := strings.CutSuffix(row, " pinned")
 			samples := b.cfg.progSamples
+			if progFlags.samples > 0 {
+				samples = progFlags.samples
+			}
 			if (dp == "iptables" && n >= 100_000) || (dp == "kube-proxy" && n >= 10_000) {
-				samples = b.cfg.progSamplesSlow
+				samples = min(samples, b.cfg.progSamplesSlow)
 			}
 			if dp == "kube-proxy" && n > b.cfg.kubeProxyMax {
 				t.note("kube-proxy-shaped peer not measured at %s services: loading its ruleset alone takes longer than this benchmark's budget (%s was the largest).", count(n), count(b.cfg.kubeProxyMax))
 				continue
 			}
-			b.logf("programming: %s with %s services present, %d changes", dp, count(n), samples)
+			b.logf("programming: %s with %s services present, %d changes", row, count(n), samples)
 			var c progCell
 			if dp == "kube-proxy" {
 				c = b.programmingKubeProxy(ctx, n, samples)
 			} else {
-				c = b.programmingVipd(ctx, dp, n, samples)
+				c = b.programmingVipd(ctx, dp, n, samples, pinned)
 			}
-			cells[dp] = c
+			cells[row] = c
 			if c.err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("programming %s at %d: %w", dp, n, c.err)
+				firstErr = fmt.Errorf("programming %s at %d: %w", row, n, c.err)
 			}
 		}
 		_, kp99, _, _ := cells["kube-proxy"].quantiles()
-		for _, dp := range []string{"ebpf", "iptables", "kube-proxy"} {
-			c, ok := cells[dp]
+		for _, row := range rows {
+			c, ok := cells[row]
 			if !ok {
 				continue
 			}
 			if c.err != nil {
-				t.add(count(n), dp, "error: "+oneLine(c.err))
+				t.add(count(n), row, "error: "+oneLine(c.err))
 				continue
 			}
 			l50, l99, c50, c99 := c.quantiles()
-			b.figure(fmt.Sprintf("prog/%s/%d/land99", dp, n), l99.Seconds())
-			b.figure(fmt.Sprintf("prog/%s/%d/call99", dp, n), c99.Seconds())
-			t.add(count(n), dp, ms(l50), ms(l99), ms(c50), ms(c99), ratio(l99.Seconds(), kp99.Seconds()))
+			key := strings.ReplaceAll(row, " ", "-")
+			b.figure(fmt.Sprintf("prog/%s/%d/land99", key, n), l99.Seconds())
+			b.figure(fmt.Sprintf("prog/%s/%d/call99", key, n), c99.Seconds())
+			b.logf("programming: %s at %s: land p50 %s p99 %s, call p50 %s p99 %s", row, count(n), ms(l50), ms(l99), ms(c50), ms(c99))
+			t.add(count(n), row, ms(l50), ms(l99), ms(c50), ms(c99), ratio(l99.Seconds(), kp99.Seconds()))
 		}
 	}
 	return t, firstErr
