@@ -35,7 +35,9 @@ type progSample struct {
 // progCell is the outcome of one dataplane at one size.
 type progCell struct {
 	samples []progSample
-	err     error
+	// early counts the changes whose sample was dropped (errEarlyLand).
+	early int
+	err   error
 }
 
 func (c progCell) quantiles() (land50, land99, call50, call99 time.Duration) {
@@ -157,6 +159,10 @@ func (b *bench) programmingVipd(ctx context.Context, dp string, n, samples int, 
 			_, err := d.api.UpsertService(ctx, svc(target), 0)
 			return err
 		})
+		if errors.Is(err, errEarlyLand) {
+			cell.early++
+			continue
+		}
 		if err != nil {
 			return progCell{samples: cell.samples, err: err}
 		}
@@ -199,6 +205,10 @@ func (b *bench) programmingKubeProxy(ctx context.Context, n, samples int) progCe
 			_, err := kubeproxy.Restore(ctx, node.Path(), rules, true)
 			return err
 		})
+		if errors.Is(err, errEarlyLand) {
+			cell.early++
+			continue
+		}
 		if err != nil {
 			return progCell{samples: cell.samples, err: err}
 		}
@@ -211,38 +221,60 @@ func (b *bench) programmingKubeProxy(ctx context.Context, n, samples int) progCe
 // in-cluster.
 var clusterCIDR = netip.MustParsePrefix("198.18.0.0/16")
 
-// measureChange starts change and probes the VIP from ns until a connection
-// reaches target.
+// errEarlyLand is a sample that measureChange cannot time: a probe that
+// began before the change reached the new backend.
+var errEarlyLand = errors.New("a probe begun before the change reached the new backend")
+
+// measureChange probes the VIP from ns back to back until a connection
+// reaches target, and makes the change once the prober runs: the change
+// is sent from this goroutine, already running, so that land does not
+// count the wake-up of a goroutine of the benchmark before the request
+// leaves. It returns errEarlyLand when the first probe to reach target
+// began before the change was sent (its connect() came after the change
+// had landed): that sample says nothing and the caller drops it.
 func measureChange(ns *netlab.NS, target string, change func() error) (progSample, error) {
-	start := time.Now()
-	done := make(chan error, 1)
-	var call time.Duration
+	type probed struct {
+		landed time.Time
+		probes int
+		err    error
+	}
+	running, done := make(chan struct{}), make(chan probed, 1)
 	go func() {
-		err := change()
-		call = time.Since(start)
-		done <- err
+		close(running)
+		landed, probes, err := load.Probe(ns, progVIP, target, time.Now().Add(landTimeout))
+		done <- probed{landed, probes, err}
 	}()
-	landed, probes, perr := load.Probe(ns, progVIP, target, start.Add(landTimeout))
-	if err := <-done; err != nil {
-		return progSample{}, fmt.Errorf("change to %s: %w", target, err)
+	<-running
+	start := time.Now()
+	cerr := change()
+	call := time.Since(start)
+	p := <-done
+	switch {
+	case cerr != nil:
+		return progSample{}, fmt.Errorf("change to %s: %w", target, cerr)
+	case p.err != nil:
+		return progSample{}, p.err
+	case p.landed.Before(start):
+		return progSample{}, errEarlyLand
 	}
-	if perr != nil {
-		return progSample{}, perr
-	}
-	return progSample{land: max(0, landed.Sub(start)), call: call, probes: probes}, nil
+	return progSample{land: p.landed.Sub(start), call: call, probes: p.probes}, nil
 }
 
 // programmingSection measures network programming latency for both
 // dataplanes and the kube-proxy-shaped peer.
 func (b *bench) programmingSection(ctx context.Context) (*table, error) {
+	samples := b.cfg.progSamples
+	if progFlags.samples > 0 {
+		samples = progFlags.samples
+	}
 	t := &table{
 		title: "1. Network programming latency",
 		intro: fmt.Sprintf("One service's backend moves between two pods, with N other services present (5 backends each). "+
 			"**land** is from sending the change to the connect() of the first new connection that reached the new backend "+
-			"(a client pod probes the VIP back to back, with fresh connections); **call** is the request's own latency: "+
+			"(a client pod probes the VIP back to back, with fresh connections, from just before the change is sent; the change is sent by a goroutine of the benchmark that is already running, and a change that a probe begun before it reached is dropped); **call** is the request's own latency: "+
 			"vipd's UpsertService RPC (the dataplane applied and the state saved with fdatasync), or for the kube-proxy-shaped peer the partial "+
 			"`iptables-nft-restore --noflush` that kube-proxy runs for one changed service (KUBE-SERVICES and the service's chains rewritten). "+
-			"p50/p99 over %d changes per cell (%d for iptables at 100,000 and the kube-proxy-shaped peer at 10,000: each change takes seconds there); ratios are of the p99 land time.", b.cfg.progSamples, b.cfg.progSamplesSlow),
+			"p50/p99 over %d changes per cell (%d for iptables at 100,000 and the kube-proxy-shaped peer at 10,000: each change takes seconds there); ratios are of the p99 land time.", samples, min(samples, b.cfg.progSamplesSlow)),
 		header: []string{"N present", "dataplane", "land p50", "land p99", "call p50", "call p99", "land p99 vs kube-proxy"},
 	}
 	pins, err := pinModes()
@@ -266,10 +298,7 @@ func (b *bench) programmingSection(ctx context.Context) (*table, error) {
 		cells := map[string]progCell{}
 		for _, row := range rows {
 			dp, pinned := strings.CutSuffix(row, " pinned")
-			samples := b.cfg.progSamples
-			if progFlags.samples > 0 {
-				samples = progFlags.samples
-			}
+			samples := samples
 			if (dp == "iptables" && n >= 100_000) || (dp == "kube-proxy" && n >= 10_000) {
 				samples = min(samples, b.cfg.progSamplesSlow)
 			}
@@ -298,6 +327,9 @@ func (b *bench) programmingSection(ctx context.Context) (*table, error) {
 			if c.err != nil {
 				t.add(count(n), row, "error: "+oneLine(c.err))
 				continue
+			}
+			if c.early > 0 {
+				t.note("%s at %s: %d of the changes dropped, a probe begun before the change was sent reached the new backend.", row, count(n), c.early)
 			}
 			l50, l99, c50, c99 := c.quantiles()
 			key := strings.ReplaceAll(row, " ", "-")
