@@ -221,6 +221,10 @@ func (b *bench) programmingKubeProxy(ctx context.Context, n, samples int) progCe
 // in-cluster.
 var clusterCIDR = netip.MustParsePrefix("198.18.0.0/16")
 
+// proberStart is how long measureChange lets the prober run before it
+// sends the change.
+const proberStart = time.Millisecond
+
 // errEarlyLand is a sample that measureChange cannot time: a probe that
 // began before the change reached the new backend.
 var errEarlyLand = errors.New("a probe begun before the change reached the new backend")
@@ -245,6 +249,9 @@ func measureChange(ns *netlab.NS, target string, change func() error) (progSampl
 		done <- probed{landed, probes, err}
 	}()
 	<-running
+	// load.Probe probes from a thread of its own: give it the time to
+	// start, so that every change is sent while the prober is busy.
+	time.Sleep(proberStart)
 	start := time.Now()
 	cerr := change()
 	call := time.Since(start)
