@@ -198,8 +198,14 @@ type target struct {
 var targets = []target{
 	{"programming latency p99 (land), 10,000 present, eBPF", "≤ 1 ms", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["prog/ebpf/10000/land99"]
-		return fmtMS(v * 1000), v <= 0.001, ok
-	}, "the p50 (about 0.6 ms) is the whole API path: gRPC over the Unix socket, validation, the store commit and the map writes, the same at 0 and at 100,000 services. The tail comes from sharing 2 vCPUs with the prober, which makes connections back to back, and with vipd's own flow-event reader, which handles two events per probe; the state's fdatasync comes after the maps are written and counts only in the call time."},
+		out := fmtMS(v * 1000)
+		if p, ok := f["prog/ebpf-pinned/10000/land99"]; ok {
+			out += fmt.Sprintf(" (vipd and the prober on CPUs of their own: %s)", fmtMS(p*1000))
+		}
+		return out, v <= 0.001, ok
+	}, "vipd's own part is small: from its gRPC handler to the map writes done (validation, the reconcile queue, the store commit, the writes) took 0.07 ms at p50 and 0.3–0.6 ms at p99 in phase stamps taken on this machine, with no GC during the changes and the state's fdatasync after the map writes (only in the call time). " +
+		"The rest is the way there and the measurement's resolution: from the benchmark's gRPC client to vipd's handler (Unix socket, gRPC's goroutines, thread wake-ups) 0.1–0.2 ms at p50 and 0.4–1 ms at p99, and up to one probe (0.1 ms p50, 0.4 ms p99) between the map writes and the first connection that starts after them. " +
+		"Its tail is CPU time: 2 vCPUs shared by the prober's back-to-back connections, vipd, the backends and other work on the machine; with vipd and the benchmark pinned to CPUs of their own (the pinned row of section 1) it about halved, to about 1 ms, on this machine, whose other work still shares both CPUs."},
 	{"programming latency p99 (land), 10,000 present, iptables", "≤ 0.2 × the kube-proxy-shaped partial restore's land p99", func(f map[string]float64) (string, bool, bool) {
 		v, ok1 := f["prog/iptables/10000/land99"]
 		kp, ok2 := f["prog/kube-proxy/10000/land99"]
