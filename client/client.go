@@ -29,6 +29,7 @@ type Client struct {
 	lb     vipdv1.LoadBalancerServiceClient
 	status vipdv1.StatusServiceClient
 	flows  vipdv1.FlowServiceClient
+	node   vipdv1.NodeServiceClient
 	health healthpb.HealthClient
 }
 
@@ -95,6 +96,7 @@ func New(target string, opts ...Option) (*Client, error) {
 		lb:     vipdv1.NewLoadBalancerServiceClient(conn),
 		status: vipdv1.NewStatusServiceClient(conn),
 		flows:  vipdv1.NewFlowServiceClient(conn),
+		node:   vipdv1.NewNodeServiceClient(conn),
 		health: healthpb.NewHealthClient(conn),
 	}, nil
 }
@@ -147,6 +149,7 @@ func serviceConfig(maxAttempts int) (string, error) {
 		{"service": vipdv1.LoadBalancerService_ServiceDesc.ServiceName},
 		{"service": vipdv1.StatusService_ServiceDesc.ServiceName},
 		{"service": vipdv1.FlowService_ServiceDesc.ServiceName},
+		{"service": vipdv1.NodeService_ServiceDesc.ServiceName},
 		{"service": healthpb.Health_ServiceDesc.ServiceName},
 	}}
 	// gRPC rejects a retry policy with fewer than two attempts.
@@ -199,6 +202,10 @@ func (c *Client) StatusClient() vipdv1.StatusServiceClient { return c.status }
 // FlowClient is the generated client of vipd.v1.FlowService, sharing this
 // client's connection, default deadline (for ListFlows) and retries.
 func (c *Client) FlowClient() vipdv1.FlowServiceClient { return c.flows }
+
+// NodeClient is the generated client of vipd.v1.NodeService, sharing this
+// client's connection, default deadline and retries.
+func (c *Client) NodeClient() vipdv1.NodeServiceClient { return c.node }
 
 // InstanceIDHeader is the response header metadata key in which vipd's
 // health service (Check, and Watch with its first answer) names the vipd
@@ -334,6 +341,18 @@ func (c *Client) UpdateBackends(ctx context.Context, name string, upsert []*vipd
 // Status reports the dataplane, counts, version and the last sync.
 func (c *Client) Status(ctx context.Context) (*vipdv1.GetStatusResponse, error) {
 	return c.status.GetStatus(ctx, &vipdv1.GetStatusRequest{})
+}
+
+// SetNodeTopology makes zone the node's topology zone ("" for none) and
+// returns once the dataplane has applied it; it answers the zone it
+// replaced. vipd does not keep it across a restart (see
+// vipd.v1.NodeService).
+func (c *Client) SetNodeTopology(ctx context.Context, zone string) (previous string, err error) {
+	resp, err := c.node.SetNodeTopology(ctx, &vipdv1.SetNodeTopologyRequest{Zone: zone})
+	if err != nil {
+		return "", err
+	}
+	return resp.GetPreviousZone(), nil
 }
 
 // Health reports vipd's overall health (the "" service of grpc.health.v1):

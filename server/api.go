@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
@@ -53,6 +54,7 @@ type API struct {
 	vipdv1.UnimplementedLoadBalancerServiceServer
 	vipdv1.UnimplementedStatusServiceServer
 	vipdv1.UnimplementedFlowServiceServer
+	vipdv1.UnimplementedNodeServiceServer
 
 	log       hclog.Logger
 	rec       *reconcile.Reconciler
@@ -65,6 +67,11 @@ type API struct {
 	warnings  []func() []*vipdv1.StatusWarning
 	health    BackendHealth
 	instance  string // see InstanceID
+
+	// zoneMu makes SetNodeTopology calls one at a time, so that each
+	// reports the zone its own call replaced.
+	zoneMu     sync.Mutex
+	zoneSource zoneSource
 }
 
 // APIOption configures an API.
@@ -113,12 +120,14 @@ func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dat
 	return a
 }
 
-// Register adds the API's services to s. FlowService is always registered;
-// without WithFlows it answers Unimplemented.
+// Register adds the API's services to s: LoadBalancerService,
+// StatusService, FlowService and NodeService. FlowService is always
+// registered; without WithFlows it answers Unimplemented.
 func (a *API) Register(s grpc.ServiceRegistrar) {
 	vipdv1.RegisterLoadBalancerServiceServer(s, a)
 	vipdv1.RegisterStatusServiceServer(s, a)
 	vipdv1.RegisterFlowServiceServer(s, a)
+	vipdv1.RegisterNodeServiceServer(s, a)
 }
 
 // validService validates svc, named field in the request, and checks that the
@@ -831,6 +840,9 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 		Version:           a.version,
 		Ready:             st.Ready,
 		InstanceId:        a.instance,
+		Zone:              st.Topology.Zone,
+		ZoneSource:        a.zoneSource.of(st.Topology.Zone),
+		NodeName:          st.Topology.NodeName,
 	}
 	if !st.LastSync.IsZero() {
 		resp.LastSyncTime = timestamppb.New(st.LastSync)

@@ -21,6 +21,7 @@ import (
 	"github.com/vipd/vipd/internal/kubeconvert"
 	"github.com/vipd/vipd/internal/logsetup"
 	"github.com/vipd/vipd/internal/version"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -79,6 +80,7 @@ program on this node. It never changes services of other owners. Stopping it
 	f.StringVar(&key, "key", "", "tcp:// --vipd: this client's private key (PEM)")
 	f.BoolVar(&insecure, "insecure", false, "tcp:// --vipd without TLS: only for a loopback address that vipd serves with --insecure-listen")
 	f.StringVar(&cfg.ServiceProxyName, "service-proxy-name", "", "program only the Services labelled "+kubeconvert.ServiceProxyNameLabel+"=NAME, leaving the others to kube-proxy (default: what kube-proxy would program, the Services without that label)")
+	f.BoolVar(&cfg.ZoneFromNode, "zone-from-node", true, "set vipd's topology zone from this node's "+corev1.LabelTopologyZone+" label, following its changes (needs get, list and watch on nodes; --zone-from-node=false leaves vipd's --zone alone)")
 	f.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", 0, "least time between the starts of two passes that change vipd; changes meanwhile are applied together (0: at once)")
 	f.DurationVar(&cfg.FullSyncPeriod, "full-sync-period", kubeadapter.DefaultFullSyncPeriod, "send the full state (SyncServices) this often, repairing drift (0 disables)")
 	f.StringVar(&cfg.HealthzAddress, "healthz-address", kubeadapter.DefaultHealthzAddress, "serve /healthz here (empty disables)")

@@ -124,6 +124,7 @@ may connect. Over TCP (vipd --listen), vipd requires mutual TLS: give
 		a.statusCommand(),
 		a.flowsCommand(),
 		a.explainCommand(),
+		a.nodeCommand(),
 		a.versionCommand(),
 	)
 	a.root = root

@@ -430,7 +430,7 @@ func TestBackends(t *testing.T) {
 
 func TestStatusAndVersion(t *testing.T) {
 	start := time.Now()
-	srv := testserver.Start(t, testserver.WithVersion("v0.1.0"))
+	srv := testserver.Start(t, testserver.WithVersion("v0.1.0"), testserver.WithTopology("node-1", "zone-a"))
 	sock := srv.Socket()
 	// The instance ID is random: the output must show this vipd's.
 	withoutID := func(out string) string {
@@ -447,6 +447,8 @@ func TestStatusAndVersion(t *testing.T) {
 Version:             v0.1.0
 Instance ID:         ID
 Ready:               true
+Node:                node-1
+Zone:                zone-a (--zone)
 Services:            0
 Backends:            0
 Applied generation:  0
@@ -463,6 +465,7 @@ Protocols:           TCP, UDP, SCTP
 instanceId: ID
 lastSyncDuration: DURATION
 lastSyncTime: "TIME"
+nodeName: node-1
 ready: true
 supportedLoadBalancing:
 - LOAD_BALANCING_RANDOM
@@ -473,7 +476,26 @@ supportedProtocols:
 - PROTOCOL_SCTP
 version: v0.1.0
 warnings: []
+zone: zone-a
+zoneSource: flag
 `, "", ExitOK)
+
+	// node set-zone changes it at once, and says what it replaced.
+	vipctl(t, sock, "", "node", "set-zone", "zone-b").check(t, `Zone:           zone-b
+Previous zone:  zone-a
+`, "", ExitOK)
+	r = vipctl(t, sock, "", "status")
+	if !strings.Contains(r.stdout, "Zone:                zone-b (set through the API)\n") {
+		t.Errorf("status after set-zone:\n%s", r.stdout)
+	}
+	vipctl(t, sock, "", "-o", "json", "node", "set-zone", "").check(t, `{
+  "previousZone": "zone-b"
+}
+`, "", ExitOK)
+	r = vipctl(t, sock, "", "node", "set-zone", strings.Repeat("z", 64))
+	if r.code == ExitOK || !strings.Contains(r.stderr, "zone") {
+		t.Errorf("set-zone with a 64-character zone: code %d, stderr:\n%s", r.code, r.stderr)
+	}
 
 	r = vipctl(t, sock, "", "version")
 	if r.code != ExitOK || !strings.Contains(r.stdout, "Client version:") || !strings.Contains(r.stdout, "Server version:  v0.1.0\n") {

@@ -15,8 +15,11 @@ import (
 // lines, which keep their layout.
 func TestStatusWarningsView(t *testing.T) {
 	st := &vipdv1.GetStatusResponse{
-		Dataplane: "iptables",
-		Ready:     true,
+		Dataplane:  "iptables",
+		Ready:      true,
+		NodeName:   "node-1",
+		Zone:       "zone-b",
+		ZoneSource: "api",
 		Warnings: []*vipdv1.StatusWarning{
 			{
 				Check:   "sysctl/net.ipv4.ip_forward",
@@ -35,6 +38,8 @@ func TestStatusWarningsView(t *testing.T) {
 Version:             -
 Instance ID:         -
 Ready:               true
+Node:                node-1
+Zone:                zone-b (set through the API)
 Services:            0
 Backends:            0
 Applied generation:  0

@@ -231,6 +231,12 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 		t.field("Version", st.GetVersion())
 		t.field("Instance ID", st.GetInstanceId())
 		t.field("Ready", strconv.FormatBool(st.GetReady()))
+		t.field("Node", st.GetNodeName())
+		zone := st.GetZone()
+		if src := st.GetZoneSource(); src != "" {
+			zone += " (" + zoneSourceText[src] + ")"
+		}
+		t.field("Zone", zone)
 		t.field("Services", strconv.FormatUint(uint64(st.GetServices()), 10))
 		t.field("Backends", strconv.FormatUint(uint64(st.GetBackends()), 10))
 		t.field("Applied generation", strconv.FormatUint(st.GetAppliedGeneration(), 10))
@@ -241,6 +247,9 @@ func statusView(st *vipdv1.GetStatusResponse) func(*table) {
 		warningsView(t, st.GetWarnings())
 	}
 }
+
+// zoneSourceText says where GetStatus's zone_source came from.
+var zoneSourceText = map[string]string{"flag": "--zone", "api": "set through the API"}
 
 // portString is a port of a service with backends as "80/TCP→8080", or
 // "53/UDP" when the target port is the same; a node port follows the port

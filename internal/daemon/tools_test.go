@@ -87,7 +87,7 @@ func TestGrpcurlMutualTLS(t *testing.T) {
 	}
 
 	out, errOut, code := grpcurl("a", addr, "list")
-	for _, want := range []string{"vipd.v1.LoadBalancerService", "vipd.v1.StatusService", "vipd.v1.FlowService", "grpc.health.v1.Health"} {
+	for _, want := range []string{"vipd.v1.LoadBalancerService", "vipd.v1.StatusService", "vipd.v1.FlowService", "vipd.v1.NodeService", "grpc.health.v1.Health"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("grpcurl list (exit %d) lacks %s:\n%s%s", code, want, out, errOut)
 		}

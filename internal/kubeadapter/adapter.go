@@ -38,6 +38,7 @@ type VIPD interface {
 	CreateService(ctx context.Context, svc *vipdv1.Service) (*vipdv1.Service, error)
 	DeleteService(ctx context.Context, name string, expectedGeneration uint64) error
 	SyncServices(ctx context.Context, owner string, svcs []*vipdv1.Service) (*vipdv1.SyncServicesResponse, error)
+	SetNodeTopology(ctx context.Context, zone string) (previous string, err error)
 }
 
 const (
@@ -67,6 +68,8 @@ type config struct {
 	// serviceProxyName: see WithServiceProxyName; empty is kube-proxy's
 	// choice of Services.
 	serviceProxyName string
+	// zoneFromNode: see WithZoneFromNode.
+	zoneFromNode bool
 }
 
 // Option configures an Adapter.
@@ -163,6 +166,9 @@ type Adapter struct {
 	factories []informers.SharedInformerFactory
 	services  cache.SharedIndexInformer
 	slices    cache.SharedIndexInformer
+	// node watches this node's Node object (WithZoneFromNode); nil
+	// without.
+	node cache.SharedIndexInformer
 	// started bounds the trigger times that are observed: older ones are
 	// changes made before the adapter ran (kube-proxy's trackerStartTime).
 	started time.Time
@@ -178,6 +184,7 @@ type Adapter struct {
 	synced     bool      // a full sync has succeeded
 	lastSync   time.Time // last successful pass
 	inst       instances // vipd's instance IDs (vipdhealth.go)
+	zone       nodeZone  // the node's zone (zone.go)
 
 	// Owned by the sync goroutine.
 	applied map[string]record // what the adapter last applied, by name
@@ -228,6 +235,9 @@ func New(log hclog.Logger, kube kubernetes.Interface, vipd VIPD, reg prometheus.
 			return nil, fmt.Errorf("kubernetes adapter: %w", err)
 		}
 	}
+	if cfg.zoneFromNode && cfg.nodeName == "" {
+		return nil, errors.New("kubernetes adapter: the zone from the node needs the node's name")
+	}
 	if cfg.healthTimeout == 0 {
 		cfg.healthTimeout = max(2*cfg.minSyncPeriod, MinHealthTimeout)
 	}
@@ -258,6 +268,11 @@ func New(log hclog.Logger, kube kubernetes.Interface, vipd VIPD, reg prometheus.
 	a.fullSince, a.fullReason = a.started, "start"
 	if err := a.informers(kube); err != nil {
 		return nil, fmt.Errorf("kubernetes adapter: %w", err)
+	}
+	if cfg.zoneFromNode {
+		if err := a.nodeInformer(kube); err != nil {
+			return nil, fmt.Errorf("kubernetes adapter: %w", err)
+		}
 	}
 	return a, nil
 }
@@ -471,8 +486,12 @@ func (a *Adapter) Run(ctx context.Context) error {
 	for _, f := range a.factories {
 		f.Start(ctx.Done())
 	}
-	a.log.Info("waiting for the informers' caches", "node", a.cfg.nodeName, "service_proxy_name", a.cfg.serviceProxyName)
-	if !cache.WaitForCacheSync(ctx.Done(), a.services.HasSynced, a.slices.HasSynced) {
+	a.log.Info("waiting for the informers' caches", "node", a.cfg.nodeName, "service_proxy_name", a.cfg.serviceProxyName, "zone_from_node", a.cfg.zoneFromNode)
+	synced := []cache.InformerSynced{a.services.HasSynced, a.slices.HasSynced}
+	if a.node != nil {
+		synced = append(synced, a.node.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -48,7 +48,20 @@ func (a *Adapter) fullPass(ctx context.Context, w work) error {
 
 func (a *Adapter) fullSync(ctx context.Context, w work) error {
 	if err := a.waitVIPD(ctx); err != nil {
+		if w.setZone {
+			a.mu.Lock()
+			a.zone.pending = true
+			a.mu.Unlock()
+		}
 		return err
+	}
+	if w.setZone {
+		// Before the services, so that a restarted vipd selects by the
+		// node's zone from the first write. A failure leaves the zone
+		// pending, for a pass of its own after this one.
+		if err := a.sendZone(ctx, w.zone); err != nil {
+			a.log.Warn("setting vipd's zone before the full sync failed; syncing the services anyway", "error", err)
+		}
 	}
 	defer func() { a.prevLeftOut, a.prevExternalLeft = nil, nil }()
 	start := time.Now()

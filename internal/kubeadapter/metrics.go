@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // metrics are the adapter's Prometheus metrics.
@@ -14,6 +15,7 @@ type metrics struct {
 	leftOut     *prometheus.GaugeVec
 	externalOut *prometheus.GaugeVec
 	lastSync    prometheus.Gauge
+	zoneUpdates *prometheus.CounterVec
 }
 
 // programmingBuckets are kube-proxy's in spirit: 1 ms doubling to about
@@ -51,6 +53,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "vipd_k8s_last_sync_timestamp_seconds",
 			Help: "Unix time of the last successful pass.",
 		}),
+		zoneUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vipd_k8s_zone_updates_total",
+			Help: "Calls that set vipd's zone from the node's " + corev1.LabelTopologyZone + " label (--zone-from-node), by result: ok or error.",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.zoneUpdates.WithLabelValues(r)
 	}
 	for _, k := range []string{"full", "partial"} {
 		for _, r := range []string{"ok", "error"} {
@@ -63,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range externalReasons {
 		m.externalOut.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.programming, m.syncs, m.services, m.leftOut, m.externalOut, m.lastSync} {
+	for _, c := range []prometheus.Collector{m.programming, m.syncs, m.services, m.leftOut, m.externalOut, m.lastSync, m.zoneUpdates} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

@@ -19,6 +19,10 @@ type work struct {
 	fullReason string
 	names      map[string]time.Time
 	triggers   map[string]time.Time
+	// zone, when setZone, is the node's zone to hand to vipd first
+	// (zone.go).
+	zone    string
+	setZone bool
 }
 
 // take hands the whole dirty set (and a pending full sync) to a pass, so
@@ -33,6 +37,7 @@ func (a *Adapter) take() work {
 		names:      a.dirty,
 		triggers:   a.triggers,
 	}
+	w.zone, w.setZone = a.takeZone(w.full)
 	a.dirty, a.triggers = map[string]time.Time{}, map[string]time.Time{}
 	a.fullSince, a.fullReason = time.Time{}, ""
 	a.fullPassTaken(w.full)
@@ -48,7 +53,7 @@ func (a *Adapter) take() work {
 func (a *Adapter) hasWork() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.dirty) > 0 || !a.fullSince.IsZero()
+	return len(a.dirty) > 0 || !a.fullSince.IsZero() || a.zone.pending
 }
 
 // requeue puts names of w back as dirty, keeping when they were first
@@ -160,12 +165,32 @@ func (a *Adapter) loop(ctx context.Context) {
 		a.checkInstance(ctx)
 		w := a.take()
 		var err error
-		if w.full {
+		switch {
+		case w.full:
+			// The full sync hands vipd the zone once vipd serves.
 			err = a.fullPass(ctx, w)
 			if err == nil && periodic != nil {
 				periodic.Reset(a.cfg.fullSyncPeriod)
 			}
-		} else {
+		case w.setZone && len(w.names) == 0:
+			// Only the node's zone changed: no pass of services.
+			if err = a.sendZone(ctx, w.zone); err != nil {
+				a.log.Warn("setting vipd's zone failed; retrying", "in", backoff, "error", err)
+				if !sleep(ctx, backoff) {
+					return
+				}
+				backoff = min(2*backoff, a.cfg.backoffMax)
+			} else {
+				backoff = a.cfg.backoffMin
+			}
+			continue
+		default:
+			if w.setZone {
+				if zerr := a.sendZone(ctx, w.zone); zerr != nil {
+					// Retried on its own after this pass.
+					a.log.Warn("setting vipd's zone failed; retrying after the pass", "error", zerr)
+				}
+			}
 			err = a.partialPass(ctx, w)
 		}
 		a.passDone(w.full, err == nil)

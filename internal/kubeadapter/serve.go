@@ -46,6 +46,9 @@ type Config struct {
 	// ServiceProxyName, when not empty, makes the adapter the proxy of
 	// that name: see WithServiceProxyName.
 	ServiceProxyName string
+	// ZoneFromNode sets vipd's zone from the node's
+	// topology.kubernetes.io/zone label: see WithZoneFromNode.
+	ZoneFromNode bool
 	// HealthzAddress serves /healthz, MetricsAddress /metrics (host:port;
 	// empty disables either).
 	HealthzAddress, MetricsAddress string
@@ -70,11 +73,11 @@ func Serve(ctx context.Context, log hclog.Logger, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	var opts []client.Option
+	var copts []client.Option
 	if cfg.TLS != nil {
-		opts = append(opts, client.WithTLS(cfg.TLS))
+		copts = append(copts, client.WithTLS(cfg.TLS))
 	}
-	vipd, err := client.New(cfg.VIPD, opts...)
+	vipd, err := client.New(cfg.VIPD, copts...)
 	if err != nil {
 		return err
 	}
@@ -82,9 +85,12 @@ func Serve(ctx context.Context, log hclog.Logger, cfg Config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := New(log.Named("adapter"), kube, vipd, reg,
-		WithNodeName(cfg.NodeName), WithMinSyncPeriod(cfg.MinSyncPeriod), WithFullSyncPeriod(cfg.FullSyncPeriod),
-		WithServiceProxyName(cfg.ServiceProxyName))
+	opts := []Option{WithNodeName(cfg.NodeName), WithMinSyncPeriod(cfg.MinSyncPeriod), WithFullSyncPeriod(cfg.FullSyncPeriod),
+		WithServiceProxyName(cfg.ServiceProxyName)}
+	if cfg.ZoneFromNode {
+		opts = append(opts, WithZoneFromNode())
+	}
+	a, err := New(log.Named("adapter"), kube, vipd, reg, opts...)
 	if err != nil {
 		return err
 	}
@@ -128,7 +134,7 @@ func Serve(ctx context.Context, log hclog.Logger, cfg Config) error {
 			}
 		})
 	}
-	log.Info("starting", "node", cfg.NodeName, "vipd", cfg.VIPD, "service_proxy_name", cfg.ServiceProxyName, "version", version.String())
+	log.Info("starting", "node", cfg.NodeName, "vipd", cfg.VIPD, "service_proxy_name", cfg.ServiceProxyName, "zone_from_node", cfg.ZoneFromNode, "version", version.String())
 	runErr := a.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

@@ -170,6 +170,9 @@ func (e *DeniedError) Error() string {
 	if id == "" {
 		id = "(a client without a certificate)"
 	}
+	if e.Owner == AllOwners {
+		return fmt.Sprintf("identity %q may not change the node's settings: that needs %q (every owner) in the authz file", id, AllOwners)
+	}
 	return fmt.Sprintf("identity %q may not change services of owner %q", id, e.Owner)
 }
 
@@ -180,6 +183,21 @@ func (p *Principal) CheckOwner(owner string) error {
 		return nil
 	}
 	return &DeniedError{Identity: p.Identity, Owner: owner}
+}
+
+// CheckAllOwners returns a *DeniedError (Owner AllOwners) unless p may
+// change the services of every owner, as a call that changes the node
+// for all of them needs: an identity the policy gives AllOwners. A nil
+// Principal (a trusted local client) and a principal without a policy
+// may.
+func (p *Principal) CheckAllOwners() error {
+	if p == nil || p.allowAll {
+		return nil
+	}
+	if r, ok := p.policy.rules[p.Identity]; ok && r.all {
+		return nil
+	}
+	return &DeniedError{Identity: p.Identity, Owner: AllOwners}
 }
 
 type principalKey struct{}

@@ -156,3 +156,27 @@ func TestPrincipal(t *testing.T) {
 		t.Errorf("without a policy: %v", err)
 	}
 }
+
+// TestCheckAllOwners: only an identity the policy gives "*" may change
+// what concerns every owner; a trusted local client (nil Principal) and a
+// principal without a policy may too.
+func TestCheckAllOwners(t *testing.T) {
+	p, err := authz.Parse([]byte("admin: \"*\"\nctrl: [a, b]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, allowed := range map[string]bool{"admin": true, "ctrl": false, "stranger": false, "": false} {
+		err := authz.NewPrincipal(id, p).CheckAllOwners()
+		var denied *authz.DeniedError
+		if allowed != (err == nil) || (err != nil && (!errors.As(err, &denied) || denied.Owner != authz.AllOwners)) {
+			t.Errorf("%q: CheckAllOwners = %v, allowed %v", id, err, allowed)
+		}
+	}
+	var local *authz.Principal
+	if err := local.CheckAllOwners(); err != nil {
+		t.Errorf("nil Principal: %v", err)
+	}
+	if err := authz.NewPrincipal("anyone", nil).CheckAllOwners(); err != nil {
+		t.Errorf("no policy: %v", err)
+	}
+}

@@ -70,6 +70,10 @@ type Status struct {
 	// NodePortAddresses are the node-port addresses of the Node the
 	// dataplane has (State.Node); the slice is never changed.
 	NodePortAddresses []netip.Addr
+	// Topology is the node's name and zone that topology-aware routing
+	// uses (WithTopology, SetZone): the dataplane has it once an apply
+	// since it was set succeeded; under a hold, from the releasing sync.
+	Topology Topology
 }
 
 // Sync kinds reported to an Observer.
@@ -139,7 +143,8 @@ type Reconciler struct {
 	// dataplane has it; Run's goroutine only once Run started.
 	node dataplane.Node
 	// topology is the node's place for topology-aware routing
-	// (WithTopology).
+	// (WithTopology, SetZone); Run's goroutine only once Run started.
+	// Status has a copy.
 	topology Topology
 	// topo is what the topology filter made of the applied state; it is
 	// replaced only by Run's goroutine, after a successful Apply.
@@ -165,6 +170,8 @@ type request struct {
 	health []HealthChange
 	// node, when not nil, makes this a SetNode request: mutate is nil.
 	node *dataplane.Node
+	// zone, when not nil, makes this a SetZone request: mutate is nil.
+	zone *string
 }
 
 type result struct {
@@ -518,13 +525,18 @@ func (r *Reconciler) apply(ctx context.Context, snap *store.Snapshot, changed []
 	s.Node = r.node
 	// Topology works on the health-lowered services: a backend that fails
 	// its checks is no longer usable, which may widen the selection.
-	topo, err := r.topo.Load().next(r.topology, snap, s.ServiceSet(), changed)
+	prevTopo := r.topo.Load()
+	topo, err := prevTopo.next(r.topology, snap, s.ServiceSet(), changed)
 	if err != nil {
 		// The specs were encoded by the store: this is a bug, not input.
 		r.log.Error("topology filter failed; applying without it", "error", err)
 		topo = nil
 	} else {
 		s.Set = topo.set(s.ServiceSet())
+		if changed != nil {
+			// A new zone changes services that no change named.
+			s.Changed = topo.changedSince(prevTopo, changed)
+		}
 	}
 	err = r.dp.Apply(ctx, s)
 	end := time.Now()
@@ -570,8 +582,8 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	base := r.current.Load()
 	tx := base.Begin()
 	held, releasing := r.held, false
-	prevFailing, failing := r.failing, r.failing
-	prevNode, node := r.node, r.node
+	prev := r.overlay()
+	failing, node, topology := prev.failing, prev.node, prev.topology
 	var healthChanged []string
 	var staged []*request
 	var values []any
@@ -581,9 +593,13 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 			q.done <- result{err: err}
 			continue
 		}
-		if q.node != nil {
+		if q.node != nil || q.zone != nil {
 			// Accepted while holding too: the releasing sync carries it.
-			node = *q.node
+			if q.node != nil {
+				node = *q.node
+			} else {
+				topology.Zone = *q.zone
+			}
 			changes = append(changes, false)
 			staged = append(staged, q)
 			values = append(values, nil)
@@ -624,21 +640,22 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		return
 	}
 	changed := tx.Changed()
-	nodeChanged := !node.Equal(&prevNode)
-	if (len(changed) == 0 && len(healthChanged) == 0 && !nodeChanged && !releasing) || (r.held && !releasing) {
-		// Under a hold only node changes get here: nothing is applied
-		// until the releasing sync, which carries the node.
+	nodeChanged := !node.Equal(&prev.node)
+	topologyChanged := topology != prev.topology
+	if (len(changed) == 0 && len(healthChanged) == 0 && !nodeChanged && !topologyChanged && !releasing) || (r.held && !releasing) {
+		// Under a hold only node and zone changes get here: nothing is
+		// applied until the releasing sync, which carries them.
 		r.node = node
+		r.setTopology(topology)
 		for i, q := range staged {
 			q.done <- result{value: values[i]}
 		}
 		return
 	}
-	// Health and node changes ride on the batch's apply; they are not
-	// desired state, so a batch of only those applies the current
+	// Health, node and zone changes ride on the batch's apply; they are
+	// not desired state, so a batch of only those applies the current
 	// snapshot and saves nothing.
-	r.failing = failing
-	r.node = node
+	r.setOverlay(overlay{failing: failing, node: node, topology: topology})
 	var (
 		applied time.Time
 		err     error
@@ -648,13 +665,15 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 		applied, err = r.commitRelease(ctx, tx.Commit())
 	case len(changed) == 0:
 		if healthChanged == nil {
-			// Only the node changed: no service did (State.Changed
-			// never lists a Node change), and this is no full sync.
+			// Only the node or the zone changed: no service's desired
+			// state did (State.Changed never lists a Node change; apply
+			// adds the services a zone change affects), and this is no
+			// full sync.
 			healthChanged = []string{}
 		}
 		applied, err = r.apply(ctx, base, healthChanged)
 		if err != nil {
-			r.log.Error("dataplane apply of health or node changes failed; change rolled back", "services", healthChanged, "node_changed", nodeChanged, "error", err)
+			r.log.Error("dataplane apply of health, node or zone changes failed; change rolled back", "services", healthChanged, "node_changed", nodeChanged, "zone_changed", topologyChanged, "error", err)
 			err = &ApplyError{Err: err}
 		}
 	default:
@@ -663,11 +682,10 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 				changed = append(changed, n)
 			}
 		}
-		applied, err = r.commit(ctx, base, tx.Commit(), changed, prevFailing, prevNode)
+		applied, err = r.commit(ctx, base, tx.Commit(), changed, prev)
 	}
 	if err != nil {
-		r.failing = prevFailing
-		r.node = prevNode
+		r.setOverlay(prev)
 	}
 	if err == nil {
 		for i, q := range staged {
@@ -724,9 +742,8 @@ func (r *Reconciler) commitRelease(ctx context.Context, next *store.Snapshot) (t
 // dataplane finished applying it. On any error the dataplane and the
 // published snapshot are left at base.
 //
-// prevFailing is the health overlay and prevNode the Node that go with
-// base.
-func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string, prevFailing failingSet, prevNode dataplane.Node) (time.Time, error) {
+// prev is the overlay that goes with base.
+func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, changed []string, prev overlay) (time.Time, error) {
 	applied, err := r.apply(ctx, next, changed)
 	if err != nil {
 		r.log.Error("dataplane apply failed; change rolled back", "generation", next.Revision(), "error", err)
@@ -734,8 +751,7 @@ func (r *Reconciler) commit(ctx context.Context, base, next *store.Snapshot, cha
 	}
 	if err := r.persist.Save(next); err != nil {
 		r.log.Error("saving state failed; rolling the dataplane back", "generation", next.Revision(), "error", err)
-		r.failing = prevFailing
-		r.node = prevNode
+		r.setOverlay(prev)
 		if _, rerr := r.apply(ctx, base, changed); rerr != nil {
 			r.log.Error("roll back dataplane", "error", rerr)
 		}

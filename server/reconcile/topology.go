@@ -1,11 +1,13 @@
 package reconcile
 
 import (
+	"context"
 	"fmt"
 	"iter"
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -28,7 +30,52 @@ type Topology struct {
 // WithTopology makes t the node's topology. Without it the node has no
 // name and no zone: hints never match, and only the node_local preference
 // of TRAFFIC_DISTRIBUTION_PREFER_SAME_NODE has an effect.
-func WithTopology(t Topology) Option { return func(r *Reconciler) { r.topology = t } }
+func WithTopology(t Topology) Option {
+	return func(r *Reconciler) {
+		r.topology = t
+		r.status.Topology = t
+	}
+}
+
+// SetZone makes zone the node's zone (Topology.Zone) for every later
+// apply. A zone that differs from the current one takes the same path as
+// a Do: it is batched with other changes and applied all or nothing, and
+// the apply also names in State.Changed every service whose backends
+// topology-aware routing selects differently under either zone (only
+// services with a traffic distribution or hints can be among them).
+// SetZone returns once the dataplane has it, or the apply's error, in
+// which case the previous zone stays in force. An equal zone applies
+// nothing. While the reconciler holds (WithHold), zone is kept without an
+// apply and the releasing sync carries it. The zone is not desired state:
+// it uses up no generation and is not saved.
+func (r *Reconciler) SetZone(ctx context.Context, zone string) error {
+	return r.submit(ctx, &request{ctx: ctx, zone: &zone, done: make(chan result, 1), submitted: time.Now()}).err
+}
+
+// overlay is what every apply carries besides the desired state: the
+// health overlay, the Node and the topology. Run's goroutine only.
+type overlay struct {
+	failing  failingSet
+	node     dataplane.Node
+	topology Topology
+}
+
+func (r *Reconciler) overlay() overlay {
+	return overlay{failing: r.failing, node: r.node, topology: r.topology}
+}
+
+func (r *Reconciler) setOverlay(o overlay) {
+	r.failing, r.node = o.failing, o.node
+	r.setTopology(o.topology)
+}
+
+// setTopology sets the topology of later applies, and Status's copy.
+func (r *Reconciler) setTopology(t Topology) {
+	r.topology = t
+	r.mu.Lock()
+	r.status.Topology = t
+	r.mu.Unlock()
+}
 
 // Field numbers of vipd.v1.Service and vipd.v1.Backend that the topology
 // filter reads from a stored spec without decoding the rest.
@@ -254,6 +301,8 @@ func (tp Topology) filter(svc *dataplane.Service, t *serviceTopology) (*dataplan
 // Reconciler's only when an apply succeeds, so that a failed apply goes
 // back to the previous one.
 type topoState struct {
+	// tp is the topology the state was made for.
+	tp   Topology
 	over map[string]*dataplane.Service
 	left map[string][]netip.Addr
 }
@@ -262,7 +311,9 @@ type topoState struct {
 // as the dataplane gets them (health included) are base, with changed
 // naming what differs from the state ts was made for (nil: everything).
 // Only the services that changed names are recomputed: for the others,
-// nothing topology reads has changed. ts may be nil (none applied yet).
+// nothing topology reads has changed, unless tp is not the topology ts
+// was made for, which recomputes every service. ts may be nil (none
+// applied yet).
 func (ts *topoState) next(tp Topology, snap *store.Snapshot, base dataplane.ServiceSet, changed []string) (*topoState, error) {
 	type result struct {
 		svc  *dataplane.Service
@@ -283,8 +334,8 @@ func (ts *topoState) next(tp Topology, snap *store.Snapshot, base dataplane.Serv
 		f, left := tp.filter(svc, t)
 		return result{f, left}, nil
 	}
-	if changed == nil || ts == nil {
-		out := &topoState{over: map[string]*dataplane.Service{}, left: map[string][]netip.Addr{}}
+	if changed == nil || ts == nil || ts.tp != tp {
+		out := &topoState{tp: tp, over: map[string]*dataplane.Service{}, left: map[string][]netip.Addr{}}
 		for name, e := range snap.All() {
 			res, err := compute(name, e)
 			if err != nil {
@@ -316,7 +367,7 @@ func (ts *topoState) next(tp Topology, snap *store.Snapshot, base dataplane.Serv
 	if delta == nil {
 		return ts, nil
 	}
-	out := &topoState{over: maps.Clone(ts.over), left: maps.Clone(ts.left)}
+	out := &topoState{tp: tp, over: maps.Clone(ts.over), left: maps.Clone(ts.left)}
 	for name, res := range delta {
 		if res.left == nil {
 			delete(out.over, name)
@@ -326,6 +377,33 @@ func (ts *topoState) next(tp Topology, snap *store.Snapshot, base dataplane.Serv
 		out.over[name], out.left[name] = res.svc, res.left
 	}
 	return out, nil
+}
+
+// changedSince returns changed with the services added whose dataplane
+// form may differ between prev and ts because their topologies differ:
+// those that either state changed. With equal topologies (or prev nil,
+// the first apply, which is full) it returns changed.
+func (ts *topoState) changedSince(prev *topoState, changed []string) []string {
+	if prev == nil || ts == nil || prev.tp == ts.tp {
+		return changed
+	}
+	out := slices.Clone(changed)
+	seen := make(map[string]bool, len(changed))
+	for _, n := range changed {
+		seen[n] = true
+	}
+	for _, over := range []map[string]*dataplane.Service{prev.over, ts.over} {
+		for n := range over {
+			if !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out
 }
 
 // set returns base with the services topology changed replaced.

@@ -18,6 +18,20 @@ const (
 	MaxNodeNameLength = 253
 )
 
+// NodeZone checks a node's topology zone, named field in the request:
+// empty (no zone) or at most MaxZoneLength characters without control
+// characters, the limits of a backend's zone.
+func NodeZone(zone, field string) Violations {
+	var v Violations
+	switch {
+	case len(zone) > MaxZoneLength:
+		v.add(field, "is %d characters long; at most %d are allowed", len(zone), MaxZoneLength)
+	case hasControl(zone):
+		v.add(field, "%q has control characters", zone)
+	}
+	return v
+}
+
 // trafficDistribution checks svc's traffic_distribution. It has no
 // dataplane form: the reconciler applies it (server/reconcile's topology).
 func trafficDistribution(v *Violations, svc *vipdv1.Service, field string) {

@@ -59,6 +59,8 @@ type config struct {
 	flowBuffer int
 	noFlows    bool
 	node       dataplane.Node
+	nodeName   string
+	zone       string
 }
 
 // Option configures a Server.
@@ -69,6 +71,13 @@ type Option func(*config)
 // address, no external interface).
 func WithNode(n dataplane.Node) Option {
 	return func(c *config) { c.node = n }
+}
+
+// WithTopology makes the test vipd run as vipd run --node-name nodeName
+// --zone zone would: its node name and start zone for topology-aware
+// routing. The default is the host name and no zone.
+func WithTopology(nodeName, zone string) Option {
+	return func(c *config) { c.nodeName, c.zone = nodeName, zone }
 }
 
 // WithLimits sets the limits an operator configures with --max-backends,
@@ -247,6 +256,8 @@ func nodeConfig(socket, stateDir string, cfg config) daemon.Config {
 		MaxRecvMsgSize:   server.DefaultMaxRecvMsgSize,
 		FlowBuffer:       flowBuffer,
 		ShutdownTimeout:  shutdownTimeout,
+		NodeName:         cfg.nodeName,
+		Zone:             cfg.zone,
 	}
 }
 

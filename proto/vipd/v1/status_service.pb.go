@@ -97,7 +97,18 @@ type GetStatusResponse struct {
 	// same value in the response header metadata "vipd-instance-id" of
 	// every Check and Watch, so that a health watcher learns it with each
 	// (re)connect.
-	InstanceId    string `protobuf:"bytes,13,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	InstanceId string `protobuf:"bytes,13,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// zone is this node's topology zone, the one topology-aware routing
+	// matches (see Service.traffic_distribution); empty when the node has
+	// none.
+	Zone string `protobuf:"bytes,14,opt,name=zone,proto3" json:"zone,omitempty"`
+	// zone_source says where zone came from: "flag" (vipd run --zone),
+	// "api" (NodeService.SetNodeTopology, which may also have cleared it),
+	// or empty when neither set one.
+	ZoneSource string `protobuf:"bytes,15,opt,name=zone_source,json=zoneSource,proto3" json:"zone_source,omitempty"`
+	// node_name is this node's name, matched against backends' for_nodes
+	// (vipd run --node-name, by default the host name in lower case).
+	NodeName      string `protobuf:"bytes,16,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +230,27 @@ func (x *GetStatusResponse) GetWarnings() []*StatusWarning {
 func (x *GetStatusResponse) GetInstanceId() string {
 	if x != nil {
 		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetZoneSource() string {
+	if x != nil {
+		return x.ZoneSource
+	}
+	return ""
+}
+
+func (x *GetStatusResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
 	}
 	return ""
 }
@@ -679,7 +711,7 @@ var File_vipd_v1_status_service_proto protoreflect.FileDescriptor
 const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1cvipd/v1/status_service.proto\x12\avipd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15vipd/v1/service.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\xdd\x04\n" +
+	"\x10GetStatusRequest\"\xaf\x05\n" +
 	"\x11GetStatusResponse\x12\x1c\n" +
 	"\tdataplane\x18\x01 \x01(\tR\tdataplane\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1a\n" +
@@ -696,7 +728,11 @@ const file_vipd_v1_status_service_proto_rawDesc = "" +
 	"\x13supported_protocols\x18\v \x03(\x0e2\x11.vipd.v1.ProtocolR\x12supportedProtocols\x122\n" +
 	"\bwarnings\x18\f \x03(\v2\x16.vipd.v1.StatusWarningR\bwarnings\x12\x1f\n" +
 	"\vinstance_id\x18\r \x01(\tR\n" +
-	"instanceId\"\x89\x01\n" +
+	"instanceId\x12\x12\n" +
+	"\x04zone\x18\x0e \x01(\tR\x04zone\x12\x1f\n" +
+	"\vzone_source\x18\x0f \x01(\tR\n" +
+	"zoneSource\x12\x1b\n" +
+	"\tnode_name\x18\x10 \x01(\tR\bnodeName\"\x89\x01\n" +
 	"\rStatusWarning\x12\x14\n" +
 	"\x05check\x18\x01 \x01(\tR\x05check\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
