@@ -19,7 +19,9 @@ import (
 // PREFER_SAME_ZONE without hints sends every new connection to a zone-a
 // backend; zone hints on every backend do the same; with one backend's
 // hints removed new connections reach both zones; and node hints on every
-// backend, one for node-1, send every new connection to that one.
+// backend, one for node-1, send every new connection to that one. A zone
+// set at run time (SetNodeTopology) moves new connections to the zone-b
+// backend, and to both zones without a zone.
 func TestTopologyRealTraffic(t *testing.T) {
 	netlab.RequireRoot(t)
 	for _, dp := range []string{daemon.DataplaneIPTables, daemon.DataplaneEBPF} {
@@ -126,6 +128,22 @@ func testTopologyRealTraffic(t *testing.T, dp string) {
 	}
 	apply("zone hints", sameZone, hinted...)
 	only("zone hints", "a1", "a2")
+
+	// The zone changed at run time (NodeService.SetNodeTopology, as
+	// vipd-k8s does from the Node's label): the hints of zone-b now
+	// match, and new connections follow at once.
+	if _, err := r.local.SetNodeTopology(ctxT(t), "zone-b"); err != nil {
+		t.Fatalf("set zone-b: %v", err)
+	}
+	only("zone hints, node now in zone-b", "b1")
+	if _, err := r.local.SetNodeTopology(ctxT(t), ""); err != nil {
+		t.Fatalf("clear the zone: %v", err)
+	}
+	both("zone hints, node without a zone")
+	if _, err := r.local.SetNodeTopology(ctxT(t), "zone-a"); err != nil {
+		t.Fatalf("set zone-a: %v", err)
+	}
+	only("zone hints, node back in zone-a", "a1", "a2")
 
 	hinted[2].forZones = nil
 	apply("one backend without hints", sameZone, hinted...)
