@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
@@ -103,6 +105,10 @@ type Prober struct {
 	// generation: decoding a stored spec costs a copy of every backend.
 	// Run's goroutine only.
 	configs map[string]config
+	// synced is the snapshot of the last sync: targets holds what it
+	// needs checked, and configs its services' health_checks. Run's
+	// goroutine only.
+	synced *store.Snapshot
 
 	// subMu guards pending and every target's reported, acked and
 	// retired: what the reconciler is told (see submit.go).
@@ -190,11 +196,9 @@ func (p *Prober) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(p.syncEvery)
 	defer tick.Stop()
-	var rev uint64
-	first := true
+	p.synced = nil // the first sync walks every service
 	for {
-		if snap := p.snapshot(); first || snap.Revision() != rev {
-			first, rev = false, snap.Revision()
+		if snap := p.snapshot(); p.synced == nil || snap.Revision() != p.synced.Revision() {
 			p.sync(snap)
 		}
 		select {
@@ -206,50 +210,109 @@ func (p *Prober) Run(ctx context.Context) error {
 }
 
 // sync starts checks for the backends of snap that need them and stops
-// the others, lifting what those had made NOT_SERVING.
+// the others, lifting what those had made NOT_SERVING. It looks only at
+// the services that changed since the snapshot of the last sync, when
+// snap can tell which (store.Snapshot.ChangedSince), and at every service
+// on the first sync or when snap cannot: a change of one service among
+// thousands costs microseconds, not a walk of them all.
 func (p *Prober) sync(snap *store.Snapshot) {
-	want := map[key]spec{}
-	seen := map[string]bool{}
-	for name, e := range snap.All() {
-		seen[name] = true
-		c, ok := p.configs[name]
-		if !ok || c.generation != e.Generation() {
-			c = config{generation: e.Generation()}
-			if hc := e.HealthCheck(); hc != nil {
-				c.hc = validation.HealthDefaults(hc)
-			}
-			p.configs[name] = c
-		}
-		if c.hc == nil {
-			continue
-		}
-		svc := e.Dataplane
-		port, hasPort := probePort(c.hc, svc)
-		for i := range svc.Backends {
-			b := &svc.Backends[i]
-			if b.State == dataplane.BackendNotServing {
-				continue
-			}
-			s := spec{protocol: c.hc.Protocol, path: c.hc.Path, grpcService: c.hc.GrpcService,
-				interval: int64(c.hc.IntervalMs), timeout: int64(c.hc.TimeoutMs),
-				healthy: c.hc.HealthyThreshold, unhealthy: c.hc.UnhealthyThreshold}
-			if c.hc.Port != 0 {
-				s.addr = netip.AddrPortFrom(b.IP, uint16(c.hc.Port))
-			} else if hasPort {
-				s.addr = netip.AddrPortFrom(b.IP, b.TargetPort(port))
-			}
-			want[key{name, b.IP}] = s
+	prev := p.synced
+	p.synced = snap
+	if prev != nil {
+		if names, ok := snap.ChangedSince(prev); ok {
+			p.syncChanged(prev, snap, names)
+			return
 		}
 	}
+	want := map[key]spec{}
+	for name, e := range snap.All() {
+		p.wantService(want, name, e)
+	}
 	for name := range p.configs {
-		if !seen[name] {
+		if _, ok := snap.Get(name); !ok {
 			delete(p.configs, name)
 		}
 	}
+	p.update(want, maps.Keys(p.targets))
+}
 
+// syncChanged is sync of the services names, the only ones that may
+// differ between prev, the snapshot of the last sync, and snap: the
+// targets of the others stay as they are.
+func (p *Prober) syncChanged(prev, snap *store.Snapshot, names []string) {
+	want := map[key]spec{}
+	for _, name := range names {
+		if e, ok := snap.Get(name); ok {
+			p.wantService(want, name, e)
+		} else {
+			delete(p.configs, name)
+		}
+	}
+	// The targets of a service are among the backends it had at the last
+	// sync; those it has now are looked at too, which costs little.
+	p.update(want, func(yield func(key) bool) {
+		for _, name := range names {
+			for _, s := range [2]*store.Snapshot{prev, snap} {
+				e, ok := s.Get(name)
+				if !ok {
+					continue
+				}
+				for i := range e.Dataplane.Backends {
+					if !yield(key{name, e.Dataplane.Backends[i].IP}) {
+						return
+					}
+				}
+			}
+		}
+	})
+}
+
+// wantService adds to want the checks that service name, stored as e,
+// needs: one for each backend not NOT_SERVING, when it has a
+// health_check. It keeps the health_check, with defaults, in p.configs.
+func (p *Prober) wantService(want map[key]spec, name string, e *store.Entry) {
+	c, ok := p.configs[name]
+	if !ok || c.generation != e.Generation() {
+		c = config{generation: e.Generation()}
+		if hc := e.HealthCheck(); hc != nil {
+			c.hc = validation.HealthDefaults(hc)
+		}
+		p.configs[name] = c
+	}
+	if c.hc == nil {
+		return
+	}
+	svc := e.Dataplane
+	port, hasPort := probePort(c.hc, svc)
+	for i := range svc.Backends {
+		b := &svc.Backends[i]
+		if b.State == dataplane.BackendNotServing {
+			continue
+		}
+		s := spec{protocol: c.hc.Protocol, path: c.hc.Path, grpcService: c.hc.GrpcService,
+			interval: int64(c.hc.IntervalMs), timeout: int64(c.hc.TimeoutMs),
+			healthy: c.hc.HealthyThreshold, unhealthy: c.hc.UnhealthyThreshold}
+		if c.hc.Port != 0 {
+			s.addr = netip.AddrPortFrom(b.IP, uint16(c.hc.Port))
+		} else if hasPort {
+			s.addr = netip.AddrPortFrom(b.IP, b.TargetPort(port))
+		}
+		want[key{name, b.IP}] = s
+	}
+}
+
+// update stops the targets of candidates (keys without a target are
+// skipped) whose check want lacks or has with another spec, and starts a
+// target for each check of want that has none. Every target whose check
+// may have changed must be among candidates.
+func (p *Prober) update(want map[key]spec, candidates iter.Seq[key]) {
 	p.mu.Lock()
 	var stopped []*target
-	for k, t := range p.targets {
+	for k := range candidates {
+		t, ok := p.targets[k]
+		if !ok {
+			continue
+		}
 		if s, ok := want[k]; !ok || s != t.spec {
 			stopped = append(stopped, t)
 			delete(p.targets, k)
@@ -263,6 +326,7 @@ func (p *Prober) sync(snap *store.Snapshot) {
 			started = append(started, t)
 		}
 	}
+	live := len(p.targets)
 	p.mu.Unlock()
 
 	for _, t := range stopped {
@@ -271,7 +335,7 @@ func (p *Prober) sync(snap *store.Snapshot) {
 		p.retire(t)
 	}
 	if len(stopped) > 0 {
-		p.sched.compact(len(want))
+		p.sched.compact(live)
 	}
 	for _, t := range started {
 		p.obs.SetBackendHealth(t.key.service, t.key.ip.String(), 1)

@@ -9,6 +9,9 @@
 // A Snapshot is immutable and safe to share between goroutines. Changes are
 // staged in a Txn on top of a Snapshot and become a new Snapshot on Commit;
 // nothing is visible to readers until the caller publishes that Snapshot.
+// A Snapshot remembers which services its last commits touched, so that a
+// reader that follows the published snapshots learns what changed since
+// the one it saw last without walking every service (ChangedSince).
 // The store never talks to a dataplane: the reconciler decides when a
 // Snapshot is applied and saved. It enforces the totals that only it can
 // see (Snapshot.WithLimits): a Put past them fails and stages nothing.

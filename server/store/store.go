@@ -369,10 +369,14 @@ type Snapshot struct {
 	// directory journals just those.
 	parent uint64
 	delta  []string
+	// history is the last commits that led to s, the newest (s's own)
+	// last; empty when not known (see ChangedSince). Never modified in
+	// place: snapshots share it.
+	history []commit
 }
 
 // Empty returns the snapshot of a store with no services.
-func Empty() *Snapshot { return &Snapshot{} }
+func Empty() *Snapshot { return &Snapshot{history: []commit{{mark: &commitMark{}}}} }
 
 // WithLimits returns s with the totals of l (MaxServices and
 // MaxTotalBackends; 0 is no limit) enforced on every transaction begun on
@@ -762,6 +766,7 @@ func (t *Txn) Commit() *Snapshot {
 		limits:   t.base.limits,
 		parent:   t.base.revision,
 		delta:    delta,
+		history:  withCommit(t.base.history, commit{mark: &commitMark{}, names: delta}),
 	}
 	svcs := t.base.services.Builder()
 	for name, e := range t.services {
@@ -802,7 +807,7 @@ func (t *Txn) Commit() *Snapshot {
 // accepts a backend that is also a VIP, which vipd accepted before it
 // refused them (see Txn.checkAddrs).
 func build(revision uint64, entries []*Entry) (*Snapshot, error) {
-	s := &Snapshot{revision: revision}
+	s := &Snapshot{revision: revision, history: []commit{{mark: &commitMark{}}}}
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
 	n := 0
