@@ -77,6 +77,23 @@ func (e *env) waitEligible(what, vip string, port uint32, want ...string) {
 	}
 }
 
+// preferCloseService creates Service shop/zoned with trafficDistribution
+// PreferClose and one pod on each node (zone-a's and zone-b's), waits
+// until vipd has both pods, and returns the cluster IP and the two pods'
+// addresses.
+func (e *env) preferCloseService() (vip, here, there string) {
+	e.t.Helper()
+	svc := service("zoned", 80)
+	preferClose := corev1.ServiceTrafficDistributionPreferClose
+	svc.Spec.TrafficDistribution = &preferClose
+	created := e.createService(svc)
+	a := e.createPods(1, podSpec{app: "zoned", version: "v1", node: thisNode, ports: map[string]int32{"http": 8080}})
+	b := e.createPods(1, podSpec{app: "zoned", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
+	here, there = e.podIP(a[0]), e.podIP(b[0])
+	e.waitVIPD("both pods", wantBackends("zoned", here+" READY http=8080 local", there+" READY http=8080"))
+	return created.Spec.ClusterIP, here, there
+}
+
 // TestZoneFromNodeLabel: vipd-k8s (--zone-from-node, the default) gives
 // vipd the zone of its Node's topology.kubernetes.io/zone label, and
 // follows it. A trafficDistribution: PreferClose Service, whose slices the
@@ -88,14 +105,7 @@ func TestZoneFromNodeLabel(t *testing.T) {
 	e := newEnv(t)
 	e.waitZone("zone-a", "api")
 
-	svc := service("zoned", 80)
-	preferClose := corev1.ServiceTrafficDistributionPreferClose
-	svc.Spec.TrafficDistribution = &preferClose
-	created := e.createService(svc)
-	here := e.createPods(1, podSpec{app: "zoned", version: "v1", node: thisNode, ports: map[string]int32{"http": 8080}})
-	there := e.createPods(1, podSpec{app: "zoned", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
-	a, b := e.podIP(here[0]), e.podIP(there[0])
-	e.waitVIPD("both pods", wantBackends("zoned", a+" READY http=8080 local", b+" READY http=8080"))
+	vip, a, b := e.preferCloseService()
 	// The controller's hints, as vipd got them.
 	e.waitVIPD("the controller's zone hints", func(svcs map[string]*vipdv1.Service) error {
 		s := svcs[ns+"/zoned"]
@@ -114,7 +124,6 @@ func TestZoneFromNodeLabel(t *testing.T) {
 		}
 		return nil
 	})
-	vip := created.Spec.ClusterIP
 	e.waitEligible("zone-a", vip, 80, a)
 
 	start := time.Now()
@@ -143,15 +152,8 @@ func TestZoneFromNodeLabel(t *testing.T) {
 // PreferClose Service keeps every pod.
 func TestZoneFromNodeOff(t *testing.T) {
 	e := newEnv(t, "--zone-from-node=false")
-	svc := service("zoned", 80)
-	preferClose := corev1.ServiceTrafficDistributionPreferClose
-	svc.Spec.TrafficDistribution = &preferClose
-	created := e.createService(svc)
-	here := e.createPods(1, podSpec{app: "zoned", version: "v1", node: thisNode, ports: map[string]int32{"http": 8080}})
-	there := e.createPods(1, podSpec{app: "zoned", version: "v1", node: otherNode, ports: map[string]int32{"http": 8080}})
-	a, b := e.podIP(here[0]), e.podIP(there[0])
-	e.waitVIPD("both pods", wantBackends("zoned", a+" READY http=8080 local", b+" READY http=8080"))
-	e.waitEligible("no zone", created.Spec.ClusterIP, 80, a, b)
+	vip, a, b := e.preferCloseService()
+	e.waitEligible("no zone", vip, 80, a, b)
 	st, err := e.node.API.Status(e.ctx)
 	if err != nil {
 		t.Fatal(err)
