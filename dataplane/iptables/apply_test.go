@@ -19,6 +19,33 @@ import (
 // These tests program a netlab node for real; the conformance suite covers
 // the ClusterIP contract in depth. Here: the applier's own promises.
 
+// clientLab is a lab node with the pods client and web1, an echo server
+// on web1's port 7000, and a dataplane that programs the node.
+type clientLab struct {
+	lab          *netlab.Lab
+	node         *netlab.Node
+	client, web1 *netlab.Pod
+	dp           *iptables.Dataplane
+}
+
+// newClientLab builds a clientLab with a dataplane in mode that logs to
+// log; the dataplane is closed when the test ends, before the lab.
+func newClientLab(ctx context.Context, t *testing.T, mode iptables.Mode, log hclog.Logger) *clientLab {
+	t.Helper()
+	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
+	x := &clientLab{lab: lab, node: lab.Node(1), client: lab.Pod("client"), web1: lab.Pod("web1")}
+	if _, err := x.web1.StartEcho("web1", 7000); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := iptables.New(ctx, log, iptables.Config{NetNS: x.node.Path(), Mode: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	x.dp = dp
+	return x
+}
+
 func liveService(name string, vip string, port uint16, backends ...netip.Addr) *dataplane.Service {
 	svc := &dataplane.Service{
 		Name: name, Owner: "default", Generation: 1,
@@ -56,18 +83,10 @@ func saveRules(t *testing.T, node *netlab.Node, mode iptables.Mode) string {
 func TestApplyForwardsAndCleansUp(t *testing.T) {
 	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
 		t.Run(string(mode), func(t *testing.T) {
-			lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
-			node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
-			if _, err := web1.StartEcho("web1", 7000); err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: mode})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dp.Close()
+			x := newClientLab(ctx, t, mode, hclog.NewNullLogger())
+			node, client, web1, dp := x.node, x.client, x.web1, x.dp
 
 			web := liveService("web", "198.19.0.10", 80, web1.IPv4())
 			empty := liveService("empty", "198.19.0.11", 80)
@@ -192,6 +211,55 @@ func TestFailedApplyKeepsOldState(t *testing.T) {
 	}
 }
 
+// TestFailedApplyUndoesEarlierTables makes the nat restore of an Apply
+// fail after the filter restore before it has been committed: a service
+// loses its last backend, so the filter table gets its REJECT first, and
+// a foreign rule pins the service's SVC chain, so deleting it in nat is
+// refused. The filter restore must be undone, so that the service keeps
+// working as before: its DNAT and no REJECT.
+func TestFailedApplyUndoesEarlierTables(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	x := newClientLab(ctx, t, iptables.ModeNFT, hclog.NewNullLogger())
+	node, client, dp := x.node, x.client, x.dp
+	if err := dp.Apply(ctx, liveState(nil, liveService("web", "198.19.0.10", 80, x.web1.IPv4()))); err != nil {
+		t.Fatal(err)
+	}
+	svcChain := ""
+	for line := range strings.Lines(saveRules(t, node, iptables.ModeNFT)) {
+		if strings.Contains(line, "198.19.0.10/32") && strings.Contains(line, "-j VIPD-SVC-") {
+			svcChain = strings.TrimSpace(line[strings.Index(line, "-j ")+3:])
+		}
+	}
+	for _, args := range [][]string{{"-t", "nat", "-N", "FOREIGN"}, {"-t", "nat", "-A", "FOREIGN", "-j", svcChain}} {
+		if out, err := node.Exec(ctx, "iptables-nft", args...); err != nil {
+			t.Fatalf("iptables %v: %v\n%s", args, err, out)
+		}
+	}
+	gone := liveService("web", "198.19.0.10", 80)
+	gone.Generation = 2
+	err := dp.Apply(ctx, liveState([]string{"web"}, gone))
+	if err == nil || !strings.Contains(err.Error(), "apply ipv4 nat rules") {
+		t.Fatalf("apply: %v, want the ipv4 nat restore to fail", err)
+	}
+	if r, err := client.Request(ctx, "tcp", "198.19.0.10:80"); err != nil || r.Backend != "web1" {
+		t.Fatalf("after the failed apply: %+v %v, want web1", r, err)
+	}
+	if rules := saveRules(t, node, iptables.ModeNFT); strings.Contains(rules, "-j REJECT") {
+		t.Fatalf("the filter restore was not undone:\n%s", rules)
+	}
+	// Once the conflict is gone, the next apply (a full one) succeeds.
+	if out, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-F", "FOREIGN"); err != nil {
+		t.Fatalf("flush FOREIGN: %v\n%s", err, out)
+	}
+	if err := dp.Apply(ctx, liveState([]string{"web"}, gone)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Request(ctx, "tcp", "198.19.0.10:80"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("after recovery: %v, want ECONNREFUSED", err)
+	}
+}
+
 func stripCounters(save string) string {
 	var b strings.Builder
 	for line := range strings.Lines(save) {
@@ -211,18 +279,10 @@ func stripCounters(save string) string {
 // a node whose nat table does not exist yet (a fresh node, or one after `nft
 // flush ruleset`): the hooks must be installed with everything else.
 func TestBulkApplyInFreshNode(t *testing.T) {
-	lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
-	node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
-	if _, err := web1.StartEcho("web1", 7000); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeNFT})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp.Close()
+	x := newClientLab(ctx, t, iptables.ModeNFT, hclog.NewNullLogger())
+	client, web1, dp := x.client, x.web1, x.dp
 	svcs := []*dataplane.Service{liveService("web", "198.19.0.10", 80, web1.IPv4())}
 	for i := range 1200 {
 		vip := netip.AddrFrom4([4]byte{198, 19, byte(1 + i/250), byte(1 + i%250)})

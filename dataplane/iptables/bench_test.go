@@ -50,12 +50,13 @@ func BenchmarkSyncFull(b *testing.B) {
 	reportPayload(b, us)
 }
 
-// BenchmarkSyncPartial is Render (reusing the previous Ruleset) and a partial
-// Payload after one service of 10,000 gained a backend.
+// BenchmarkSyncPartial is Render (reusing the previous Ruleset), a partial
+// Payload and the restores planned from it after one service of 10,000
+// gained a backend: a change to the nat table alone, one restore.
 func BenchmarkSyncPartial(b *testing.B) { benchOneBackendAdded(b, benchState(10000, 5)) }
 
-// benchOneBackendAdded measures Render (reusing the previous Ruleset) and a
-// partial Payload after service svc-05000 of s gained a backend.
+// benchOneBackendAdded measures benchApply after service svc-05000 of s
+// gained a backend.
 func benchOneBackendAdded(b *testing.B, s *dataplane.State) {
 	old, err := Render(s, Options{}, nil)
 	if err != nil {
@@ -65,15 +66,33 @@ func benchOneBackendAdded(b *testing.B, s *dataplane.State) {
 	changed := *s.Services["svc-05000"]
 	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
 	next.Services[changed.Name] = &changed
+	benchApply(b, old, next)
+}
+
+// benchApply measures what an Apply from old to next computes before it
+// runs anything: Render (reusing old), a partial Payload, and the restores
+// that commitSteps plans from it, whose number and total size it reports.
+func benchApply(b *testing.B, old *Ruleset, next *dataplane.State) {
 	var us []Update
+	var steps []restoreStep
 	for b.Loop() {
 		rs, err := Render(next, Options{}, old)
 		if err != nil {
 			b.Fatal(err)
 		}
 		us = Payload(old, rs, false, nil)
+		steps = steps[:0]
+		for _, u := range us {
+			steps = append(steps, commitSteps(old, rs, u, [2]bool{})...)
+		}
 	}
 	reportPayload(b, us)
+	n := 0
+	for _, s := range steps {
+		n += len(s.payload)
+	}
+	b.ReportMetric(float64(len(steps)), "restores")
+	b.ReportMetric(float64(n), "restore-bytes")
 }
 
 // externalBenchState is benchState with the external half on every
@@ -116,4 +135,37 @@ func BenchmarkSyncNodeAddress(b *testing.B) {
 		us = Payload(old, rs, false, nil)
 	}
 	reportPayload(b, us)
+}
+
+// BenchmarkSyncBackendsGone is benchApply after one service of 10,000
+// lost its last backend: a change to both tables, two restores (the new
+// filter table holds the old one's rules, so it is the union).
+func BenchmarkSyncBackendsGone(b *testing.B) {
+	s := benchState(10000, 5)
+	old, err := Render(s, Options{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchApply(b, old, withBackends(s, "svc-05000", nil))
+}
+
+// BenchmarkSyncBackendsSwapped is benchApply after one service of 10,000
+// lost its last backend while another, in the same reject chain, got one:
+// three restores.
+func BenchmarkSyncBackendsSwapped(b *testing.B) {
+	s := withBackends(benchState(10000, 5), "svc-05001", nil)
+	old, err := Render(s, Options{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchApply(b, old, withBackends(withBackends(s, "svc-05000", nil), "svc-05001", []dataplane.Backend{ready("10.200.0.1")}))
+}
+
+// withBackends is s with service name's backends replaced by backends.
+func withBackends(s *dataplane.State, name string, backends []dataplane.Backend) *dataplane.State {
+	next := &dataplane.State{Generation: s.Generation + 1, Services: maps.Clone(s.Services), Node: s.Node}
+	changed := *s.Services[name]
+	changed.Backends = backends
+	next.Services[name] = &changed
+	return next
 }

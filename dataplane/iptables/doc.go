@@ -6,12 +6,14 @@
 // check the rules themselves.
 //
 // It never executes anything and never touches the kernel. The applier that
-// runs iptables-restore/ip6tables-restore, installs the Hooks and deletes
-// conntrack entries is a thin layer on top of these functions, and so are
-// the flow source (flows.go: conntrack events and dumps of the connections
-// that carry FlowMark, filtered by the kernel), the explainer (explain.go:
-// the xt_recent affinity lists) and the drift detector (drift.go: one
-// `iptables -S` per canary, hooked builtin chain and hook target).
+// runs iptables-restore/ip6tables-restore (one table at a time, in the
+// order of commit.go, so that a port always has its DNAT or its REJECT),
+// installs the Hooks and deletes conntrack entries is a thin layer on top
+// of these functions, and so are the flow source (flows.go: conntrack
+// events and dumps of the connections that carry FlowMark, filtered by the
+// kernel), the explainer (explain.go: the xt_recent affinity lists) and the
+// drift detector (drift.go: one `iptables -S` per canary, hooked builtin
+// chain and hook target).
 //
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //

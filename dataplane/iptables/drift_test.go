@@ -27,20 +27,12 @@ import (
 func TestDriftDetectedAndRepaired(t *testing.T) {
 	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
 		t.Run(string(mode), func(t *testing.T) {
-			lab := netlab.New(t, netlab.Spec{Nodes: []netlab.NodeSpec{{Pods: []string{"client", "web1"}}}})
-			node, client, web1 := lab.Node(1), lab.Pod("client"), lab.Pod("web1")
-			if _, err := web1.StartEcho("web1", 7000); err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var logs bytes.Buffer
 			log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})
-			dp, err := iptables.New(ctx, log, iptables.Config{NetNS: node.Path(), Mode: mode})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dp.Close()
+			x := newClientLab(ctx, t, mode, log)
+			node, client, web1, dp := x.node, x.client, x.web1, x.dp
 
 			web := liveService("web", "198.19.0.10", 80, web1.IPv4())
 			dns := liveService("dns", "198.19.0.13", 53, web1.IPv4())

@@ -37,10 +37,11 @@ type Config struct {
 	SetFlowSysctls bool
 }
 
-// Dataplane programs vipd's services as iptables rules, one atomic
-// iptables-restore --noflush transaction per family, touching nothing outside
-// vipd's chains and hooks. It diffs against what it last applied (a partial
-// sync) and rebuilds fully after any error and on the first Apply.
+// Dataplane programs vipd's services as iptables rules with
+// iptables-restore --noflush, one atomic commit per family and table, in
+// the order commitSteps gives, touching nothing outside vipd's chains and
+// hooks. It diffs against what it last applied (a partial sync) and
+// rebuilds fully after any error and on the first Apply.
 type Dataplane struct {
 	log hclog.Logger
 	cfg Config
@@ -190,9 +191,11 @@ func (d *Dataplane) Capabilities() dataplane.Capabilities { return Capabilities(
 // chains that changed since the last Apply. A full sync (the first Apply, any
 // Apply after an error, and an Apply whose State.Changed is nil) diffs
 // against the rules iptables-save shows instead, so it also repairs drift,
-// deletes stale chains and (re)installs missing hooks. If a family's restore
-// fails, the families already restored are put back to the rules they had,
-// so the old state stays in force.
+// deletes stale chains and (re)installs missing hooks. Each restore commits
+// one table of one family, in the order commitSteps gives, so that no port
+// is ever left with neither its DNAT nor its REJECT. If a restore fails,
+// the restores already run are undone, last first (runSteps), so the old
+// state stays in force.
 func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -216,31 +219,36 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		old = RulesetFromSave(saves)
 	}
 	updates := Payload(old, next, false, nil)
+	var steps []restoreStep
 	var hooksAdded [2][]string
-	for f := range updates {
-		u := &updates[f]
-		if d.cfg.Mode == ModeNFT && u.ChainsRewritten >= bulkChains {
-			u.Restore = withChainListFetch(u.Restore)
-		}
-		if full {
-			u.Restore, hooksAdded[f] = withHooks(u.Restore, u.Family, saves[u.Family])
-		}
-	}
-
-	var done []Family
 	var stats Stats
 	for _, u := range updates {
-		if u.Restore == nil {
-			continue
+		// A table whose hooks are missing needs a restore even if none of
+		// its chains changes.
+		var hooksMissing [2]bool
+		if full {
+			for i, t := range tables {
+				_, added := withHooks(nil, u.Family, t, saves[u.Family])
+				hooksMissing[i] = len(added) > 0
+			}
 		}
-		if err := d.run.restore(ctx, u.Family, u.Restore); err != nil {
-			d.rollback(ctx, done, next, old)
-			return fmt.Errorf("apply %s rules: %w", u.Family, err)
+		for _, st := range commitSteps(old, next, u, hooksMissing) {
+			if d.cfg.Mode == ModeNFT && st.chains >= bulkChains {
+				st.payload = withChainListFetch(st.payload)
+			}
+			if full && st.hooks {
+				var added []string
+				st.payload, added = withHooks(st.payload, st.family, st.table, saves[st.family])
+				hooksAdded[st.family] = append(hooksAdded[st.family], added...)
+			}
+			steps = append(steps, st)
 		}
-		done = append(done, u.Family)
 		stats.ChainsRewritten += u.ChainsRewritten
 		stats.RulesWritten += u.RulesWritten
 		stats.ChainsDeleted += u.ChainsDeleted
+	}
+	if err := runSteps(ctx, d.log, d.run.restore, steps); err != nil {
+		return err
 	}
 	// A map of every service: Render walked them all already, and the
 	// conntrack cleaner and Explain look them up.
@@ -276,21 +284,6 @@ func withChainListFetch(payload []byte) []byte {
 	return []byte(text)
 }
 
-// rollback moves the families in done from the rules of next back to those
-// of old, which they held before this Apply. A failure here is logged;
-// needFull stays set, so the next Apply diffs against the kernel anyway.
-func (d *Dataplane) rollback(ctx context.Context, done []Family, next, old *Ruleset) {
-	back := Payload(next, old, false, nil)
-	for _, f := range done {
-		if back[f].Restore == nil {
-			continue
-		}
-		if err := d.run.restore(ctx, f, back[f].Restore); err != nil {
-			d.log.Error("roll back", "family", f, "error", err)
-		}
-	}
-}
-
 func (d *Dataplane) saveAll(ctx context.Context) (map[Family][]byte, error) {
 	saves := map[Family][]byte{}
 	for _, f := range families {
@@ -320,7 +313,7 @@ const maxLoggedChains = 10
 // so each line is news (a restart with changes, or repaired drift).
 func (d *Dataplane) logFullSync(updates []Update, hooksAdded [2][]string) {
 	for _, u := range updates {
-		if u.Restore == nil {
+		if u.Restore == nil && len(hooksAdded[u.Family]) == 0 {
 			continue
 		}
 		args := []any{"family", u.Family, "chains_rewritten", u.ChainsRewritten, "rules_written", u.RulesWritten,
@@ -341,53 +334,42 @@ func (d *Dataplane) logFullSync(updates []Update, hooksAdded [2][]string) {
 	}
 }
 
-// withHooks adds to a payload the hook rules that save lacks, each inserted
-// at the top of its builtin chain. It also returns the hooks it adds, as
-// "nat PREROUTING -> VIPD-SERVICES".
+// withHooks adds to section, a payload section of table t (nil: none),
+// the hook rules of t that save lacks, each inserted at the top of its
+// builtin chain; with no section, it makes one that holds just them. It
+// also returns the hooks it adds, as "nat PREROUTING -> VIPD-SERVICES".
 //
-// The hooks go first in their table's section, after declarations of the
-// chains they jump to that the section declares (creates or rewrites)
-// anyway; those it does not declare exist already. They must come before a
-// leading -S (withChainListFetch): in a table that does not exist yet, the
-// listing makes iptables-nft 1.8.9 cache builtin chains that are not there,
-// and a hook inserted after it fails with "RULE_INSERT failed (No such file
-// or directory)". A chain declared twice is flushed twice, in one
-// transaction.
-func withHooks(payload []byte, f Family, save []byte) ([]byte, []string) {
+// The hooks go first in the section, after declarations of the chains they
+// jump to that the section declares (creates or rewrites) anyway; those it
+// does not declare exist already. They must come before a leading -S
+// (withChainListFetch): in a table that does not exist yet, the listing
+// makes iptables-nft 1.8.9 cache builtin chains that are not there, and a
+// hook inserted after it fails with "RULE_INSERT failed (No such file or
+// directory)". A chain declared twice is flushed twice, in one transaction.
+func withHooks(section []byte, f Family, t Table, save []byte) ([]byte, []string) {
 	present := lineSet(save)
-	text := string(payload)
+	header := "*" + string(t) + "\n"
+	text := string(section)
+	var declare, insert strings.Builder
 	var added []string
-	for _, t := range tables {
-		header := "*" + string(t) + "\n"
-		section := ""
-		if i := strings.Index(text, header); i >= 0 {
-			section = text[i : i+strings.Index(text[i:], "COMMIT\n")]
-		}
-		var declare, insert strings.Builder
-		for _, h := range Hooks(f) {
-			if h.Table != t || present[hookLine("-A", h)] {
-				continue
-			}
-			decl := ":" + h.Target() + " - [0:0]\n"
-			if strings.Contains(section, "\n"+decl) && !strings.Contains(declare.String(), decl) {
-				declare.WriteString(decl)
-			}
-			insert.WriteString(hookLine("-I", h) + "\n")
-			added = append(added, string(h.Table)+" "+h.Chain+" -> "+h.Target())
-		}
-		if insert.Len() == 0 {
+	for _, h := range Hooks(f) {
+		if h.Table != t || present[hookLine("-A", h)] {
 			continue
 		}
-		if section == "" {
-			text += header + insert.String() + "COMMIT\n"
-			continue
+		decl := ":" + h.Target() + " - [0:0]\n"
+		if strings.Contains(text, "\n"+decl) && !strings.Contains(declare.String(), decl) {
+			declare.WriteString(decl)
 		}
-		text = strings.Replace(text, header, header+declare.String()+insert.String(), 1)
+		insert.WriteString(hookLine("-I", h) + "\n")
+		added = append(added, string(h.Table)+" "+h.Chain+" -> "+h.Target())
+	}
+	if insert.Len() == 0 {
+		return section, nil
 	}
 	if text == "" {
-		return nil, nil
+		return []byte(header + insert.String() + "COMMIT\n"), added
 	}
-	return []byte(text), added
+	return []byte(strings.Replace(text, header, header+declare.String()+insert.String(), 1)), added
 }
 
 func lineSet(save []byte) map[string]bool {

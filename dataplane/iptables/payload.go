@@ -28,6 +28,10 @@ type Update struct {
 	// Rewritten and Deleted name the chains the payload rewrites and
 	// deletes, sorted, indexed like tables (nat, then filter).
 	Rewritten, Deleted [2][]string
+	// sections are Restore's sections, indexed like tables, each from its
+	// *table line to its COMMIT; a table with nothing to change has none
+	// (nil), although Restore carries an empty section for it.
+	sections [2][]byte
 }
 
 // ExistingChains lists the vipd chains that one family's tables hold in the
@@ -60,72 +64,106 @@ func Payload(old, next *Ruleset, full bool, existing map[Family]ExistingChains) 
 		out[f].Family = f
 		var rewrite, del [2][]string
 		for i, t := range tables {
-			oldT, newT := old.table(f, t), next.table(f, t)
-			for name, rules := range newT {
-				if o, ok := oldT[name]; full || !ok || !slices.Equal(o, rules) {
-					rewrite[i] = append(rewrite[i], name)
-				}
-			}
-			gone := slices.Collect(maps.Keys(oldT))
-			if full {
-				gone = append(gone, existing[f][t]...)
-			}
-			slices.Sort(gone)
-			for _, name := range slices.Compact(gone) {
-				if _, ok := newT[name]; !ok && strings.HasPrefix(name, ChainPrefix) {
-					del[i] = append(del[i], name)
-				}
-			}
+			rewrite[i], del[i] = tableDiff(old, next, f, t, full, existing[f][t])
 		}
 		if len(rewrite[0])+len(rewrite[1])+len(del[0])+len(del[1]) == 0 {
 			continue
 		}
 		var b bytes.Buffer
-		b.Grow(payloadSize(next, f, rewrite, del))
-		st := &out[f].Stats
+		b.Grow(sectionSize(next, f, tables[0], rewrite[0], del[0]) + sectionSize(next, f, tables[1], rewrite[1], del[1]))
+		var bounds [2][2]int
 		for i, t := range tables {
-			slices.Sort(rewrite[i])
-			b.WriteString("*" + string(t) + "\n")
-			declare := slices.Concat(rewrite[i], del[i])
-			slices.Sort(declare)
-			for _, name := range declare {
-				b.WriteString(":" + name + " - [0:0]\n")
-			}
-			for _, name := range rewrite[i] {
-				for _, rule := range next.Rules(f, t, name) {
-					for _, part := range [...]string{"-A ", name, " ", rule, "\n"} {
-						b.WriteString(part)
-					}
-					st.RulesWritten++
-				}
-			}
-			// Order matters: -X only after every rule that jumped here is gone.
-			for _, name := range del[i] {
-				b.WriteString("-X " + name + "\n")
-			}
-			b.WriteString("COMMIT\n")
-			st.ChainsRewritten += len(rewrite[i])
-			st.ChainsDeleted += len(del[i])
+			bounds[i][0] = b.Len()
+			writeSection(&b, next, f, t, rewrite[i], del[i], &out[f].Stats)
+			bounds[i][1] = b.Len()
 		}
 		out[f].Rewritten, out[f].Deleted = rewrite, del
 		out[f].Restore = b.Bytes()
+		for i := range tables {
+			if len(rewrite[i])+len(del[i]) > 0 {
+				start, end := bounds[i][0], bounds[i][1]
+				out[f].sections[i] = out[f].Restore[start:end:end]
+			}
+		}
 	}
 	return out
 }
 
-// payloadSize bounds the size of a payload, so that it is allocated once.
-func payloadSize(next *Ruleset, f Family, rewrite, del [2][]string) int {
-	n := 64
-	for i, t := range tables {
-		for _, name := range rewrite[i] {
-			n += len(name) + 10
-			for _, rule := range next.Rules(f, t, name) {
-				n += len(name) + len(rule) + 5
+// tableDiff returns the chains of table t of family f that a payload from
+// old to next rewrites (sorted) and deletes, as Payload describes;
+// existing is what ParseSave found in that table.
+func tableDiff(old, next *Ruleset, f Family, t Table, full bool, existing []string) (rewrite, del []string) {
+	oldT, newT := old.table(f, t), next.table(f, t)
+	for name, rules := range newT {
+		if o, ok := oldT[name]; full || !ok || !slices.Equal(o, rules) {
+			rewrite = append(rewrite, name)
+		}
+	}
+	slices.Sort(rewrite)
+	gone := slices.Collect(maps.Keys(oldT))
+	if full {
+		gone = append(gone, existing...)
+	}
+	slices.Sort(gone)
+	for _, name := range slices.Compact(gone) {
+		if _, ok := newT[name]; !ok && strings.HasPrefix(name, ChainPrefix) {
+			del = append(del, name)
+		}
+	}
+	return rewrite, del
+}
+
+// writeSection writes to b the *t section that rewrites the chains rewrite
+// with their rules in next and deletes the chains del, and counts it in st.
+func writeSection(b *bytes.Buffer, next *Ruleset, f Family, t Table, rewrite, del []string, st *Stats) {
+	b.WriteString("*" + string(t) + "\n")
+	declare := slices.Concat(rewrite, del)
+	slices.Sort(declare)
+	for _, name := range declare {
+		b.WriteString(":" + name + " - [0:0]\n")
+	}
+	for _, name := range rewrite {
+		for _, rule := range next.Rules(f, t, name) {
+			for _, part := range [...]string{"-A ", name, " ", rule, "\n"} {
+				b.WriteString(part)
 			}
+			st.RulesWritten++
 		}
-		for _, name := range del[i] {
-			n += 2*len(name) + 14
+	}
+	// Order matters: -X only after every rule that jumped here is gone.
+	for _, name := range del {
+		b.WriteString("-X " + name + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	st.ChainsRewritten += len(rewrite)
+	st.ChainsDeleted += len(del)
+}
+
+// tablePayload is the section of Payload(old, next, false, nil)[f] for
+// table t alone, or nil when that table needs no change, with the number
+// of chains it rewrites.
+func tablePayload(old, next *Ruleset, f Family, t Table) ([]byte, int) {
+	rewrite, del := tableDiff(old, next, f, t, false, nil)
+	if len(rewrite)+len(del) == 0 {
+		return nil, 0
+	}
+	var b bytes.Buffer
+	b.Grow(sectionSize(next, f, t, rewrite, del))
+	writeSection(&b, next, f, t, rewrite, del, &Stats{})
+	return b.Bytes(), len(rewrite)
+}
+
+// sectionSize bounds the size of a section, so that it is allocated once.
+func sectionSize(next *Ruleset, f Family, t Table, rewrite, del []string) int {
+	n := 32
+	for _, name := range rewrite {
+		n += len(name) + 10
+		for _, rule := range next.Rules(f, t, name) {
+			n += len(name) + len(rule) + 5
 		}
+	}
+	for _, name := range del {
+		n += 2*len(name) + 14
 	}
 	return n
 }
