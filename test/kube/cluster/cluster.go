@@ -32,10 +32,15 @@ import (
 )
 
 // Ranges the cluster allocates Service cluster IPs from: inside vipd's test
-// VIP ranges (198.19.0.0/16 and fd00:198::/32).
+// VIP ranges (198.19.0.0/16 and fd00:198::/32), and inside netlab's
+// ServiceRangeV4 and ServiceRangeV6, so that they overlap no lab pod range
+// (fd00:198:k::/64 on node k). A Service range must not overlap a pod
+// range: a lab node routes its pod range as unreachable, so a packet to a
+// VIP there would die in routing before the iptables dataplane's filter
+// FORWARD rules could reject it.
 const (
 	ServiceCIDRv4 = "198.19.0.0/16"
-	ServiceCIDRv6 = "fd00:198:1::/108"
+	ServiceCIDRv6 = "fd00:198:ffff::/108"
 )
 
 // BinEnv names the environment variable that points at a directory holding
