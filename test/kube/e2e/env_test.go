@@ -67,6 +67,15 @@ func newEnv(t *testing.T, adapterArgs ...string) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, c: c, ctx: ctx}
+	createNodesAndNamespace(t, ctx, c)
+	e.node = vipdnode.Start(t, c, vipdnode.Options{Bin: bin, NodeName: thisNode, AdapterArgs: adapterArgs})
+	return e
+}
+
+// createNodesAndNamespace creates the Nodes node-a (zone-a) and node-b
+// (zone-b) and the namespace shop.
+func createNodesAndNamespace(t *testing.T, ctx context.Context, c *cluster.Cluster) {
+	t.Helper()
 	for name, zone := range map[string]string{thisNode: "zone-a", otherNode: "zone-b"} {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: zone}}}
 		if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
@@ -76,8 +85,6 @@ func newEnv(t *testing.T, adapterArgs ...string) *env {
 	if _, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.node = vipdnode.Start(t, c, vipdnode.Options{Bin: bin, NodeName: thisNode, AdapterArgs: adapterArgs})
-	return e
 }
 
 // service is a ClusterIP Service shop/name selecting app=name, with the

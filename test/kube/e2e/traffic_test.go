@@ -282,15 +282,7 @@ func newTrafficEnv(t *testing.T, dp string) *trafficEnv {
 	c := cluster.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	for name, zone := range map[string]string{thisNode: "zone-a", otherNode: "zone-b"} {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: zone}}}
-		if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNodesAndNamespace(t, ctx, c)
 	n := labnode.Start(t, c, labnode.Options{Bin: bin, Dataplane: dp, NodeName: thisNode, Clients: []string{"client"}})
 	outside, err := n.Lab.AddExternalHost(ctx, "outside")
 	if err != nil {

@@ -28,6 +28,13 @@ type AdapterOptions struct {
 	RBAC string
 	// Args are extra vipd-k8s flags.
 	Args []string
+	// NoWait returns as soon as vipd-k8s runs, without waiting for it to
+	// be healthy (for tests that expect it never to be).
+	NoWait bool
+	// AllowForbidden turns off the check, at cleanup, that the apiserver
+	// never refused vipd-k8s a request ("forbidden" in its log): for tests
+	// that weaken the RBAC manifest on purpose.
+	AllowForbidden bool
 }
 
 // Adapter is a running vipd-k8s, authenticated as the ServiceAccount of
@@ -41,10 +48,11 @@ type Adapter struct {
 }
 
 // StartAdapter applies the RBAC manifest, mints the ServiceAccount's
-// token, starts vipd-k8s against c and opts.VIPD, and waits until its
-// /healthz says it has synced and programmed vipd. Cleanup checks that
-// the apiserver refused it nothing (no "forbidden" in its log), stops it,
-// logs its log's tail if the test failed, and removes its directory.
+// token, starts vipd-k8s against c and opts.VIPD, and (unless
+// opts.NoWait) waits until its /healthz says it has synced and programmed
+// vipd. Cleanup checks that the apiserver refused it nothing (no
+// "forbidden" in its log; unless opts.AllowForbidden), stops it, logs its
+// log's tail if the test failed, and removes its directory.
 func StartAdapter(t testing.TB, c *cluster.Cluster, opts AdapterOptions) *Adapter {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -71,7 +79,7 @@ func StartAdapter(t testing.TB, c *cluster.Cluster, opts AdapterOptions) *Adapte
 	a := &Adapter{Dir: dir}
 	t.Cleanup(func() {
 		if a.Process != nil {
-			if lines := a.Forbidden(); len(lines) > 0 {
+			if lines := a.Forbidden(); len(lines) > 0 && !opts.AllowForbidden {
 				t.Errorf("the apiserver refused vipd-k8s requests with %s's rights:\n%s", opts.RBAC, strings.Join(lines, "\n"))
 			}
 			if err := a.Process.Stop(10 * time.Second); err != nil {
@@ -101,8 +109,10 @@ func StartAdapter(t testing.TB, c *cluster.Cluster, opts AdapterOptions) *Adapte
 	if err := a.Process.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.WaitHealthy(60 * time.Second); err != nil {
-		t.Fatal(err)
+	if !opts.NoWait {
+		if err := a.WaitHealthy(60 * time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return a
 }

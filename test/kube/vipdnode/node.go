@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -69,55 +68,33 @@ type Options struct {
 
 // Node is a running vipd and vipd-k8s pair.
 type Node struct {
-	Dir                                           string
-	VIPD                                          *cluster.Process
-	Adapter                                       *cluster.Process
-	API                                           *client.Client
-	vipdMetricsURL, adapterMetricsURL, healthzURL string
+	Dir     string
+	VIPD    *cluster.Process
+	Adapter *cluster.Process
+	API     *client.Client
+	// adapter is vipd-k8s as StartAdapter runs it.
+	adapter        *Adapter
+	vipdMetricsURL string
 }
 
-// Start applies the RBAC manifest, mints the ServiceAccount's token,
-// starts vipd and then vipd-k8s, and waits until both serve. Cleanup stops
-// them and removes their directory.
+// Start starts vipd on the none dataplane and waits until it serves, then
+// starts vipd-k8s for it (StartAdapter, with opts' RBAC, NoWait and
+// AllowForbidden). Cleanup stops vipd-k8s, then vipd, and removes their
+// directories.
 func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if opts.RBAC == "" {
-		mod, err := cluster.ModuleDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts.RBAC = filepath.Join(mod, "..", "..", "deploy", "kubernetes", "rbac.yaml")
-	}
-	sa, err := ApplyRBAC(ctx, c.Admin, opts.RBAC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, err := Token(ctx, c.Admin, sa)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir, err := os.MkdirTemp("", "vipd-kube-node-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := &Node{Dir: dir}
 	t.Cleanup(func() {
-		if n.Adapter != nil && !opts.AllowForbidden {
-			if lines := n.Forbidden(); len(lines) > 0 {
-				t.Errorf("the apiserver refused vipd-k8s requests with %s's rights:\n%s", opts.RBAC, strings.Join(lines, "\n"))
-			}
-		}
-		for _, p := range []*cluster.Process{n.Adapter, n.VIPD} {
-			if p == nil {
-				continue
-			}
-			if err := p.Stop(10 * time.Second); err != nil {
+		if n.VIPD != nil {
+			if err := n.VIPD.Stop(10 * time.Second); err != nil {
 				t.Log(err)
 			}
 			if t.Failed() {
-				t.Logf("%s log (last lines):\n%s", p.Name, p.Tail(40))
+				t.Logf("vipd log (last lines):\n%s", n.VIPD.Tail(40))
 			}
 		}
 		if n.API != nil {
@@ -125,18 +102,12 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 		}
 		os.RemoveAll(dir)
 	})
-	kubeconfig := filepath.Join(dir, "vipd-k8s.kubeconfig")
-	if err := c.WriteTokenKubeconfig(kubeconfig, token); err != nil {
-		t.Fatal(err)
-	}
-	ports, err := cluster.FreePorts(3)
+	ports, err := cluster.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	socket := filepath.Join(dir, "vipd.sock")
 	n.vipdMetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])
-	n.adapterMetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
-	n.healthzURL = fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[2])
 	n.VIPD = &cluster.Process{Name: "vipd", Bin: filepath.Join(opts.Bin, "vipd"), LogFile: filepath.Join(dir, "vipd.log"), Args: []string{
 		"run", "--dataplane", "none", "--socket", socket, "--state-dir", filepath.Join(dir, "state"),
 		fmt.Sprintf("--metrics-addr=127.0.0.1:%d", ports[0]), "--log-level", "debug",
@@ -147,24 +118,15 @@ func Start(t testing.TB, c *cluster.Cluster, opts Options) *Node {
 	if n.API, err = client.New("unix://" + socket); err != nil {
 		t.Fatal(err)
 	}
-	waitCtx, waitCancel := context.WithTimeout(ctx, 30*time.Second)
-	defer waitCancel()
-	if err := n.API.WaitServing(waitCtx); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.API.WaitServing(ctx); err != nil {
 		t.Fatalf("vipd not serving: %v\n%s", err, n.VIPD.Tail(30))
 	}
-	n.Adapter = &cluster.Process{Name: "vipd-k8s", Bin: filepath.Join(opts.Bin, "vipd-k8s"), LogFile: filepath.Join(dir, "vipd-k8s.log"), Args: append([]string{
-		"--kubeconfig", kubeconfig, "--node-name", opts.NodeName, "--vipd", "unix://" + socket,
-		fmt.Sprintf("--metrics-address=127.0.0.1:%d", ports[1]), fmt.Sprintf("--healthz-address=127.0.0.1:%d", ports[2]),
-		"--log-level", "debug",
-	}, opts.AdapterArgs...)}
-	if err := n.Adapter.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if !opts.NoWait {
-		if err := n.WaitHealthy(60 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Registered after vipd's cleanup, so that vipd-k8s stops first.
+	n.adapter = StartAdapter(t, c, AdapterOptions{Bin: opts.Bin, NodeName: opts.NodeName, VIPD: "unix://" + socket,
+		RBAC: opts.RBAC, Args: opts.AdapterArgs, NoWait: opts.NoWait, AllowForbidden: opts.AllowForbidden})
+	n.Adapter = n.adapter.Process
 	return n
 }
 
@@ -193,44 +155,11 @@ func (n *Node) RestartVIPD(ctx context.Context, wipe bool) error {
 
 // Forbidden returns the lines of vipd-k8s's log (client-go's, through
 // klog) that say the apiserver refused a request for lack of rights.
-func (n *Node) Forbidden() []string {
-	b, err := os.ReadFile(n.Adapter.LogFile)
-	if err != nil {
-		return []string{err.Error()}
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "forbidden") {
-			out = append(out, line)
-		}
-	}
-	return out
-}
+func (n *Node) Forbidden() []string { return n.adapter.Forbidden() }
 
 // WaitHealthy waits until vipd-k8s's /healthz answers 200 (it has synced
 // its informers and programmed vipd).
-func (n *Node) WaitHealthy(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		if !n.Adapter.Running() {
-			return fmt.Errorf("vipd-k8s exited:\n%s", n.Adapter.Tail(30))
-		}
-		resp, err := http.Get(n.healthzURL)
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%s: %s", resp.Status, body)
-		} else {
-			last = err.Error()
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("vipd-k8s /healthz not ok after %v: %s\n%s", timeout, last, n.Adapter.Tail(30))
-}
+func (n *Node) WaitHealthy(timeout time.Duration) error { return n.adapter.WaitHealthy(timeout) }
 
 // Services lists vipd's services of owner "kubernetes", by name.
 func (n *Node) Services(ctx context.Context) (map[string]*vipdv1.Service, error) {
@@ -247,7 +176,7 @@ func (n *Node) Services(ctx context.Context) (map[string]*vipdv1.Service, error)
 
 // AdapterMetrics and VIPDMetrics scrape the two processes' Prometheus
 // endpoints.
-func (n *Node) AdapterMetrics() (Metrics, error) { return scrape(n.adapterMetricsURL) }
+func (n *Node) AdapterMetrics() (Metrics, error) { return n.adapter.Metrics() }
 func (n *Node) VIPDMetrics() (Metrics, error)    { return scrape(n.vipdMetricsURL) }
 
 // Metrics maps each sample line's name with labels, as the text format
