@@ -394,7 +394,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	switch {
 	case j < 0:
 		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
-	case a.next[i].fe.members[j].flags == flags:
+	case uint32(a.next[i].fe.members[j].flags) == flags:
 		au.memberOK.set(int(a.offs[i]) + j)
 		au.ok[mapMembers]++
 	default:

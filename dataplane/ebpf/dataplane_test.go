@@ -1265,7 +1265,7 @@ func TestFrontendsOf(t *testing.T) {
 		}
 		out := map[beKey]uint32{}
 		for _, m := range fe.members {
-			out[m.key.unpack()] = m.flags
+			out[m.key.unpack()] = uint32(m.flags)
 		}
 		return out
 	}
@@ -1293,6 +1293,35 @@ func TestFrontendsOf(t *testing.T) {
 		fe := one(t, svcOf(dataplane.SCTP, 80, 80, be("10.0.0.1", ready, 1)), maglev.DefaultTableSize)
 		if fe.key.proto != ipprotoSCTP || fe.key.port != 80 || len(fe.slots) != 1 || fe.slotBackend(0) != bk("10.0.0.1", 80) {
 			t.Errorf("frontend %+v", fe)
+		}
+	})
+	t.Run("slots of weight 1, member j in slot j, are shared; others are not", func(t *testing.T) {
+		fe := one(t, svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", ready, 1), be("10.0.0.2", ready, 1), be("10.0.0.3", ready, 1)), maglev.DefaultTableSize)
+		if !fe.sharesIdentitySlots() || !slices.Equal(fe.slots, []slot{{0, 1, 1}, {1, 1, 2}, {2, 1, 3}}) {
+			t.Errorf("all ready, weight 1: slots %v (shared %v), want identitySlots[:3]", fe.slots, fe.sharesIdentitySlots())
+		}
+		cases := map[string]struct {
+			bes  []dataplane.Backend
+			want []slot
+		}{
+			"a member out of the slots": {
+				[]dataplane.Backend{be("10.0.0.1", ready, 1), be("10.0.0.2", dead, 1), be("10.0.0.3", ready, 1)},
+				[]slot{{0, 1, 1}, {2, 1, 2}},
+			},
+			"listed out of key order (slots follow the listing)": {
+				[]dataplane.Backend{be("10.0.0.2", ready, 1), be("10.0.0.1", ready, 1), be("10.0.0.3", ready, 1)},
+				[]slot{{1, 1, 1}, {0, 1, 2}, {2, 1, 3}},
+			},
+			"a weight": {
+				[]dataplane.Backend{be("10.0.0.1", ready, 1), be("10.0.0.2", ready, 1), be("10.0.0.3", ready, 4)},
+				[]slot{{0, 1, 1}, {1, 1, 2}, {2, 4, 6}},
+			},
+		}
+		for name, c := range cases {
+			fe := one(t, svcOf(dataplane.TCP, 80, 8080, c.bes...), maglev.DefaultTableSize)
+			if fe.sharesIdentitySlots() || !slices.Equal(fe.slots, c.want) {
+				t.Errorf("%s: slots %v (shared %v), want %v of their own", name, fe.slots, fe.sharesIdentitySlots(), c.want)
+			}
 		}
 	})
 	t.Run("weights", func(t *testing.T) {

@@ -400,8 +400,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		}
 	}
 	sort.Strings(names)
-	desired := map[feKey]*frontend{}
-	var changes []change
+	desired := make(map[feKey]*frontend, len(names))
 	for _, name := range names {
 		svc, ok := s.Get(name)
 		if !ok {
@@ -418,6 +417,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 			desired[fe.key] = fe
 		}
 	}
+	changes := make([]change, 0, len(desired))
 	for _, name := range names {
 		for _, k := range d.prog.byService[name] {
 			if _, ok := desired[k]; !ok {

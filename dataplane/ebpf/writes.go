@@ -92,7 +92,7 @@ func revNatVal(k feKey, pr *programmed) bpfRevNat {
 	r.Members = uint32(len(pr.memberIDs))
 	for j, id := range pr.memberIDs {
 		r.MemberIds[j] = id
-		r.MemberFlags[j] = uint8(pr.fe.members[j].flags)
+		r.MemberFlags[j] = pr.fe.members[j].flags
 	}
 	return r
 }
@@ -115,7 +115,8 @@ type memberUnion struct {
 func unionOf(k feKey, old, pr *programmed) memberUnion {
 	u := memberUnion{rn: revNatBase(k)}
 	walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
-		var id, flags uint32
+		var id uint32
+		var flags uint8
 		if j >= 0 {
 			id, flags = pr.memberIDs[j], pr.fe.members[j].flags
 			if i < 0 || old.fe.members[i].flags != flags {
@@ -127,7 +128,7 @@ func unionOf(k feKey, old, pr *programmed) memberUnion {
 		}
 		if u.n < revNatInlineMembers {
 			u.rn.MemberIds[u.n] = id
-			u.rn.MemberFlags[u.n] = uint8(flags)
+			u.rn.MemberFlags[u.n] = flags
 		}
 		u.n++
 	})
