@@ -221,7 +221,7 @@ func (p *programmer) auditFull(pl *applyPlan, prune bool) (*audit, error) {
 	var au *audit
 	if !p.clean {
 		var err error
-		if au, err = p.auditMaps(pl.changes, pl.next, pl.offs, pl.nids, pl.gone); err != nil {
+		if au, err = p.auditMaps(pl.changes, pl.next, pl.offs, pl.nids, pl.gone, nil); err != nil {
 			return nil, fmt.Errorf("read maps: %w", err)
 		}
 	}
