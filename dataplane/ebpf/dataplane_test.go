@@ -1232,6 +1232,44 @@ func TestDataplaneGC(t *testing.T) {
 
 // ---- frontendsOf, without root ----
 
+// TestRenderFirstError: render, on one goroutine or split among several,
+// returns every service's frontends in order, or the error of the first
+// service it cannot program.
+func TestRenderFirstError(t *testing.T) {
+	d := &Dataplane{cfg: Config{MaglevTableSize: maglev.DefaultTableSize}}
+	svcs := make([]*dataplane.Service, 3*renderParallelMin)
+	for i := range svcs {
+		svcs[i] = &dataplane.Service{
+			Name: fmt.Sprintf("ns/s%05d", i), VIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})},
+			Ports:         []dataplane.Port{{Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+			Backends:      []dataplane.Backend{{IP: netip.MustParseAddr("10.0.0.1"), State: dataplane.BackendReady, Weight: 1}},
+			TrafficPolicy: dataplane.TrafficPolicyCluster, LoadBalancing: dataplane.LoadBalancingRandom,
+		}
+	}
+	out, err := d.render(svcs, &dataplane.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, fes := range out {
+		if len(fes) != 1 || fes[0].service != svcs[i].Name {
+			t.Fatalf("service %d rendered as %v", i, fes)
+		}
+	}
+	unsupported := func(i int) {
+		c := *svcs[i]
+		// SCTP with a target port of its own: unsupported.
+		c.Ports = []dataplane.Port{{Protocol: dataplane.SCTP, Port: 80, TargetPort: 8080}}
+		svcs[i] = &c
+	}
+	// In each part of a split, the first one first.
+	unsupported(len(svcs) - 10)
+	unsupported(len(svcs)/2 + 1)
+	unsupported(100)
+	if _, err := d.render(svcs, &dataplane.Node{}); !errors.Is(err, dataplane.ErrUnsupported) || !strings.Contains(err.Error(), svcs[100].Name) {
+		t.Errorf("render: %v, want the unsupported error of %s", err, svcs[100].Name)
+	}
+}
+
 func TestFrontendsOf(t *testing.T) {
 	be := func(ip string, state dataplane.BackendState, weight uint16) dataplane.Backend {
 		return dataplane.Backend{IP: netip.MustParseAddr(ip), State: state, Weight: weight}
