@@ -31,10 +31,11 @@ type applyPlan struct {
 	nids int
 	// gone are the removals of frontends that are programmed now.
 	gone []change
-	// newBackends are the backends that got an ID in this apply, in the
-	// order they did; listed on an incremental apply only (a full apply
-	// writes every backend in use).
-	newBackends []bePacked
+	// firstNew is the first backend ID this apply handed out: the
+	// backends that got an ID in it are the members with an ID from
+	// firstNew on (IDs come from a counter), which an incremental apply
+	// writes (a full apply writes every backend in use).
+	firstNew uint32
 }
 
 // apply writes changes into the maps. prune additionally deletes every
@@ -67,7 +68,7 @@ type applyPlan struct {
 // step 6 the in-memory view takes the new state (commit), and what no
 // frontend uses any more is deleted (freeUnreferenced).
 func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) (err error) {
-	pl := p.allocateIDs(changes, prune)
+	pl := p.allocateIDs(changes)
 	// New members count as references right away; should the apply fail,
 	// they are taken back (the IDs stay taken).
 	defer func() {
@@ -112,26 +113,37 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 // freed ID is never given again. Every member of a changed frontend counts
 // as a reference to its backend from here on; takeBack undoes that. It
 // touches no map.
-func (p *programmer) allocateIDs(changes []change, prune bool) *applyPlan {
+func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	// The programmed values and their ID lists come from two allocations
 	// for all changes: a full apply replaces every frontend, and with it
 	// these.
-	pl := &applyPlan{changes: changes, next: make([]*programmed, len(changes))}
-	nfe := 0
+	pl := &applyPlan{changes: changes, next: make([]*programmed, len(changes)), firstNew: p.nextBackend}
+	// pl.nids counts a slot ID of each slot (audit bitsets index them so);
+	// the slab leaves out those of frontends that share identitySlots,
+	// whose slot IDs are a prefix of their member IDs.
+	nfe, nslab := 0, 0
 	for _, c := range changes {
 		if c.fe != nil {
 			nfe++
 			pl.nids += len(c.fe.members) + len(c.fe.slots)
+			nslab += len(c.fe.members)
+			if !c.fe.sharesIdentitySlots() {
+				nslab += len(c.fe.slots)
+			}
 		}
 	}
 	prs := make([]programmed, nfe)
-	ids := make([]uint32, pl.nids)
+	ids := make([]uint32, nslab)
+	off := 0
 	pl.offs = make([]int32, len(changes))
+	// On the first apply (the reverse-NAT IDs may be restored ones), size
+	// the tables once instead of growing them step by step. (Not so the
+	// backend table: members only bound its size from above.)
 	if len(p.frontends) == 0 {
-		// The first apply: size the table once instead of growing it
-		// step by step. (Not so the backend table: members only bound
-		// its size from above.)
 		p.frontends = make(map[feKey]*programmed, nfe)
+	}
+	if len(p.revNatIDs) == 0 {
+		p.revNatIDs = make(map[feKey]uint32, nfe)
 	}
 	for i, c := range changes {
 		if c.fe == nil {
@@ -148,26 +160,33 @@ func (p *programmer) allocateIDs(changes []change, prune bool) *applyPlan {
 		}
 		pr := &prs[0]
 		prs = prs[1:]
-		pl.offs[i] = int32(pl.nids - len(ids))
-		m, n := len(c.fe.members), len(c.fe.members)+len(c.fe.slots)
-		*pr = programmed{fe: c.fe, revNat: revNat, memberIDs: ids[:m:m], slotIDs: ids[m:n:n]}
-		ids = ids[n:]
+		pl.offs[i] = int32(off)
+		m, s := len(c.fe.members), len(c.fe.slots)
+		off += m + s
+		*pr = programmed{fe: c.fe, revNat: revNat, memberIDs: ids[:m:m]}
+		ids = ids[m:]
+		identity := c.fe.sharesIdentitySlots()
+		if identity {
+			pr.slotIDs = pr.memberIDs[:s:s]
+		} else {
+			pr.slotIDs = ids[:s:s]
+			ids = ids[s:]
+		}
 		for j := range c.fe.members {
 			k := c.fe.members[j].key
 			ref, ok := p.backendIDs.get(k)
 			if !ok {
 				ref.id = p.nextBackend
 				p.nextBackend++
-				if !prune {
-					pl.newBackends = append(pl.newBackends, k)
-				}
 			}
 			ref.refs++
 			p.backendIDs.put(k, ref)
 			pr.memberIDs[j] = ref.id
 		}
-		for j, sl := range c.fe.slots {
-			pr.slotIDs[j] = pr.memberIDs[sl.member]
+		if !identity {
+			for j, sl := range c.fe.slots {
+				pr.slotIDs[j] = pr.memberIDs[sl.member]
+			}
 		}
 		pl.next[i] = pr
 	}
@@ -202,7 +221,7 @@ func (p *programmer) auditFull(pl *applyPlan, prune bool) (*audit, error) {
 	var au *audit
 	if !p.clean {
 		var err error
-		if au, err = p.auditMaps(pl.changes, pl.next, pl.offs, pl.nids, pl.gone); err != nil {
+		if au, err = p.auditMaps(pl.changes, pl.next, pl.offs, pl.nids, pl.gone, nil); err != nil {
 			return nil, fmt.Errorf("read maps: %w", err)
 		}
 	}
@@ -292,10 +311,20 @@ func (p *programmer) backendsToWrite(pl *applyPlan, au *audit, prune bool) iter.
 			}
 			return
 		}
-		for _, k := range pl.newBackends {
-			ref, _ := p.backendIDs.get(k)
-			if !yield(ref.id, k) {
-				return
+		// Each new backend once, however many members name it.
+		seen := newBitset(int(p.nextBackend - pl.firstNew))
+		for _, pr := range pl.next {
+			if pr == nil {
+				continue
+			}
+			for j, id := range pr.memberIDs {
+				if id < pl.firstNew || seen.has(int(id-pl.firstNew)) {
+					continue
+				}
+				seen.set(int(id - pl.firstNew))
+				if !yield(id, pr.fe.members[j].key) {
+					return
+				}
 			}
 		}
 	}
@@ -390,7 +419,7 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 			if !pr.fe.inlineMembers() {
 				for j, id := range pr.memberIDs {
 					if !au.memberOK.has(off + j) {
-						w.member(pr.revNat, id, pr.fe.members[j].flags)
+						w.member(pr.revNat, id, uint32(pr.fe.members[j].flags))
 					}
 				}
 			}
@@ -412,9 +441,9 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 			switch {
 			case j >= 0 && (oldInline || i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags ||
 				prune && !au.memberOK.has(off+j)):
-				w.member(pr.revNat, pr.memberIDs[j], pr.fe.members[j].flags)
+				w.member(pr.revNat, pr.memberIDs[j], uint32(pr.fe.members[j].flags))
 			case j < 0 && oldInline:
-				w.member(old.revNat, old.memberIDs[i], old.fe.members[i].flags)
+				w.member(old.revNat, old.memberIDs[i], uint32(old.fe.members[i].flags))
 			}
 		})
 		if oldInline || prune && (!revNatOK || pr.fe.inlineMembers()) {

@@ -43,10 +43,19 @@ func newStepProgrammer() *programmer {
 
 // stepApply runs the in-memory steps of an apply (no map is written) and
 // returns its plan and the backend deletions commit queued.
-func stepApply(p *programmer, prune bool, changes ...change) (*applyPlan, writes) {
-	pl := p.allocateIDs(changes, prune)
+func stepApply(p *programmer, changes ...change) (*applyPlan, writes) {
+	pl := p.allocateIDs(changes)
 	dead, _ := p.commit(pl)
 	return pl, dead
+}
+
+// newBackends returns the backends an incremental apply of pl writes, by ID.
+func newBackends(p *programmer, pl *applyPlan) map[uint32]bePacked {
+	out := map[uint32]bePacked{}
+	for id, k := range p.backendsToWrite(pl, nil, false) {
+		out[id] = k
+	}
+	return out
 }
 
 func refOf(t *testing.T, p *programmer, be string) backendRef {
@@ -64,7 +73,7 @@ func TestAllocateIDs(t *testing.T) {
 
 	t.Run("new frontends and backends get IDs in order; a shared backend one ID and two references", func(t *testing.T) {
 		p := newStepProgrammer()
-		pl := p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}}, false)
+		pl := p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}})
 		if got := []uint32{pl.next[0].revNat, pl.next[1].revNat}; !slices.Equal(got, []uint32{1, 2}) {
 			t.Errorf("reverse-NAT IDs %v, want [1 2]", got)
 		}
@@ -74,7 +83,7 @@ func TestAllocateIDs(t *testing.T) {
 		if !slices.Equal(pl.next[0].slotIDs, pl.next[0].memberIDs) || !slices.Equal(pl.next[1].slotIDs, pl.next[1].memberIDs) {
 			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs, pl.next[1].slotIDs)
 		}
-		if got, want := pl.newBackends, []bePacked{stepBE("10.0.0.1:8080"), stepBE("10.0.0.2:8080"), stepBE("10.0.0.3:8080")}; !slices.Equal(got, want) {
+		if got, want := newBackends(p, pl), map[uint32]bePacked{1: stepBE("10.0.0.1:8080"), 2: stepBE("10.0.0.2:8080"), 3: stepBE("10.0.0.3:8080")}; !maps.Equal(got, want) {
 			t.Errorf("new backends %v, want %v", got, want)
 		}
 		if ref := refOf(t, p, "10.0.0.2:8080"); ref != (backendRef{id: 2, refs: 2}) {
@@ -98,22 +107,22 @@ func TestAllocateIDs(t *testing.T) {
 		p.nextRevNat = 9
 		p.backendIDs.put(stepBE("10.0.0.2:8080"), backendRef{id: 5})
 		p.nextBackend = 6
-		pl := p.allocateIDs([]change{{key: a.key, fe: a}}, false)
+		pl := p.allocateIDs([]change{{key: a.key, fe: a}})
 		if pl.next[0].revNat != 7 || p.nextRevNat != 9 {
 			t.Errorf("reverse-NAT ID %d (next %d), want 7 kept (next 9)", pl.next[0].revNat, p.nextRevNat)
 		}
 		if !slices.Equal(pl.next[0].memberIDs, []uint32{6, 5}) {
 			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs)
 		}
-		if !slices.Equal(pl.newBackends, []bePacked{stepBE("10.0.0.1:8080")}) {
-			t.Errorf("new backends %v, want only 10.0.0.1:8080", pl.newBackends)
+		if got := newBackends(p, pl); !maps.Equal(got, map[uint32]bePacked{6: stepBE("10.0.0.1:8080")}) {
+			t.Errorf("new backends %v, want only 10.0.0.1:8080", got)
 		}
 	})
 
 	t.Run("freed IDs are not given again", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
-		_, dead := stepApply(p, false, change{key: a.key})
+		stepApply(p, change{key: a.key, fe: a})
+		_, dead := stepApply(p, change{key: a.key})
 		if !slices.Equal(dead.backendDeletes, []uint32{1, 2}) {
 			t.Fatalf("deleted backends %v, want [1 2]", dead.backendDeletes)
 		}
@@ -121,18 +130,15 @@ func TestAllocateIDs(t *testing.T) {
 		delete(p.draining, a.key)
 		delete(p.revNatIDs, a.key)
 		c := stepFE("ns/c", "198.18.0.3", 80, ipprotoTCP, "10.0.0.1:8080")
-		pl := p.allocateIDs([]change{{key: c.key, fe: c}}, false)
+		pl := p.allocateIDs([]change{{key: c.key, fe: c}})
 		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs, []uint32{3}) {
 			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs)
 		}
 	})
 
-	t.Run("a full apply lists no new backends: it writes all of them", func(t *testing.T) {
+	t.Run("a full apply references its backends", func(t *testing.T) {
 		p := newStepProgrammer()
-		pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
-		if len(pl.newBackends) != 0 {
-			t.Errorf("new backends %v on a full apply", pl.newBackends)
-		}
+		p.allocateIDs([]change{{key: a.key, fe: a}})
 		if refOf(t, p, "10.0.0.1:8080").refs != 1 {
 			t.Errorf("the backend is not referenced")
 		}
@@ -140,8 +146,8 @@ func TestAllocateIDs(t *testing.T) {
 
 	t.Run("only programmed frontends leave", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
-		pl := p.allocateIDs([]change{{key: a.key}, {key: b.key}}, false)
+		stepApply(p, change{key: a.key, fe: a})
+		pl := p.allocateIDs([]change{{key: a.key}, {key: b.key}})
 		if len(pl.gone) != 1 || pl.gone[0].key != a.key {
 			t.Errorf("gone %v, want only %s", pl.gone, a.key)
 		}
@@ -152,8 +158,8 @@ func TestAllocateIDs(t *testing.T) {
 
 	t.Run("takeBack returns the references and keeps the IDs taken", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
-		pl := p.allocateIDs([]change{{key: b.key, fe: b}}, false)
+		stepApply(p, change{key: a.key, fe: a})
+		pl := p.allocateIDs([]change{{key: b.key, fe: b}})
 		p.takeBack(pl)
 		if ref := refOf(t, p, "10.0.0.2:8080"); ref != (backendRef{id: 2, refs: 1}) {
 			t.Errorf("backend of a and the failed b: %+v, want ID 2 with a's reference alone", ref)
@@ -219,8 +225,8 @@ func TestLeavingWrites(t *testing.T) {
 	a.flags |= svcFlagMaglev | svcFlagWeighted // weighted: slot entries of its own
 	setup := func() (*programmer, []change) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
-		return p, p.allocateIDs([]change{{key: a.key}}, false).gone
+		stepApply(p, change{key: a.key, fe: a})
+		return p, p.allocateIDs([]change{{key: a.key}}).gone
 	}
 	wantDeletes := func(t *testing.T, w writes, slots []uint32) {
 		t.Helper()
@@ -256,8 +262,8 @@ func TestLeavingWrites(t *testing.T) {
 	t.Run("a frontend with its members in the member map deletes them", func(t *testing.T) {
 		big := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, manyBackends(revNatInlineMembers+1)...)
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: big.key, fe: big})
-		w := p.leavingWrites(p.allocateIDs([]change{{key: big.key}}, false).gone)
+		stepApply(p, change{key: big.key, fe: big})
+		w := p.leavingWrites(p.allocateIDs([]change{{key: big.key}}).gone)
 		if len(w.memberDeletes) != revNatInlineMembers+1 || len(w.revNatVals) != 1 || w.revNatVals[0].Members != 0 {
 			t.Errorf("deleted members %v, reverse NAT %+v; want all %d and a value with no member", w.memberDeletes, w.revNatVals, revNatInlineMembers+1)
 		}
@@ -289,15 +295,15 @@ func TestBackendsToWrite(t *testing.T) {
 	p := newStepProgrammer()
 	p.backendIDs.put(stepBE("10.0.0.9:8080"), backendRef{id: 9}) // restored, unused
 	p.nextBackend = 10
-	stepApply(p, false, change{key: a.key, fe: a})
+	stepApply(p, change{key: a.key, fe: a})
 
-	pl := p.allocateIDs([]change{{key: b.key, fe: b}}, false)
+	pl := p.allocateIDs([]change{{key: b.key, fe: b}})
 	if got, want := collect(p.backendsToWrite(pl, nil, false)), map[uint32]bePacked{12: stepBE("10.0.0.3:8080")}; !maps.Equal(got, want) {
 		t.Errorf("incremental apply writes backends %v, want only the new one %v", got, want)
 	}
 	p.commit(pl)
 
-	pl = p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}}, true)
+	pl = p.allocateIDs([]change{{key: a.key, fe: a}, {key: b.key, fe: b}})
 	all := map[uint32]bePacked{10: stepBE("10.0.0.1:8080"), 11: stepBE("10.0.0.2:8080"), 12: stepBE("10.0.0.3:8080")}
 	if got := collect(p.backendsToWrite(pl, nil, true)); !maps.Equal(got, all) {
 		t.Errorf("full apply of empty maps writes backends %v, want every one in use %v", got, all)
@@ -316,12 +322,12 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 
 	t.Run("a backend moving between frontends stays; one only a leaving frontend had goes", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a}, change{key: b.key, fe: b})
+		stepApply(p, change{key: a.key, fe: a}, change{key: b.key, fe: b})
 		// b takes a's backend 10.0.0.1 as a leaves.
 		b2 := stepFE("ns/b", "198.18.0.2", 53, ipprotoUDP, "10.0.0.1:53", "10.0.0.3:53")
-		pl, dead := stepApply(p, false, change{key: a.key}, change{key: b.key, fe: b2})
-		if len(pl.newBackends) != 0 {
-			t.Errorf("new backends %v: the moving backend got a new ID", pl.newBackends)
+		pl, dead := stepApply(p, change{key: a.key}, change{key: b.key, fe: b2})
+		if got := newBackends(p, pl); len(got) != 0 {
+			t.Errorf("new backends %v: the moving backend got a new ID", got)
 		}
 		if !slices.Equal(dead.backendDeletes, []uint32{2}) {
 			t.Errorf("deleted backends %v, want [2] (10.0.0.2, a's alone)", dead.backendDeletes)
@@ -351,10 +357,10 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 				removed = append(removed, fe.String()+" "+k.String())
 			}
 		}
-		stepApply(p, false, change{key: a.key, fe: a})
+		stepApply(p, change{key: a.key, fe: a})
 		removed = nil
 		a2 := stepFE("ns/a", "198.18.0.1", 53, ipprotoUDP, "10.0.0.2:53")
-		_, udpGone := p.commit(p.allocateIDs([]change{{key: a.key, fe: a2}}, false))
+		_, udpGone := p.commit(p.allocateIDs([]change{{key: a.key, fe: a2}}))
 		if len(removed) != 0 {
 			t.Fatalf("commit called onMembersRemoved itself: %v", removed)
 		}
@@ -368,9 +374,9 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 
 	t.Run("without drain a leaving frontend gives up its reverse-NAT ID", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
+		stepApply(p, change{key: a.key, fe: a})
 		p.noDrain = true
-		stepApply(p, false, change{key: a.key})
+		stepApply(p, change{key: a.key})
 		if _, ok := p.revNatIDs[a.key]; ok || len(p.draining) != 0 {
 			t.Errorf("reverse-NAT IDs %v, draining %v; want neither to hold a", p.revNatIDs, p.draining)
 		}
@@ -378,9 +384,9 @@ func TestCommitFreesUnreferenced(t *testing.T) {
 
 	t.Run("a frontend back before it drained is live again", func(t *testing.T) {
 		p := newStepProgrammer()
-		stepApply(p, false, change{key: a.key, fe: a})
-		stepApply(p, false, change{key: a.key})
-		pl, _ := stepApply(p, false, change{key: a.key, fe: a})
+		stepApply(p, change{key: a.key, fe: a})
+		stepApply(p, change{key: a.key})
+		pl, _ := stepApply(p, change{key: a.key, fe: a})
 		if len(p.draining) != 0 || pl.next[0].revNat != 1 {
 			t.Errorf("draining %v, reverse-NAT ID %d; want none draining and ID 1 again", p.draining, pl.next[0].revNat)
 		}
@@ -393,12 +399,12 @@ func TestQueueChangedFrontend(t *testing.T) {
 	old := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080")
 	old.flags |= svcFlagMaglev | svcFlagWeighted
 	p := newStepProgrammer()
-	stepApply(p, false, change{key: old.key, fe: old})
+	stepApply(p, change{key: old.key, fe: old})
 	// 10.0.0.2 leaves, 10.0.0.1 may take no new connections, Maglev goes.
 	fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.3:8080")
 	fe.flags |= svcFlagWeighted
 	fe.members[0].flags = 0
-	pl := p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+	pl := p.allocateIDs([]change{{key: fe.key, fe: fe}})
 	ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
 	none := &audit{}
 
@@ -498,9 +504,9 @@ func TestAuditEntries(t *testing.T) {
 	a.flags |= svcFlagWeighted // slot entries of its own (TestAuditDense has a dense one)
 	gone := stepFE("ns/gone", "198.18.0.2", 80, ipprotoTCP, "10.0.0.3:8080")
 	p := newStepProgrammer()
-	stepApply(p, false, change{key: a.key, fe: a}, change{key: gone.key, fe: gone})
-	stepApply(p, false, change{key: gone.key}) // gone drains, with reverse-NAT ID 2
-	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	stepApply(p, change{key: a.key, fe: a}, change{key: gone.key, fe: gone})
+	stepApply(p, change{key: gone.key}) // gone drains, with reverse-NAT ID 2
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}})
 	pr := pl.next[0]
 	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
 	absent := feKey{addr: netip.MustParseAddr("198.18.0.9"), port: 80, proto: ipprotoTCP}
@@ -646,7 +652,7 @@ func TestChangesFor(t *testing.T) {
 	if len(desired) != 2 {
 		t.Errorf("desired %v, want both frontends", desired)
 	}
-	d.prog.commit(d.prog.allocateIDs(changes, true))
+	d.prog.commit(d.prog.allocateIDs(changes))
 
 	// b gets another backend, c is new, a is unchanged but named.
 	b2 := svc("ns/b", "198.18.0.2", 2, "10.0.0.2", "10.0.0.3")
@@ -658,7 +664,7 @@ func TestChangesFor(t *testing.T) {
 	if got, want := view(changes), []string{"write 198.18.0.2:80/TCP", "write 198.18.0.3:80/TCP"}; !slices.Equal(got, want) {
 		t.Errorf("incremental apply: %v, want %v", got, want)
 	}
-	d.prog.commit(d.prog.allocateIDs(changes, false))
+	d.prog.commit(d.prog.allocateIDs(changes))
 
 	// a moves to another VIP; b is gone but not named: untouched.
 	a2 := svc("ns/a", "198.18.0.9", 2, "10.0.0.1")
@@ -701,7 +707,7 @@ func TestQueueDenseFrontend(t *testing.T) {
 		return bs
 	}
 	queue := func(p *programmer, fe *frontend) (slots, masters, stale writes, pl *applyPlan) {
-		pl = p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+		pl = p.allocateIDs([]change{{key: fe.key, fe: fe}})
 		ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
 		p.queueSlots(&slots, ch, false, &audit{})
 		p.queueMasters(&masters, ch, false, &audit{})
@@ -767,7 +773,7 @@ func TestQueueDenseFrontend(t *testing.T) {
 func TestAuditDense(t *testing.T) {
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "10.0.0.2:8080")
 	p := newStepProgrammer()
-	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}})
 	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
 	master := masterVal(pl.next[0])
 	if master.Slots[0] == 0 || master.Slots[1] == 0 || master.Slots[2] != 0 {
@@ -800,7 +806,7 @@ func TestAuditDense(t *testing.T) {
 func TestEmptyApplyKeepsMapsClean(t *testing.T) {
 	p := newStepProgrammer()
 	p.clean = true
-	empty := p.allocateIDs(nil, true)
+	empty := p.allocateIDs(nil)
 	if empty.writesEntries() {
 		t.Fatal("an apply of no frontend writes entries")
 	}
@@ -808,12 +814,12 @@ func TestEmptyApplyKeepsMapsClean(t *testing.T) {
 		t.Fatalf("auditFull on clean maps: %v, %v; want no audit", au, err)
 	}
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080")
-	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}})
 	if !pl.writesEntries() {
 		t.Error("an apply of a frontend writes no entries")
 	}
 	p.commit(pl)
-	if gone := p.allocateIDs([]change{{key: a.key}}, false); !gone.writesEntries() {
+	if gone := p.allocateIDs([]change{{key: a.key}}); !gone.writesEntries() {
 		t.Error("an apply that removes a frontend writes no entries")
 	}
 }
@@ -824,7 +830,7 @@ func TestEmptyApplyKeepsMapsClean(t *testing.T) {
 func TestAuditBackendsBothFamilies(t *testing.T) {
 	a := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, "10.0.0.1:8080", "[fd00:198::5]:8080")
 	p := newStepProgrammer()
-	pl := p.allocateIDs([]change{{key: a.key, fe: a}}, true)
+	pl := p.allocateIDs([]change{{key: a.key, fe: a}})
 	au := p.newAuditor(pl.changes, pl.next, pl.offs, pl.nids, pl.gone)
 	au.countUsed()
 	v4, v6 := refOf(t, p, "10.0.0.1:8080").id, refOf(t, p, "[fd00:198::5]:8080").id
@@ -852,7 +858,7 @@ func TestQueueInlineMembers(t *testing.T) {
 	}
 	queue := func(p *programmer, fe *frontend) steps {
 		var s steps
-		pl := p.allocateIDs([]change{{key: fe.key, fe: fe}}, false)
+		pl := p.allocateIDs([]change{{key: fe.key, fe: fe}})
 		ch := chunk{changes: pl.changes, next: pl.next, offs: pl.offs}
 		p.queueMembers(&s.members, ch, false, &audit{})
 		p.queueStale(&s.stale, ch)

@@ -126,14 +126,16 @@ const maxBackendBitset = 64 << 20
 // auditMaps reads every service map once and compares it with the state
 // apply is about to write: changes, with their programmed state next (index
 // for index, offs their offsets in the ID slab of nids IDs), and gone, the
-// frontends leaving. It replaces a prune after the writes: a full apply
+// frontends leaving; used are the backends referenced then (nil: those of
+// the backend table). It replaces a prune after the writes: a full apply
 // ends with the desired frontends and the draining ones alone.
 //
 // The maps are read in parallel, one goroutine each (reverse NAT and
 // Maglev together): each fills parts of the audit no other touches, and
 // all only read the desired state.
-func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change) (*audit, error) {
+func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int32, nids int, gone []change, used *usedBackends) (*audit, error) {
 	a := p.newAuditor(changes, next, offs, nids, gone)
+	a.used = used
 	a.countUsed()
 	readers := []func() error{
 		func() error {
@@ -207,11 +209,8 @@ type auditor struct {
 	// memberIndex maps backend IDs to member indexes, for the frontends
 	// with many members, as they are met.
 	memberIndex map[int]map[uint32]int
-	// used are the backends referenced after the apply, sorted by ID.
-	used []usedBackend
-	// usedByID is used by ID (key+1; 0: not used), when countUsed keeps
-	// them so; then used holds only IDs past its end.
-	usedByID []uint64
+	// used are the backends referenced after the apply (countUsed).
+	used *usedBackends
 }
 
 func (p *programmer) newAuditor(changes []change, next []*programmed, offs []int32, nids int, gone []change) *auditor {
@@ -394,7 +393,7 @@ func (a *auditor) memberEntry(mk bpfMemberKey, flags uint32) {
 	switch {
 	case j < 0:
 		au.stale.memberDeletes = append(au.stale.memberDeletes, mk)
-	case a.next[i].fe.members[j].flags == flags:
+	case uint32(a.next[i].fe.members[j].flags) == flags:
 		au.memberOK.set(int(a.offs[i]) + j)
 		au.ok[mapMembers]++
 	default:
@@ -425,55 +424,76 @@ type usedBackend struct {
 
 const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
 
-// maxUsedSlice bounds the backend IDs countUsed keeps in a slice indexed
-// by ID (8 bytes each: 128 MiB).
+// maxUsedSlice bounds the backend IDs usedOf keeps in a slice indexed by
+// ID (8 bytes each: 128 MiB).
 const maxUsedSlice = 16 << 20
 
-// countUsed collects the backends referenced after the apply, which
-// backendEntry needs: by ID in usedByID while the ID counter is not far
-// beyond them (IDs come from a counter and are never reused), else in
-// used, sorted by ID.
-func (a *auditor) countUsed() {
-	a.used, a.usedByID = a.used[:0], nil
-	n := 0
-	for _, ref := range a.p.backendIDs.all() {
+// usedBackends are the backends referenced after an apply, which
+// backendEntry needs: by ID in byID while the ID counter is not far beyond
+// them (IDs come from a counter and are never reused), else in sorted.
+type usedBackends struct {
+	n int // how many
+	// byID holds each by ID (key+1; 0: not used), when kept so; then
+	// sorted holds only IDs past its end, sorted by ID.
+	byID   []uint64
+	sorted []usedBackend
+}
+
+// usedOf collects the backends of t that are referenced, next being the
+// backend ID counter.
+func usedOf(t *backendTable, next uint32) *usedBackends {
+	u := &usedBackends{}
+	for _, ref := range t.all() {
 		if ref.refs > 0 {
-			n++
+			u.n++
 		}
 	}
-	a.au.used = n
-	if next := a.p.nextBackend; next <= maxUsedSlice && int(next) <= 8*n+4096 {
-		a.usedByID = make([]uint64, next)
+	if next <= maxUsedSlice && int(next) <= 8*u.n+4096 {
+		u.byID = make([]uint64, next)
 	}
-	for k, ref := range a.p.backendIDs.all() {
+	for k, ref := range t.all() {
 		if ref.refs > 0 {
 			k4, ok := v4Key(k)
 			if !ok {
 				k4 = usedV6
 			}
-			if int(ref.id) < len(a.usedByID) {
-				a.usedByID[ref.id] = k4 + 1
+			if int(ref.id) < len(u.byID) {
+				u.byID[ref.id] = k4 + 1
 			} else {
-				a.used = append(a.used, usedBackend{id: ref.id, key: k4})
+				u.sorted = append(u.sorted, usedBackend{id: ref.id, key: k4})
 			}
 		}
 	}
-	slices.SortFunc(a.used, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
+	slices.SortFunc(u.sorted, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
+	return u
+}
+
+// key returns the key recorded for backend id, and whether the backend is
+// referenced after the apply.
+func (u *usedBackends) key(id uint32) (uint64, bool) {
+	if int(id) < len(u.byID) {
+		k := u.byID[id]
+		return k - 1, k != 0
+	}
+	i, ok := slices.BinarySearchFunc(u.sorted, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
+	if !ok {
+		return 0, false
+	}
+	return u.sorted[i].key, true
+}
+
+// countUsed collects the backends referenced after the apply from the
+// backend table, unless the auditor was given them.
+func (a *auditor) countUsed() {
+	if a.used == nil {
+		a.used = usedOf(&a.p.backendIDs, a.p.nextBackend)
+	}
+	a.au.used = a.used.n
 }
 
 // usedKey returns the key countUsed recorded for backend id, and whether
 // the backend is referenced after the apply.
-func (a *auditor) usedKey(id uint32) (uint64, bool) {
-	if int(id) < len(a.usedByID) {
-		k := a.usedByID[id]
-		return k - 1, k != 0
-	}
-	i, ok := slices.BinarySearchFunc(a.used, id, func(u usedBackend, id uint32) int { return cmp.Compare(u.id, id) })
-	if !ok {
-		return 0, false
-	}
-	return a.used[i].key, true
-}
+func (a *auditor) usedKey(id uint32) (uint64, bool) { return a.used.key(id) }
 
 // backendEntry audits one backend entry: of a referenced backend, correct
 // or to rewrite; of any other, stale.

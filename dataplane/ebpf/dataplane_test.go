@@ -1232,6 +1232,44 @@ func TestDataplaneGC(t *testing.T) {
 
 // ---- frontendsOf, without root ----
 
+// TestRenderFirstError: render, on one goroutine or split among several,
+// returns every service's frontends in order, or the error of the first
+// service it cannot program.
+func TestRenderFirstError(t *testing.T) {
+	d := &Dataplane{cfg: Config{MaglevTableSize: maglev.DefaultTableSize}}
+	svcs := make([]*dataplane.Service, 3*renderParallelMin)
+	for i := range svcs {
+		svcs[i] = &dataplane.Service{
+			Name: fmt.Sprintf("ns/s%05d", i), VIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})},
+			Ports:         []dataplane.Port{{Protocol: dataplane.TCP, Port: 80, TargetPort: 8080}},
+			Backends:      []dataplane.Backend{{IP: netip.MustParseAddr("10.0.0.1"), State: dataplane.BackendReady, Weight: 1}},
+			TrafficPolicy: dataplane.TrafficPolicyCluster, LoadBalancing: dataplane.LoadBalancingRandom,
+		}
+	}
+	out, err := d.render(svcs, &dataplane.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, fes := range out {
+		if len(fes) != 1 || fes[0].service != svcs[i].Name {
+			t.Fatalf("service %d rendered as %v", i, fes)
+		}
+	}
+	unsupported := func(i int) {
+		c := *svcs[i]
+		// SCTP with a target port of its own: unsupported.
+		c.Ports = []dataplane.Port{{Protocol: dataplane.SCTP, Port: 80, TargetPort: 8080}}
+		svcs[i] = &c
+	}
+	// In each part of a split, the first one first.
+	unsupported(len(svcs) - 10)
+	unsupported(len(svcs)/2 + 1)
+	unsupported(100)
+	if _, err := d.render(svcs, &dataplane.Node{}); !errors.Is(err, dataplane.ErrUnsupported) || !strings.Contains(err.Error(), svcs[100].Name) {
+		t.Errorf("render: %v, want the unsupported error of %s", err, svcs[100].Name)
+	}
+}
+
 func TestFrontendsOf(t *testing.T) {
 	be := func(ip string, state dataplane.BackendState, weight uint16) dataplane.Backend {
 		return dataplane.Backend{IP: netip.MustParseAddr(ip), State: state, Weight: weight}
@@ -1265,7 +1303,7 @@ func TestFrontendsOf(t *testing.T) {
 		}
 		out := map[beKey]uint32{}
 		for _, m := range fe.members {
-			out[m.key.unpack()] = m.flags
+			out[m.key.unpack()] = uint32(m.flags)
 		}
 		return out
 	}
@@ -1293,6 +1331,35 @@ func TestFrontendsOf(t *testing.T) {
 		fe := one(t, svcOf(dataplane.SCTP, 80, 80, be("10.0.0.1", ready, 1)), maglev.DefaultTableSize)
 		if fe.key.proto != ipprotoSCTP || fe.key.port != 80 || len(fe.slots) != 1 || fe.slotBackend(0) != bk("10.0.0.1", 80) {
 			t.Errorf("frontend %+v", fe)
+		}
+	})
+	t.Run("slots of weight 1, member j in slot j, are shared; others are not", func(t *testing.T) {
+		fe := one(t, svcOf(dataplane.TCP, 80, 8080, be("10.0.0.1", ready, 1), be("10.0.0.2", ready, 1), be("10.0.0.3", ready, 1)), maglev.DefaultTableSize)
+		if !fe.sharesIdentitySlots() || !slices.Equal(fe.slots, []slot{{0, 1, 1}, {1, 1, 2}, {2, 1, 3}}) {
+			t.Errorf("all ready, weight 1: slots %v (shared %v), want identitySlots[:3]", fe.slots, fe.sharesIdentitySlots())
+		}
+		cases := map[string]struct {
+			bes  []dataplane.Backend
+			want []slot
+		}{
+			"a member out of the slots": {
+				[]dataplane.Backend{be("10.0.0.1", ready, 1), be("10.0.0.2", dead, 1), be("10.0.0.3", ready, 1)},
+				[]slot{{0, 1, 1}, {2, 1, 2}},
+			},
+			"listed out of key order (slots follow the listing)": {
+				[]dataplane.Backend{be("10.0.0.2", ready, 1), be("10.0.0.1", ready, 1), be("10.0.0.3", ready, 1)},
+				[]slot{{1, 1, 1}, {0, 1, 2}, {2, 1, 3}},
+			},
+			"a weight": {
+				[]dataplane.Backend{be("10.0.0.1", ready, 1), be("10.0.0.2", ready, 1), be("10.0.0.3", ready, 4)},
+				[]slot{{0, 1, 1}, {1, 1, 2}, {2, 4, 6}},
+			},
+		}
+		for name, c := range cases {
+			fe := one(t, svcOf(dataplane.TCP, 80, 8080, c.bes...), maglev.DefaultTableSize)
+			if fe.sharesIdentitySlots() || !slices.Equal(fe.slots, c.want) {
+				t.Errorf("%s: slots %v (shared %v), want %v of their own", name, fe.slots, fe.sharesIdentitySlots(), c.want)
+			}
 		}
 	})
 	t.Run("weights", func(t *testing.T) {

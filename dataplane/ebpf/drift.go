@@ -459,18 +459,23 @@ type entryCheck struct {
 	next    []*programmed
 	offs    []int32
 	nids    int
+	// used are the referenced backends; the copy's backend table holds
+	// the IPv6 ones alone (the IPv4 ones are in used whole).
+	used *usedBackends
 }
 
 // snapshotEntries copies what compare needs. The caller holds the apply
 // lock; the copy costs a pass over the frontends and the backend table,
-// far less than reading the maps.
+// far less than reading the maps. Of the backend table it keeps what the
+// audit reads (usedOf), not a copy: a fraction of its size.
 func (p *programmer) snapshotEntries() *entryCheck {
 	c := &entryCheck{
 		p: &programmer{maps: p.maps, draining: maps.Clone(p.draining), noDrain: p.noDrain, nextBackend: p.nextBackend,
-			backendIDs: backendTable{v4: maps.Clone(p.backendIDs.v4), v6: maps.Clone(p.backendIDs.v6)}},
+			backendIDs: backendTable{v4: map[uint64]backendRef{}, v6: maps.Clone(p.backendIDs.v6)}},
 		changes: make([]change, 0, len(p.frontends)),
 		next:    make([]*programmed, 0, len(p.frontends)),
 		offs:    make([]int32, 0, len(p.frontends)),
+		used:    usedOf(&p.backendIDs, p.nextBackend),
 	}
 	for k, pr := range p.frontends {
 		c.changes = append(c.changes, change{key: k, fe: pr.fe})
@@ -483,7 +488,7 @@ func (p *programmer) snapshotEntries() *entryCheck {
 
 // compare reads the service maps and counts how they differ from the copy.
 func (c *entryCheck) compare() (entryCounts, error) {
-	au, err := c.p.auditMaps(c.changes, c.next, c.offs, c.nids, nil)
+	au, err := c.p.auditMaps(c.changes, c.next, c.offs, c.nids, nil, c.used)
 	if err != nil {
 		return entryCounts{}, err
 	}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -400,24 +401,23 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		}
 	}
 	sort.Strings(names)
-	desired := map[feKey]*frontend{}
-	var changes []change
+	svcs := make([]*dataplane.Service, 0, len(names))
 	for _, name := range names {
-		svc, ok := s.Get(name)
-		if !ok {
-			continue
+		if svc, ok := s.Get(name); ok {
+			svcs = append(svcs, svc)
 		}
-		if err := d.Capabilities().Check(svc); err != nil {
-			return nil, nil, err
-		}
-		fes, err := serviceFrontends(svc, d.cfg.MaglevTableSize, &s.Node)
-		if err != nil {
-			return nil, nil, err
-		}
+	}
+	rendered, err := d.render(svcs, &s.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	desired := make(map[feKey]*frontend, len(names))
+	for _, fes := range rendered {
 		for _, fe := range fes {
 			desired[fe.key] = fe
 		}
 	}
+	changes := make([]change, 0, len(desired))
 	for _, name := range names {
 		for _, k := range d.prog.byService[name] {
 			if _, ok := desired[k]; !ok {
@@ -431,6 +431,50 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		}
 	}
 	return changes, desired, nil
+}
+
+// renderParallelMin is the fewest services render splits among
+// goroutines: below it, one renders them faster than several start.
+const renderParallelMin = 4096
+
+// render returns the frontends of each of svcs, index for index. It fails
+// with the error of the first service the dataplane cannot program. A
+// large svcs is split among a few goroutines (services render
+// independently, and only read svcs and node).
+func (d *Dataplane) render(svcs []*dataplane.Service, node *dataplane.Node) ([][]*frontend, error) {
+	caps := d.Capabilities()
+	out := make([][]*frontend, len(svcs))
+	errs := make([]error, len(svcs))
+	// part renders svcs[lo:hi]; it stops at its first failure, which is
+	// the first one of its range.
+	part := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if errs[i] = caps.Check(svcs[i]); errs[i] != nil {
+				return
+			}
+			if out[i], errs[i] = serviceFrontends(svcs[i], d.cfg.MaglevTableSize, node); errs[i] != nil {
+				return
+			}
+		}
+	}
+	par := min(runtime.GOMAXPROCS(0), maxWriters, len(svcs)/renderParallelMin)
+	if par <= 1 {
+		part(0, len(svcs))
+	} else {
+		var wg sync.WaitGroup
+		per := (len(svcs) + par - 1) / par
+		for i := range par {
+			lo, hi := i*per, min((i+1)*per, len(svcs))
+			wg.Go(func() { part(lo, hi) })
+		}
+		wg.Wait()
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // makeRoom fails, before anything is written, when changes would not fit

@@ -158,10 +158,11 @@ type frontend struct {
 	members []member
 }
 
-// member is a backend of a frontend and its member flags.
+// member is a backend of a frontend and its member flags (a byte, as
+// rev_nat.member_flags holds them: 20 bytes a member, not 24).
 type member struct {
 	key   bePacked
-	flags uint32
+	flags uint8
 }
 
 func (k bePacked) compare(o bePacked) int {
@@ -174,7 +175,14 @@ func (k bePacked) compare(o bePacked) int {
 func compareMembers(a, b member) int { return a.key.compare(b.key) }
 
 // memberIndex returns the index of k in f.members, or -1.
-func (f *frontend) memberIndex(k bePacked) int {
+func (f *frontend) memberIndex(k bePacked) int { return f.memberIndexFrom(k, 0) }
+
+// memberIndexFrom is memberIndex, trying index hint first: backends are
+// mostly listed in key order, so that the next member is a good guess.
+func (f *frontend) memberIndexFrom(k bePacked, hint int) int {
+	if hint < len(f.members) && f.members[hint].key == k {
+		return hint
+	}
 	i, ok := slices.BinarySearchFunc(f.members, k, func(m member, k bePacked) int { return m.key.compare(k) })
 	if !ok {
 		return -1
@@ -227,6 +235,32 @@ type slot struct {
 	cum    uint32
 }
 
+// identitySlots[j] is slot j of a frontend whose members all take new
+// connections, with weight 1: member j, cumulative weight j+1. Such
+// frontends (most) share a prefix of it instead of slots of their own;
+// slots are never changed once built.
+var identitySlots = func() []slot {
+	s := make([]slot, 1024)
+	for j := range s {
+		s[j] = slot{member: uint32(j), weight: 1, cum: uint32(j + 1)}
+	}
+	return s
+}()
+
+// sharesIdentitySlots reports whether f's slots are a prefix of
+// identitySlots: slot j is member j.
+func (f *frontend) sharesIdentitySlots() bool {
+	return len(f.slots) > 0 && &f.slots[0] == &identitySlots[0]
+}
+
+// sharedSlots returns slots, or the prefix of identitySlots equal to them.
+func sharedSlots(slots []slot) []slot {
+	if len(slots) == 0 || len(slots) > len(identitySlots) || !slices.Equal(slots, identitySlots[:len(slots)]) {
+		return slots
+	}
+	return identitySlots[:len(slots):len(slots)]
+}
+
 // equal reports whether f and g program the same map entries.
 func (f *frontend) equal(g *frontend) bool {
 	if f.key != g.key || f.flags != g.flags || f.timeout != g.timeout || f.weight != g.weight ||
@@ -273,7 +307,8 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 			n4++
 		}
 	}
-	// One allocation each for the frontends, their members and their slots.
+	// One allocation each for the frontends, their members and their slots
+	// (when they do not share identitySlots).
 	nfe := len(svc.VIPs) * len(svc.Ports)
 	out := make([]*frontend, 0, nfe)
 	fes := make([]frontend, nfe)
@@ -292,9 +327,6 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 		for _, p := range svc.Ports {
 			// Per port: a backend may serve some ports of the service only.
 			eligible := svc.EligibleBackends(p, is6)
-			if slots == nil && len(eligible) > 0 {
-				slots = make([]slot, 0, len(svc.Ports)*len(svc.VIPs)*len(eligible))
-			}
 			fe := &fes[len(out)]
 			*fe = frontend{
 				key:     feKey{addr: vip, port: p.Port, proto: protoNumber(p.Protocol)},
@@ -325,20 +357,39 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 			fe.members = slices.CompactFunc(fe.members, func(a, b member) bool { return a.key == b.key })
 			start = len(slots)
 			uniform := true
+			// While the slots are identitySlots[:n] (weight 1, member j
+			// in slot j, the common case), none is stored: fe shares
+			// identitySlots.
+			n, hint := 0, 0
 			for _, b := range eligible {
-				i := fe.memberIndex(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)})
+				i := fe.memberIndexFrom(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)}, hint)
 				if i < 0 {
 					continue // eligible backends are among the service's
 				}
+				hint = i + 1
 				fe.members[i].flags = memberFlagEligible
 				w := max(b.Weight, 1)
 				fe.weight += uint32(w)
+				if n >= 0 && i == n && w == 1 && n < len(identitySlots) {
+					n++
+					continue
+				}
+				if n >= 0 {
+					if slots == nil {
+						slots = make([]slot, 0, len(svc.Ports)*len(svc.VIPs)*len(eligible))
+					}
+					slots = append(slots, identitySlots[:n]...)
+					n = -1
+				}
 				slots = append(slots, slot{member: uint32(i), weight: w, cum: fe.weight})
 				if w != slots[start].weight {
 					uniform = false
 				}
 			}
-			if len(slots) > start {
+			switch {
+			case n > 0:
+				fe.slots = identitySlots[:n:n]
+			case len(slots) > start:
 				fe.slots = slots[start:len(slots):len(slots)]
 			}
 			if err := fe.setChoice(svc, uniform, maglevMin); err != nil {
@@ -471,12 +522,13 @@ func buildFrontend(svc *dataplane.Service, key feKey, p dataplane.Port, eligible
 	}
 	slices.SortFunc(fe.members, compareMembers)
 	fe.members = slices.CompactFunc(fe.members, func(a, b member) bool { return a.key == b.key })
-	uniform := true
+	uniform, hint := true, 0
 	for _, b := range eligible {
-		i := fe.memberIndex(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)})
+		i := fe.memberIndexFrom(bePacked{addr: b.IP.As16(), port: b.TargetPort(p)}, hint)
 		if i < 0 {
 			continue
 		}
+		hint = i + 1
 		fe.members[i].flags = memberFlagEligible
 		w := max(b.Weight, 1)
 		fe.weight += uint32(w)
@@ -485,6 +537,7 @@ func buildFrontend(svc *dataplane.Service, key feKey, p dataplane.Port, eligible
 			uniform = false
 		}
 	}
+	fe.slots = sharedSlots(fe.slots)
 	if err := fe.setChoice(svc, uniform, maglevMin); err != nil {
 		return nil, err
 	}

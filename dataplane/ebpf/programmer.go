@@ -64,7 +64,9 @@ type programmed struct {
 	fe     *frontend
 	revNat uint32
 	// memberIDs are the backend IDs of fe.members, index for index, and
-	// slotIDs those of fe.slots (one allocation holds both).
+	// slotIDs those of fe.slots (one allocation holds both; slotIDs is a
+	// prefix of memberIDs when fe shares identitySlots). Neither changes
+	// once allocateIDs has filled them.
 	memberIDs []uint32
 	slotIDs   []uint32
 }

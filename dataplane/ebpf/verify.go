@@ -227,7 +227,7 @@ func verifyFrontend(fe *frontend, services map[bpfSvcKey]bpfSvcVal, members map[
 		switch {
 		case !ok:
 			diff("frontend %s (service %s): member %s missing", fe.key, fe.service, k)
-		case flags != m.flags:
+		case flags != uint32(m.flags):
 			diff("frontend %s (service %s): member %s has flags %#x, want %#x", fe.key, fe.service, k, flags, m.flags)
 		}
 		delete(got, k)

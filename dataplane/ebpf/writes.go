@@ -92,7 +92,7 @@ func revNatVal(k feKey, pr *programmed) bpfRevNat {
 	r.Members = uint32(len(pr.memberIDs))
 	for j, id := range pr.memberIDs {
 		r.MemberIds[j] = id
-		r.MemberFlags[j] = uint8(pr.fe.members[j].flags)
+		r.MemberFlags[j] = pr.fe.members[j].flags
 	}
 	return r
 }
@@ -115,7 +115,8 @@ type memberUnion struct {
 func unionOf(k feKey, old, pr *programmed) memberUnion {
 	u := memberUnion{rn: revNatBase(k)}
 	walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
-		var id, flags uint32
+		var id uint32
+		var flags uint8
 		if j >= 0 {
 			id, flags = pr.memberIDs[j], pr.fe.members[j].flags
 			if i < 0 || old.fe.members[i].flags != flags {
@@ -127,7 +128,7 @@ func unionOf(k feKey, old, pr *programmed) memberUnion {
 		}
 		if u.n < revNatInlineMembers {
 			u.rn.MemberIds[u.n] = id
-			u.rn.MemberFlags[u.n] = uint8(flags)
+			u.rn.MemberFlags[u.n] = flags
 		}
 		u.n++
 	})
@@ -304,19 +305,44 @@ func batchDelete[K any](m *ebpf.Map, keys []K) error {
 
 // forEach calls fn with every entry of m, read in batches where the kernel
 // can (one syscall per few thousand entries, instead of two per entry).
-// Entries that change meanwhile may be seen or not.
+// Entries that change meanwhile may be seen or not. fn runs on the
+// caller's goroutine while another one reads the next batch: for a large
+// map the kernel's copying and fn's work overlap.
 func forEach[K, V any](m *ebpf.Map, fn func(K, V)) error {
-	keys, vals := make([]K, 4096), make([]V, 4096)
-	var cursor ebpf.MapBatchCursor
+	type batch struct {
+		keys []K
+		vals []V
+		n    int
+		err  error
+	}
+	// Two buffers: fn walks one while the reader fills the other. The
+	// reader stops after the batch that ends the walk (ErrKeyNotExist or
+	// an error), and so does the loop below: neither waits on the other
+	// after that.
+	free, full := make(chan *batch, 2), make(chan *batch, 2)
+	defer close(free) // ends the reader, should fn panic
+	for range 2 {
+		free <- &batch{keys: make([]K, 4096), vals: make([]V, 4096)}
+	}
+	go func() {
+		var cursor ebpf.MapBatchCursor
+		for b := range free {
+			b.n, b.err = m.BatchLookup(&cursor, b.keys, b.vals, nil)
+			full <- b
+			if b.err != nil {
+				return
+			}
+		}
+	}()
 	for first := true; ; first = false {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			fn(keys[i], vals[i])
+		b := <-full
+		for i := range b.n {
+			fn(b.keys[i], b.vals[i])
 		}
 		switch {
-		case errors.Is(err, ebpf.ErrKeyNotExist):
+		case errors.Is(b.err, ebpf.ErrKeyNotExist):
 			return nil
-		case err != nil && first && n == 0:
+		case b.err != nil && first && b.n == 0:
 			// No batch lookups for this map type or kernel.
 			var k K
 			var v V
@@ -325,9 +351,10 @@ func forEach[K, V any](m *ebpf.Map, fn func(K, V)) error {
 				fn(k, v)
 			}
 			return it.Err()
-		case err != nil:
-			return err
+		case b.err != nil:
+			return b.err
 		}
+		free <- b
 	}
 }
 
