@@ -49,9 +49,9 @@ kube-e2e:
 	if [ "$$CI" = true ] && grep -q -- '--- SKIP' "$$out/log"; then echo "kube-e2e: a test skipped under CI=true" >&2; exit 1; fi; \
 	exit $$(cat "$$out/rc")
 
-# fuzz runs every fuzz target for FUZZTIME each (package:target pairs; go
-# test fuzzes one target of one package at a time). A crasher is written
-# under the package's testdata/fuzz and fails the run.
+# fuzz runs every fuzz target for FUZZTIME each (package:target pairs; see
+# scripts/fuzz.sh). A crasher is written under the package's testdata/fuzz
+# and fails the run.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := \
 	./server/validation:FuzzUpsertService \
@@ -64,10 +64,7 @@ FUZZ_TARGETS := \
 	./internal/manifest:FuzzLoad
 
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		echo "== fuzz $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*}; \
-	done
+	GO=$(GO) ./scripts/fuzz.sh $(FUZZTIME) $(FUZZ_TARGETS)
 
 # buf.yaml (a workspace of the one module proto/) and buf.gen.yaml sit at
 # the repository root, so buf runs from here.
