@@ -68,7 +68,7 @@ func TestSetNodeTopology(t *testing.T) {
 	}
 	upsert(t, in, &vipdv1.Service{Name: "web", Vips: []string{"198.19.0.1"}, Ports: []*vipdv1.Port{{Port: 80}},
 		TrafficDistribution: vipdv1.TrafficDistribution_TRAFFIC_DISTRIBUTION_PREFER_SAME_ZONE,
-		Backends: []*vipdv1.Backend{{Ip: "198.18.1.1", Zone: "zone-a"}, {Ip: "198.18.2.1", Zone: "zone-b"}}})
+		Backends:            []*vipdv1.Backend{{Ip: "198.18.1.1", Zone: "zone-a"}, {Ip: "198.18.2.1", Zone: "zone-b"}}})
 	if got := readyIPs(t, in, "web"); !slices.Equal(got, []string{"198.18.1.1"}) {
 		t.Fatalf("READY in zone-a: %v", got)
 	}
