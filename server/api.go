@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
@@ -69,9 +70,10 @@ type API struct {
 	instance  string // see InstanceID
 
 	// zoneMu makes SetNodeTopology calls one at a time, so that each
-	// reports the zone its own call replaced.
-	zoneMu     sync.Mutex
-	zoneSource zoneSource
+	// reports the zone its own call replaced; zoneSetByAPI is set once
+	// one succeeded (see zoneSource).
+	zoneMu       sync.Mutex
+	zoneSetByAPI atomic.Bool
 }
 
 // APIOption configures an API.
@@ -841,7 +843,7 @@ func (a *API) GetStatus(context.Context, *vipdv1.GetStatusRequest) (*vipdv1.GetS
 		Ready:             st.Ready,
 		InstanceId:        a.instance,
 		Zone:              st.Topology.Zone,
-		ZoneSource:        a.zoneSource.of(st.Topology.Zone),
+		ZoneSource:        a.zoneSource(st.Topology.Zone),
 		NodeName:          st.Topology.NodeName,
 	}
 	if !st.LastSync.IsZero() {

@@ -34,6 +34,7 @@ type instance struct {
 	ready  <-chan struct{}
 	lb     vipdv1.LoadBalancerServiceClient
 	status vipdv1.StatusServiceClient
+	node   vipdv1.NodeServiceClient
 	health healthpb.HealthClient
 	stop   func()
 }
@@ -45,6 +46,9 @@ type config struct {
 	persister func(*store.Dir) reconcile.Persister
 	serverOps []server.Option
 	noWait    bool
+	// nodeName and zone, when zone is set, are vipd's --node-name and
+	// --zone.
+	nodeName, zone string
 }
 
 // start runs an instance; it is stopped at the end of the test or by stop.
@@ -66,6 +70,9 @@ func start(t testing.TB, cfg config) *instance {
 	if cfg.noWait {
 		opts = append(opts, testserver.WithoutWaiting())
 	}
+	if cfg.zone != "" {
+		opts = append(opts, testserver.WithTopology(cfg.nodeName, cfg.zone))
+	}
 	srv := testserver.Start(t, opts...)
 	conn, err := grpc.NewClient(srv.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -76,6 +83,7 @@ func start(t testing.TB, cfg config) *instance {
 		dp: srv.Dataplane(), ready: srv.Ready(),
 		lb:     vipdv1.NewLoadBalancerServiceClient(conn),
 		status: vipdv1.NewStatusServiceClient(conn),
+		node:   vipdv1.NewNodeServiceClient(conn),
 		health: healthpb.NewHealthClient(conn),
 	}
 	in.stop = func() {

@@ -2,42 +2,21 @@ package server
 
 import (
 	"context"
-	"sync"
 
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/authz"
 	"github.com/vipd/vipd/server/validation"
 )
 
-// Zone sources GetStatus reports in zone_source.
-const (
-	zoneSourceFlag = "flag"
-	zoneSourceAPI  = "api"
-)
-
-// zoneSource remembers where the node's zone came from: the zone the
-// reconciler started with (vipd run --zone) until a SetNodeTopology
-// succeeds.
-type zoneSource struct {
-	mu     sync.Mutex
-	setAPI bool
-}
-
-func (z *zoneSource) markAPI() {
-	z.mu.Lock()
-	z.setAPI = true
-	z.mu.Unlock()
-}
-
-// of says where zone, the zone in force, came from.
-func (z *zoneSource) of(zone string) string {
-	z.mu.Lock()
-	defer z.mu.Unlock()
+// zoneSource says where zone, the zone in force, came from, for
+// GetStatus's zone_source: "api" once a SetNodeTopology succeeded, else
+// "flag" when vipd started with one (vipd run --zone), else "".
+func (a *API) zoneSource(zone string) string {
 	switch {
-	case z.setAPI:
-		return zoneSourceAPI
+	case a.zoneSetByAPI.Load():
+		return "api"
 	case zone != "":
-		return zoneSourceFlag
+		return "flag"
 	}
 	return ""
 }
@@ -59,7 +38,7 @@ func (a *API) SetNodeTopology(ctx context.Context, req *vipdv1.SetNodeTopologyRe
 	if err := a.rec.SetZone(ctx, req.GetZone()); err != nil {
 		return nil, a.fail(ctx, err)
 	}
-	a.zoneSource.markAPI()
+	a.zoneSetByAPI.Store(true)
 	if previous != req.GetZone() {
 		a.log.Info("node zone set", "zone", req.GetZone(), "previous_zone", previous)
 	}

@@ -6,33 +6,22 @@ import (
 	"testing"
 
 	"github.com/vipd/vipd/dataplane"
-	"github.com/vipd/vipd/internal/testkit/testserver"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server"
 	"github.com/vipd/vipd/server/authz"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
-// startNode runs a test vipd with node name node-1 in zone start, under
-// policy (nil: no authz file), and returns its NodeService and
-// StatusService clients with the instance.
-func startNode(t *testing.T, start string, policy *authz.Policy) (*instance, vipdv1.NodeServiceClient) {
+// startNode runs a test vipd in zone ("": none; otherwise with node name
+// node-1), under policy (nil: no authz file).
+func startNode(t *testing.T, zone string, policy *authz.Policy) (*instance, vipdv1.NodeServiceClient) {
 	t.Helper()
-	var ops []server.Option
+	cfg := config{nodeName: "node-1", zone: zone}
 	if policy != nil {
-		ops = append(ops, withTestIdentities(policy))
+		cfg.serverOps = []server.Option{withTestIdentities(policy)}
 	}
-	srv := testserver.Start(t, testserver.WithTopology("node-1", start), testserver.WithServerOptions(ops...))
-	conn, err := grpc.NewClient(srv.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	in := &instance{dp: srv.Dataplane(), ready: srv.Ready(), lb: vipdv1.NewLoadBalancerServiceClient(conn),
-		status: vipdv1.NewStatusServiceClient(conn)}
-	return in, vipdv1.NewNodeServiceClient(conn)
+	in := start(t, cfg)
+	return in, in.node
 }
 
 func zoneStatus(t *testing.T, in *instance) (zone, source, node string) {

@@ -48,11 +48,7 @@ func (a *Adapter) fullPass(ctx context.Context, w work) error {
 
 func (a *Adapter) fullSync(ctx context.Context, w work) error {
 	if err := a.waitVIPD(ctx); err != nil {
-		if w.setZone {
-			a.mu.Lock()
-			a.zone.pending = true
-			a.mu.Unlock()
-		}
+		// The full sync is requeued, and hands vipd the zone when it runs.
 		return err
 	}
 	if w.setZone {

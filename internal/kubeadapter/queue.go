@@ -164,6 +164,8 @@ func (a *Adapter) loop(ctx context.Context) {
 		lastStart = time.Now()
 		a.checkInstance(ctx)
 		w := a.take()
+		// Only the node's zone changed: no pass of services.
+		zoneOnly := !w.full && w.setZone && len(w.names) == 0
 		var err error
 		switch {
 		case w.full:
@@ -172,18 +174,8 @@ func (a *Adapter) loop(ctx context.Context) {
 			if err == nil && periodic != nil {
 				periodic.Reset(a.cfg.fullSyncPeriod)
 			}
-		case w.setZone && len(w.names) == 0:
-			// Only the node's zone changed: no pass of services.
-			if err = a.sendZone(ctx, w.zone); err != nil {
-				a.log.Warn("setting vipd's zone failed; retrying", "in", backoff, "error", err)
-				if !sleep(ctx, backoff) {
-					return
-				}
-				backoff = min(2*backoff, a.cfg.backoffMax)
-			} else {
-				backoff = a.cfg.backoffMin
-			}
-			continue
+		case zoneOnly:
+			err = a.sendZone(ctx, w.zone)
 		default:
 			if w.setZone {
 				if zerr := a.sendZone(ctx, w.zone); zerr != nil {
@@ -193,8 +185,10 @@ func (a *Adapter) loop(ctx context.Context) {
 			}
 			err = a.partialPass(ctx, w)
 		}
-		a.passDone(w.full, err == nil)
-		a.retryFreed()
+		if !zoneOnly {
+			a.passDone(w.full, err == nil)
+			a.retryFreed()
+		}
 		if ctx.Err() != nil {
 			return
 		}
