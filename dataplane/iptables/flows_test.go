@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/ti-mo/conntrack"
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/testkit/netlab"
 	"github.com/vipd/vipd/internal/testkit/syncbuf"
+	"github.com/vipd/vipd/server/flowhub"
 	"golang.org/x/sys/unix"
 )
 
@@ -756,5 +758,130 @@ func TestFlowSysctlsOnlyWhenAsked(t *testing.T) {
 				t.Errorf("SetFlowSysctls %v: %s is %q (%v) after New and Apply, want %s", set, key, got, err, v)
 			}
 		}
+	}
+}
+
+// flowCounter is a flowhub.Observer that counts the events the hub read
+// and the kernel's losses.
+type flowCounter struct {
+	mu                sync.Mutex
+	news, closes      int
+	lostKernel, other uint64
+}
+
+func (c *flowCounter) Flow(_ string, t dataplane.FlowEventType) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch t {
+	case dataplane.FlowNew:
+		c.news++
+	case dataplane.FlowClosed:
+		c.closes++
+	}
+}
+
+func (c *flowCounter) Lost(source string, n uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if source == flowhub.LostKernel {
+		c.lostKernel += n
+	} else {
+		c.other += n
+	}
+}
+
+func (c *flowCounter) counts() (news, closes int, lostKernel, other uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.news, c.closes, c.lostKernel, c.other
+}
+
+// TestFlowDestroyBurstFitsHubBuffer has the kernel destroy, at once,
+// flowDestroyBurst expired vipd entries, as a dump or a garbage collection
+// pass does with the entries of the connections that closed during the
+// last seconds, while a WatchFlows subscriber of a hub with the default
+// buffer reads none of their CLOSED events until the burst is over. The
+// reader takes a burst from the socket much faster than a gRPC stream
+// sends it on, so the subscriber's buffer, not the socket's, has to hold
+// it: with a default of 4096 events, vipd-bench lost thousands of CLOSED
+// events at 8,500 connections per second, all on the subscriber's side.
+func TestFlowDestroyBurstFitsHubBuffer(t *testing.T) {
+	// The CLOSED events of about 3 s at the highest rate vipd-bench makes.
+	const flowDestroyBurst = 30_000
+	l := newFlowLab(t, 1, func(l *flowLab) []*dataplane.Service {
+		return []*dataplane.Service{l.web(dataplane.TCP, "web1")}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), flowTimeout)
+	defer cancel()
+	obs := &flowCounter{}
+	hub := flowhub.New(hclog.NewNullLogger(), l.dp, flowhub.WithObserver(obs))
+	ran := make(chan error, 1)
+	go func() { ran <- hub.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+	sub, err := hub.Subscribe(flowhub.Filter{Types: []dataplane.FlowEventType{dataplane.FlowClosed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+
+	ct, err := conntrack.Dial(l.dp.ct.netlinkConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct.Close()
+	// Entries of UDP flows from 198.18.200.0/24 to the VIP, marked as the
+	// SVC chains mark them, which expire a second after they are made.
+	vip := netip.MustParseAddr(flowVIP)
+	entry := func(i int) conntrack.Flow {
+		client := netip.AddrFrom4([4]byte{198, 18, 200, byte(i / 60000)})
+		return conntrack.NewFlow(unix.IPPROTO_UDP, 0, client, vip, uint16(1024+i%60000), flowPort, 1, FlowMark)
+	}
+	// The hub reads the socket once a probe entry's NEW event comes. Every
+	// probe's DESTROY event comes too: with nf_conntrack_events at 1, an
+	// entry made before the socket listened reports its end all the same.
+	probes := 0
+	for news := 0; news == 0; news, _, _, _ = obs.counts() {
+		if ctx.Err() != nil {
+			t.Fatal("the hub read no NEW event of a probe entry")
+		}
+		if err := ct.Create(entry(flowDestroyBurst + probes)); err != nil {
+			t.Fatal(err)
+		}
+		probes++
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := range flowDestroyBurst {
+		if err := ct.Create(entry(i)); err != nil {
+			t.Fatalf("create entry %d: %v", i, err)
+		}
+	}
+	want := probes + flowDestroyBurst
+	l.waitFor(t, "every entry's CLOSED event to reach the hub", func() bool {
+		_, closes, lostKernel, _ := obs.counts()
+		return closes+int(lostKernel) >= want
+	})
+	_, _, lostKernel, _ := obs.counts()
+	if lostKernel != 0 {
+		t.Fatalf("the kernel dropped %d events: the socket's buffer overran before the hub's", lostKernel)
+	}
+
+	var closes int
+	var lost uint64
+	for closes+int(lost) < want {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d CLOSED events and %d lost: %v", closes, lost, err)
+		}
+		if m.Lost != nil {
+			lost += m.Lost.Count
+			continue
+		}
+		closes++
+	}
+	if lost != 0 || closes != want {
+		t.Fatalf("the subscriber got %d CLOSED events and lost %d of a burst of %d (buffer %d events)", closes, lost, want, hub.Buffer())
 	}
 }
