@@ -58,4 +58,11 @@
 //
 // Chains are what iptables-nft-restore pays for, more than rules, so a
 // service costs one chain per port and family unless it needs affinity.
+// A partial sync's restore still costs time in proportion to the whole
+// table it writes to: the commit of any rule makes nf_tables validate every
+// rule reachable from the table's hooked builtin chains, once per hook
+// (PREROUTING and OUTPUT both reach every service). At 10,000 services with
+// 5 backends each that is about 90 ms of a one-backend move's nat commit,
+// most of the move; Render and Payload reuse what they can so as to add
+// little to it.
 package iptables

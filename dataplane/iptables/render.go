@@ -236,6 +236,10 @@ type renderedTrie struct {
 	entries []trieEntry
 	k       int
 	chains  map[string][]string
+	// sorted is what buildTrie got for a dedup kind: entries sorted by
+	// address, one per address. It is never modified: the next Render
+	// patches a copy (sortedUnique).
+	sorted []trieEntry
 }
 
 // trieKind describes one of the prefix tries of a family.
@@ -363,13 +367,15 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 			}
 			t := old
 			if old == nil || old.k != opts.MaxLeafRules || !slices.Equal(old.entries, collected[k]) {
-				es := slices.Clone(collected[k])
+				var es, sorted []trieEntry
 				if kind.dedup {
-					slices.SortFunc(es, func(a, b trieEntry) int { return a.addr.Compare(b.addr) })
-					es = slices.CompactFunc(es, func(a, b trieEntry) bool { return a.addr == b.addr })
+					es = sortedUnique(old, collected[k])
+					sorted = es
+				} else {
+					es = slices.Clone(collected[k])
 				}
 				digit := strings.TrimPrefix(f.String(), "ipv")
-				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules, kind.match)}
+				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules, kind.match), sorted}
 			}
 			r.tries[f][k] = t
 			maps.Copy(r.chains[f][kind.table], t.chains)

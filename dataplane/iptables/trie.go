@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 )
 
 // trieEntry is one leaf rule of a dispatch, reject or hairpin trie: a rule
@@ -37,7 +38,10 @@ func buildTrie(root, namePrefix string, entries []trieEntry, k int, match func(n
 		match = func(p netip.Prefix) string { return "-d " + p.String() + " " }
 	}
 	// Stable: rules for one address keep the order they were rendered in.
-	slices.SortStableFunc(entries, func(a, b trieEntry) int { return a.addr.Compare(b.addr) })
+	// Sorted already (sortedUnique) is the common case of a partial sync.
+	if !slices.IsSortedFunc(entries, compareAddr) {
+		slices.SortStableFunc(entries, compareAddr)
+	}
 	var node func(name string, bits int, es []trieEntry)
 	node = func(name string, bits int, es []trieEntry) {
 		leaf := len(es) <= k || bits == es[0].addr.BitLen()
@@ -65,6 +69,60 @@ func buildTrie(root, namePrefix string, entries []trieEntry, k int, match func(n
 	}
 	node(root, 0, entries)
 	return chains
+}
+
+func compareAddr(a, b trieEntry) int { return a.addr.Compare(b.addr) }
+
+// maxPatchedEntries is the most entries that may differ between two
+// Renders for sortedUnique to patch the earlier sorted list instead of
+// sorting again.
+const maxPatchedEntries = 64
+
+// fullSorts counts the full sorts of sortedUnique, for tests.
+var fullSorts atomic.Int64
+
+// sortedUnique returns collected sorted by address with one entry per
+// address (entries for one address are equal), for a dedup trie. old, the
+// trie of an earlier Render or nil, only saves work: where collected differs
+// from old.entries in one short run (a partial sync changes few services,
+// and collected is in service order), it patches a copy of old.sorted with
+// the addresses that run adds and removes, instead of sorting tens of
+// thousands of entries again. The result is the same either way.
+func sortedUnique(old *renderedTrie, collected []trieEntry) []trieEntry {
+	if old != nil && old.sorted != nil {
+		o, n := old.entries, collected
+		p := 0
+		for p < len(o) && p < len(n) && o[p] == n[p] {
+			p++
+		}
+		s := 0
+		for s < len(o)-p && s < len(n)-p && o[len(o)-1-s] == n[len(n)-1-s] {
+			s++
+		}
+		removed, added := o[p:len(o)-s], n[p:len(n)-s]
+		if len(removed)+len(added) <= maxPatchedEntries {
+			es := slices.Clone(old.sorted)
+			for _, e := range removed {
+				// Another service may still have the address.
+				if slices.ContainsFunc(n, func(x trieEntry) bool { return x.addr == e.addr }) {
+					continue
+				}
+				if i, ok := slices.BinarySearchFunc(es, e, compareAddr); ok {
+					es = slices.Delete(es, i, i+1)
+				}
+			}
+			for _, e := range added {
+				if i, ok := slices.BinarySearchFunc(es, e, compareAddr); !ok {
+					es = slices.Insert(es, i, e)
+				}
+			}
+			return es
+		}
+	}
+	fullSorts.Add(1)
+	es := slices.Clone(collected)
+	slices.SortFunc(es, compareAddr)
+	return slices.CompactFunc(es, func(a, b trieEntry) bool { return a.addr == b.addr })
 }
 
 // nibble is the i-th 4-bit digit of a, most significant first.
