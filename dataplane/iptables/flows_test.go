@@ -863,25 +863,29 @@ func TestFlowDestroyBurstFitsHubBuffer(t *testing.T) {
 		_, closes, lostKernel, _ := obs.counts()
 		return closes+int(lostKernel) >= want
 	})
-	_, _, lostKernel, _ := obs.counts()
-	if lostKernel != 0 {
-		t.Fatalf("the kernel dropped %d events: the socket's buffer overran before the hub's", lostKernel)
+	// The kernel may drop some of the burst when the reader is starved of
+	// CPU; what the hub read must reach the subscriber all the same, and
+	// enough of it for the old buffer of 4096 events to overflow.
+	_, hubCloses, lostKernel, _ := obs.counts()
+	if hubCloses < 2*4096 {
+		t.Fatalf("the kernel dropped %d of %d events: the hub read too few (%d) to test its buffer", lostKernel, want, hubCloses)
 	}
 
 	var closes int
-	var lost uint64
-	for closes+int(lost) < want {
+	lostBySource := map[string]uint64{}
+	for closes+int(lostBySource[flowhub.LostKernel]+lostBySource[flowhub.LostSubscriber]) < want {
 		m, err := sub.Next(ctx)
 		if err != nil {
-			t.Fatalf("after %d CLOSED events and %d lost: %v", closes, lost, err)
+			t.Fatalf("after %d CLOSED events and %v lost: %v", closes, lostBySource, err)
 		}
 		if m.Lost != nil {
-			lost += m.Lost.Count
+			lostBySource[m.Lost.Source] += m.Lost.Count
 			continue
 		}
 		closes++
 	}
-	if lost != 0 || closes != want {
-		t.Fatalf("the subscriber got %d CLOSED events and lost %d of a burst of %d (buffer %d events)", closes, lost, want, hub.Buffer())
+	if _, _, _, hubLost := obs.counts(); closes != hubCloses || lostBySource[flowhub.LostSubscriber] != 0 || hubLost != 0 {
+		t.Fatalf("the subscriber got %d of the %d CLOSED events the hub read, and lost %d of them itself (buffer %d events)",
+			closes, hubCloses, lostBySource[flowhub.LostSubscriber], hub.Buffer())
 	}
 }
