@@ -254,9 +254,12 @@ func (d *Dir) Save(s *Snapshot) error {
 // header holds, is written last.
 func (d *Dir) writeFile(s *Snapshot) (int, error) {
 	// Records go in name order (the tree's order), so that a snapshot
-	// always saves to the same bytes.
+	// always saves to the same bytes. The order is taken once: the length
+	// and the records walk the same slice (100,000 names sort in tens of
+	// milliseconds).
+	entries := s.List("")
 	payloadLen := 0
-	for _, e := range s.All() {
+	for _, e := range entries {
 		n := e.encodedLen()
 		payloadLen += uvarintLen(uint64(n)) + n
 	}
@@ -272,7 +275,7 @@ func (d *Dir) writeFile(s *Snapshot) (int, error) {
 		w := bufio.NewWriterSize(f, 1<<20)
 		w.Write(header)
 		var rec []byte
-		for _, e := range s.All() {
+		for _, e := range entries {
 			rec = binary.AppendUvarint(rec[:0], uint64(e.encodedLen()))
 			rec = e.appendEncoded(rec)
 			sum = crc32.Update(sum, castagnoli, rec)

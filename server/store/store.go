@@ -414,6 +414,9 @@ func (s *Snapshot) All() iter.Seq2[string, *Entry] { return sorted(s.services) }
 // List returns the services of owner, or all when owner is empty, sorted by name.
 func (s *Snapshot) List(owner string) []*Entry {
 	var res []*Entry
+	if owner == "" {
+		res = make([]*Entry, 0, s.services.Len())
+	}
 	for _, e := range s.services.All() {
 		if owner == "" || e.Owner() == owner {
 			res = append(res, e)
