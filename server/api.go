@@ -559,7 +559,8 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 			v = append(v, validation.NewOwner(owner, "owner")...)
 		}
 		for _, d := range want {
-			if _, exists := tx.Get(d.dp.Name); !exists {
+			// The field's name is built only for a violation.
+			if _, exists := tx.Get(d.dp.Name); !exists && len(validation.NewName(d.dp.Name, "")) > 0 {
 				v = append(v, validation.NewName(d.dp.Name, "services["+strconv.Itoa(d.index)+"].name")...)
 			}
 		}

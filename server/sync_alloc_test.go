@@ -17,8 +17,8 @@ import (
 // follows it.
 const (
 	syncAllocServices     = 20_000
-	syncAllocBytesBudget  = 7450
-	syncAllocObjectBudget = 62
+	syncAllocBytesBudget  = 7350
+	syncAllocObjectBudget = 56
 )
 
 // TestSyncServicesAllocBudget fails when a big sync allocates more per

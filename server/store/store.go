@@ -297,29 +297,37 @@ func (c Claim) String() string {
 }
 
 // claimsOf lists the claims of svc.
-func claimsOf(svc *dataplane.Service) []Claim {
-	var cs []Claim
-	for _, vip := range svc.VIPs {
-		for _, p := range svc.Ports {
-			cs = append(cs, Claim{VIP: vip, Protocol: p.Protocol, Port: p.Port})
-		}
-	}
-	for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
-		for _, a := range list {
+func claimsOf(svc *dataplane.Service) iter.Seq[Claim] {
+	// An iterator rather than a slice: a big sync walks the claims of
+	// 100,000 services twice, and would allocate a slice each time.
+	return func(yield func(Claim) bool) {
+		for _, vip := range svc.VIPs {
 			for _, p := range svc.Ports {
-				cs = append(cs, Claim{VIP: a, Protocol: p.Protocol, Port: p.Port, Kind: ClaimExternal})
+				if !yield(Claim{VIP: vip, Protocol: p.Protocol, Port: p.Port}) {
+					return
+				}
 			}
 		}
-	}
-	for _, p := range svc.Ports {
-		if p.NodePort != 0 {
-			cs = append(cs, Claim{Protocol: p.Protocol, Port: p.NodePort, Kind: ClaimNodePort})
+		for _, list := range [2][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
+			for _, a := range list {
+				for _, p := range svc.Ports {
+					if !yield(Claim{VIP: a, Protocol: p.Protocol, Port: p.Port, Kind: ClaimExternal}) {
+						return
+					}
+				}
+			}
+		}
+		for _, p := range svc.Ports {
+			if p.NodePort != 0 {
+				if !yield(Claim{Protocol: p.Protocol, Port: p.NodePort, Kind: ClaimNodePort}) {
+					return
+				}
+			}
+		}
+		if svc.HealthCheckNodePort != 0 {
+			yield(Claim{Protocol: dataplane.TCP, Port: svc.HealthCheckNodePort, Kind: ClaimNodePort})
 		}
 	}
-	if svc.HealthCheckNodePort != 0 {
-		cs = append(cs, Claim{Protocol: dataplane.TCP, Port: svc.HealthCheckNodePort, Kind: ClaimNodePort})
-	}
-	return cs
 }
 
 // claimUse names the field of svc that makes claim c, such as
@@ -661,7 +669,7 @@ func (t *Txn) Put(svc *vipdv1.Service, dp *dataplane.Service) (*Entry, error) {
 // the one a retried mutation puts again, is copied first: a stored
 // service never changes, and a dataplane may still hold it.
 func (t *Txn) PutSpec(spec Spec, dp *dataplane.Service) (*Entry, error) {
-	for _, c := range claimsOf(dp) {
+	for c := range claimsOf(dp) {
 		if h := t.holder(c); h != "" && h != dp.Name {
 			return nil, t.conflict(dp, c, h)
 		}
@@ -691,7 +699,7 @@ func (t *Txn) PutSpec(spec Spec, dp *dataplane.Service) (*Entry, error) {
 	e := newEntry(spec, dp, t.revision+1)
 	t.revision++
 	t.release(dp.Name)
-	for _, c := range claimsOf(dp) {
+	for c := range claimsOf(dp) {
 		t.claims[c] = dp.Name
 	}
 	t.services[dp.Name] = e
@@ -733,7 +741,7 @@ func (t *Txn) Delete(name string) bool {
 
 func (t *Txn) release(name string) {
 	if old, ok := t.Get(name); ok {
-		for _, c := range claimsOf(old.Dataplane) {
+		for c := range claimsOf(old.Dataplane) {
 			if t.holder(c) == name {
 				t.claims[c] = ""
 			}
@@ -827,7 +835,7 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 		if e.Generation() > revision {
 			return nil, fmt.Errorf("service %s has generation %d, above the store revision %d", name, e.Generation(), revision)
 		}
-		for _, c := range claimsOf(e.Dataplane) {
+		for c := range claimsOf(e.Dataplane) {
 			if h, taken := claims.Get(c); taken {
 				ce := &ConflictError{Service: name, Claim: c, Holder: h, Use: claimUse(e.Dataplane, c)}
 				if he, ok := svcs.Get(h); ok {

@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// unsafeName says why name, made only of the characters namePattern
+// unsafeName says why name, made only of the characters nameChars
 // allows, still may not name a service or an owner, or returns "" when it
 // may. Names are command-line arguments (vipctl service get NAME), where
 // "-" reads as standard input and a leading "-" as a flag, and they are

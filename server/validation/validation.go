@@ -91,7 +91,6 @@ func (v Violations) Error() string {
 }
 
 var (
-	namePattern     = regexp.MustCompile(`^[a-z0-9._/-]+$`)
 	portNamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 )
 
@@ -120,13 +119,29 @@ func NewName(name, field string) Violations {
 	return v
 }
 
+// nameChars reports whether name is made only of the characters a name may
+// have, [a-z0-9._/-], and has one at least. It is a loop rather than a
+// regular expression because a big SyncServices checks 100,000 names twice.
+func nameChars(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '/' || c == '-') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// validName reports whether checkName finds nothing wrong with name.
+func validName(name string) bool { return len(name) <= MaxNameLength && nameChars(name) }
+
 func checkName(v *Violations, name, field string) {
 	switch {
 	case name == "":
 		v.add(field, "is required")
 	case len(name) > MaxNameLength:
 		v.add(field, "is %d characters long; at most %d are allowed", len(name), MaxNameLength)
-	case !namePattern.MatchString(name):
+	case !nameChars(name):
 		v.add(field, "%q may contain only lowercase letters, digits and \"-./_\"", name)
 	}
 }
@@ -155,8 +170,12 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 		return nil, nil, v
 	}
 	in.Generation = 0
-	checkName(&v, in.Name, field+".name")
-	if in.Owner != "" { // ConvertService fills in DefaultOwner
+	// The fields' names are built only for a violation, as the backends'
+	// below.
+	if !validName(in.Name) {
+		checkName(&v, in.Name, field+".name")
+	}
+	if in.Owner != "" && len(Owner(in.Owner, "")) > 0 { // ConvertService fills in DefaultOwner
 		v = append(v, Owner(in.Owner, field+".owner")...)
 	}
 	badVIPs := !vips(&v, in, lim, field)
