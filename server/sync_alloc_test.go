@@ -17,7 +17,7 @@ import (
 // follows it.
 const (
 	syncAllocServices     = 20_000
-	syncAllocBytesBudget  = 7350
+	syncAllocBytesBudget  = 7500
 	syncAllocObjectBudget = 56
 )
 
