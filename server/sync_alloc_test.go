@@ -18,7 +18,7 @@ import (
 const (
 	syncAllocServices     = 20_000
 	syncAllocBytesBudget  = 7500
-	syncAllocObjectBudget = 56
+	syncAllocObjectBudget = 55
 )
 
 // TestSyncServicesAllocBudget fails when a big sync allocates more per

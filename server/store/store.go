@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/vipd/vipd/dataplane"
 	"github.com/vipd/vipd/internal/pmap"
@@ -59,12 +60,25 @@ type Spec struct {
 // NewSpec encodes svc, whose dataplane form is dp, as an Entry keeps it.
 // It leaves svc as it was, and keeps nothing of it.
 func NewSpec(svc *vipdv1.Service, dp *dataplane.Service) (Spec, error) {
-	full, err := EncodeSpec(svc)
+	// The whole encoding is scratch: what the Spec keeps is the cut one
+	// (slimSpec copies it out), so a big sync encodes 100,000 services
+	// into one reused buffer rather than 100,000 new ones.
+	scratch := specScratch.Get().(*[]byte)
+	defer specScratch.Put(scratch)
+	full, err := appendEncodedSpec(*scratch, svc)
 	if err != nil {
 		return Spec{}, err
 	}
-	return newSpec(full, dp.Backends), nil
+	*scratch = full[:0]
+	b, at := slimSpec(full, dp.Backends)
+	if at < 0 {
+		b = slices.Clone(full) // slimSpec gave full back, which is the scratch's
+	}
+	return Spec{b: b, at: at, backends: dp.Backends}, nil
 }
+
+// specScratch holds NewSpec's buffers.
+var specScratch = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 func newSpec(full []byte, bs []dataplane.Backend) Spec {
 	b, at := slimSpec(full, bs)
@@ -99,10 +113,13 @@ const generationField protowire.Number = 10
 // EncodeSpec serializes a validated, normalized service without its
 // generation: the form an Entry keeps, and what SameSpec compares. It
 // leaves svc as it was.
-func EncodeSpec(svc *vipdv1.Service) ([]byte, error) {
+func EncodeSpec(svc *vipdv1.Service) ([]byte, error) { return appendEncodedSpec(nil, svc) }
+
+// appendEncodedSpec appends EncodeSpec's form of svc to b.
+func appendEncodedSpec(b []byte, svc *vipdv1.Service) ([]byte, error) {
 	g := svc.Generation
 	svc.Generation = 0
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(svc)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, svc)
 	svc.Generation = g
 	if err != nil {
 		return nil, fmt.Errorf("encode service %s: %w", svc.Name, err)
