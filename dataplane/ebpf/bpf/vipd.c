@@ -673,6 +673,19 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
 	rk->dir = CT_DIR_REPLY;
 }
 
+/* ct_drop_reply deletes the reply entry of the replaced flow whose forward
+ * entry is old, if it is still that flow's (an SNAT reply entry may have
+ * been reclaimed by a newer flow, snat_reclaim). rk is scratch. */
+static __always_inline void ct_drop_reply(struct ct_key *rk, const struct pkt *p, const struct ct_entry *old)
+{
+	struct ct_entry *r;
+
+	reply_key(rk, p, old);
+	r = bpf_map_lookup_elem(&vipd_ct, rk);
+	if (r && r->flow_id == old->flow_id)
+		bpf_map_delete_elem(&vipd_ct, rk);
+}
+
 /* ct_src_slot finds the vipd_ct_srcs word and bit of a reply entry's
  * source (the backend's address and port); NULL when the map is missing. */
 static __always_inline __u64 *ct_src_slot(const union addr *a, __be16 port, __u64 *bit)
@@ -984,11 +997,25 @@ static __always_inline void snat_tw_client(struct __sk_buff *skb, const struct p
  * sent it) and the reply entry (keyed as the backend answers), and reports
  * it. It fails, and the caller drops the packet, when either entry cannot
  * be stored: no flow is ever half-tracked (fail closed).
+ *
+ * old is the forward entry of a flow this one replaces (a client port
+ * reused after its flow closed, FASTPATH.md 9), or NULL. Its entries are
+ * rewritten in place rather than deleted and inserted again: the forward
+ * entry always (its key is the packet's), the reply entry when the new
+ * flow's has the same key (same backend, no SNAT). An LRU insert is the
+ * dearest step of a new flow. No packet of the old flow can race the
+ * writes: its client sends this SYN from that very tuple, so it has
+ * finished with the old one.
  */
 static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key *fk, const struct pkt *p,
 				     const struct backend *b, __u32 backend_id, __u32 rev_nat_id,
-				     const union addr *snat, __be16 *snat_port)
+				     const union addr *snat, __be16 *snat_port, struct ct_entry *old)
 {
+	struct ct_entry *f;
+	/* Set when a map insert ran since the caller found old: an insert
+	 * may evict (a full LRU evicts even referenced entries), so old is
+	 * looked up again before it is written. */
+	int inserted = 1;
 	/* Looked up again rather than passed: that keeps vipd_from_pod's
 	 * stack (near the verifier's 512 bytes) smaller. */
 	const struct config *cfg = config();
@@ -1028,6 +1055,11 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * clear. */
 	ct_src_mark(&b->addr, b->port);
 	if (snat) {
+		if (old) {
+			struct ct_key ork;
+
+			ct_drop_reply(&ork, p, old);
+		}
 		/* The NAT table is the reply entries: a port is taken when its
 		 * entry (backend -> node address:port) is inserted, atomically
 		 * (BPF_NOEXIST), and is free again when the entry goes.
@@ -1117,8 +1149,27 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 		*snat_port = rk.dport;
 		e.snat_addr = *snat;
 		e.snat_port = rk.dport;
-	} else if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0) {
-		return -1;
+	} else {
+		struct ct_entry *r = NULL;
+
+		/* The replaced flow's reply entry has this key when it had
+		 * this backend and no SNAT (then the flow was hairpin exactly
+		 * when this one is): rewritten in place. Otherwise it goes,
+		 * and this one is inserted. */
+		if (old && !(old->flags & CT_F_SNAT) && addr_eq(&old->nat_addr, &b->addr) && old->nat_port == b->port)
+			r = bpf_map_lookup_elem(&vipd_ct, &rk);
+		if (r) {
+			*r = e;
+			inserted = 0;
+		} else {
+			if (old) {
+				struct ct_key ork;
+
+				ct_drop_reply(&ork, p, old);
+			}
+			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0)
+				return -1;
+		}
 	}
 
 	e.nat_addr = b->addr;
@@ -1126,7 +1177,10 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	e.tcp_flags = p->tcp_flags;
 	e.packets = 1;
 	e.bytes = skb->len;
-	if (bpf_map_update_elem(&vipd_ct, fk, &e, BPF_ANY) < 0) {
+	f = old && inserted ? bpf_map_lookup_elem(&vipd_ct, fk) : old;
+	if (f) {
+		*f = e;
+	} else if (bpf_map_update_elem(&vipd_ct, fk, &e, BPF_ANY) < 0) {
 		bpf_map_delete_elem(&vipd_ct, &rk);
 		return -1;
 	}
@@ -1325,50 +1379,52 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 		    (was_closing || (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))))
 			snat_tw_client(skb, p, e, seen, was_closing, now);
 	} else {
-		struct backend *bp;
+		struct backend *bp = NULL;
+		const union addr *a = NULL;
+		int verdict = TC_ACT_SHOT, ended = 1;
 
 		if (e) {
 			/* Replaced: the old flow ends here (unless it was seen
-			 * to close already), and its reply entry goes with it. */
+			 * to close already). Its reply entry goes with it, or
+			 * is rewritten in place by ct_create. */
 			struct ct_key rk;
-
-			struct ct_entry *r;
 
 			reply_key(&rk, p, e);
 			flow_closed(replaced_reason(e, now), &fk, e, &rk);
-			/* An SNAT reply entry may have been reclaimed by a newer
-			 * flow (snat_reclaim): only this flow's goes. */
-			r = bpf_map_lookup_elem(&vipd_ct, &rk);
-			if (r && r->flow_id == e->flow_id)
-				bpf_map_delete_elem(&vipd_ct, &rk);
 		}
-		if (svc->flags & SVC_F_DRAINING)
-			return TC_ACT_OK; /* a deleted service: as if there were none */
-		if (svc->count == 0)
-			return svc->flags & SVC_F_DROP_EMPTY ? TC_ACT_SHOT : reject(skb, p);
-		if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
+		if (svc->flags & SVC_F_DRAINING) {
+			verdict = TC_ACT_OK; /* a deleted service: as if there were none */
+		} else if (svc->count == 0) {
+			verdict = svc->flags & SVC_F_DROP_EMPTY ? TC_ACT_SHOT : reject(skb, p);
+		} else if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
 			/* A mid-stream segment of a flow that is not tracked
 			 * (never seen, or idle past its lifetime): refuse it
 			 * rather than guess a backend. */
-			return reject(skb, p);
+			verdict = reject(skb, p);
+		} else {
+			id = select_backend(sk, svc, &p->src, flow_hash(p));
+			bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
+			if (bp && ext && (svc->flags & SVC_F_SNAT))
+				a = snat_addr(skb, p);
+			ended = !bp || (ext && (svc->flags & SVC_F_SNAT) && !a);
 		}
-		id = select_backend(sk, svc, &p->src, flow_hash(p));
-		bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
-		if (!bp)
-			return TC_ACT_SHOT;
+		if (ended) {
+			if (e) {
+				struct ct_key rk;
+
+				ct_drop_reply(&rk, p, e);
+			}
+			return verdict;
+		}
 		b = *bp;
 		hairpin = addr_eq(&b.addr, &p->src);
-		if (ext && (svc->flags & SVC_F_SNAT)) {
-			const union addr *a = snat_addr(skb, p);
-
-			if (!a)
-				return TC_ACT_SHOT;
+		if (a) {
 			snat = *a;
 			snatted = 1;
 			hairpin = 0;
-			if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, &snat, &snat_port) < 0)
+			if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, &snat, &snat_port, e) < 0)
 				return TC_ACT_SHOT;
-		} else if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, NULL, NULL) < 0) {
+		} else if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, NULL, NULL, e) < 0) {
 			return TC_ACT_SHOT;
 		}
 	}
