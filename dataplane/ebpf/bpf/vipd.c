@@ -200,10 +200,30 @@ static __always_inline int csum_off(const struct pkt *p)
 #define SIDE_SRC 0
 #define SIDE_DST 1
 
+/* csum_replace4 updates the ones' complement checksum *sum, in place, for
+ * a 32-bit word of the summed data going from from to to (RFC 1624). */
+static __always_inline void csum_replace4(__u16 *sum, __be32 from, __be32 to)
+{
+	__u32 s = (__u16)~*sum;
+
+	s += (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	*sum = ~(__u16)s;
+}
+
 /*
  * rewrite replaces the source or destination address and port of p,
  * updating the IPv4 header checksum and the L4 checksum incrementally
  * (which keeps CHECKSUM_PARTIAL packets right).
+ *
+ * The L4 checksum goes through bpf_l4_csum_replace, which knows the skb's
+ * checksum state; the rest is written in place (FASTPATH.md 11): the IPv4
+ * address with its header checksum (a change that leaves the header's sum,
+ * and so skb->csum, as it was) and the port (whose change the L4 checksum
+ * update cancels, as bpf_skb_store_bytes without flags did). The helper
+ * made the headers up to the L4 checksum writable; SCTP, with no checksum
+ * to update, pulls them.
  */
 static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int side, const union addr *to, __be16 port)
 {
@@ -211,39 +231,62 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int sid
 	__be16 *from_port = side == SIDE_SRC ? &p->sport : &p->dport;
 	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	int coff = csum_off(p);
+	int addr_changes = !addr_eq(from, to), port_changes = *from_port != port;
+	void *data, *end;
 
-	if (!addr_eq(from, to)) {
-		if (!p->is6) {
-			__u32 off = p->l3_off + (side == SIDE_SRC ? 12 : 16);
+	if (!addr_changes && !port_changes)
+		return 0;
+	if (coff >= 0) {
+		if (addr_changes) {
+			if (!p->is6) {
+				if (bpf_l4_csum_replace(skb, coff, from->w[3], to->w[3], BPF_F_PSEUDO_HDR | l4flags | 4) < 0)
+					return -1;
+			} else {
+				__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
 
-			if (bpf_l3_csum_replace(skb, p->l3_off + 10, from->w[3], to->w[3], 4) < 0)
-				return -1;
-			if (coff >= 0 &&
-			    bpf_l4_csum_replace(skb, coff, from->w[3], to->w[3], BPF_F_PSEUDO_HDR | l4flags | 4) < 0)
-				return -1;
-			if (bpf_skb_store_bytes(skb, off, &to->w[3], 4, 0) < 0)
-				return -1;
-		} else {
-			__u32 off = p->l3_off + (side == SIDE_SRC ? 8 : 24);
-			__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
-
-			if (coff >= 0 && bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
-				return -1;
-			/* With no IP header checksum to cancel the pseudo-header
-			 * change, skb->csum (CHECKSUM_COMPLETE) must follow the
-			 * new address bytes. */
-			if (bpf_skb_store_bytes(skb, off, to->b, 16, BPF_F_RECOMPUTE_CSUM) < 0)
-				return -1;
+				if (bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
+					return -1;
+			}
 		}
-		*from = *to;
+		if (port_changes && bpf_l4_csum_replace(skb, coff, *from_port, port, l4flags | 2) < 0)
+			return -1;
+	} else if (bpf_skb_pull_data(skb, p->l4_off + 4) < 0) {
+		return -1;
 	}
-	if (*from_port != port) {
-		__u32 off = p->l4_off + (side == SIDE_SRC ? 0 : 2);
+	if (addr_changes && p->is6) {
+		/* With no IP header checksum to cancel the pseudo-header
+		 * change, skb->csum (CHECKSUM_COMPLETE) must follow the new
+		 * address bytes: the helper does that. */
+		if (bpf_skb_store_bytes(skb, p->l3_off + (side == SIDE_SRC ? 8 : 24), to->b, 16, BPF_F_RECOMPUTE_CSUM) < 0)
+			return -1;
+	}
+	/* Read by hand: clang otherwise keeps &skb->data_end across the
+	 * inlined paths, which the verifier refuses (a modified ctx ptr). */
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(end) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+	if (addr_changes && !p->is6) {
+		struct iphdr *ip = data + ETH_HLEN;
 
-		if (coff >= 0 && bpf_l4_csum_replace(skb, coff, *from_port, port, l4flags | 2) < 0)
+		if (p->l3_off != ETH_HLEN || (void *)(ip + 1) > end)
 			return -1;
-		if (bpf_skb_store_bytes(skb, off, &port, 2, 0) < 0)
+		csum_replace4(&ip->check, from->w[3], to->w[3]);
+		if (side == SIDE_SRC)
+			ip->saddr = to->w[3];
+		else
+			ip->daddr = to->w[3];
+	}
+	if (addr_changes)
+		*from = *to;
+	if (port_changes) {
+		__u32 off = p->l4_off + (side == SIDE_SRC ? 0 : 2);
+		__be16 *pp;
+
+		if (off > ETH_HLEN + 60 + 2)
 			return -1;
+		pp = data + off;
+		if ((void *)(pp + 1) > end)
+			return -1;
+		*pp = port;
 		*from_port = port;
 	}
 	return 0;
