@@ -90,6 +90,18 @@ func BenchmarkProgRunPath(b *testing.B) {
 			return prTCPFrame(prbClient(i), prVIP4, 1000, 0, prSYN, nil)
 		})
 	})
+	// A client port reused: the SYN finds its tuple's flow closed (the
+	// client's FIN seen) and replaces it. Each frame's setup (the old
+	// flow's SYN and FIN) runs outside the timed run.
+	b.Run("from_pod/VIP-SYN-reused-tuple", func(b *testing.B) {
+		r := prbEnv(b)
+		prbRun(b, r.objs.VipdFromPod, 1, func(i int) []byte {
+			c := prbClient(i)
+			r.run(r.objs.VipdFromPod, prTCPFrame(c, prVIP4, 1000, 0, prSYN, nil))
+			r.run(r.objs.VipdFromPod, prTCPFrame(c, prVIP4, 1001, 5001, prFIN|prACK, nil))
+			return prTCPFrame(c, prVIP4, 9000, 0, prSYN, nil)
+		})
+	})
 	// A tracked flow: its SYN went through, its SYN-ACK came back.
 	tracked := func(b *testing.B) (*prEnv, prBackend) {
 		r := prbEnv(b)

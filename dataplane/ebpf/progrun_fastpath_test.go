@@ -243,3 +243,89 @@ func TestDataplaneSocketStorageForTCP(t *testing.T) {
 		t.Fatal("a UDP request left no record in vipd_sock_revnat")
 	}
 }
+
+// A TCP reply that changes nothing in its flow's forward entry does not
+// look it up (FASTPATH.md 10): a forward entry's expiry planted low stays
+// as it is under such a reply. A reply's FIN, and any reply after the
+// client's FIN, still update the forward entry.
+func TestProgRunFastPathReplySkipsForwardEntry(t *testing.T) {
+	r := newPREnv(t)
+	fe := prFrontend{vip: prVIP4, proto: prTCP, id: 1}
+	be := prBackends4[0]
+	r.addService(fe, be)
+	const fwdSynced = 16 // CT_F_FWD_SYNCED
+
+	put := func(e bpfCtEntry, src, dst netip.AddrPort, dir uint8) {
+		t.Helper()
+		k := prCTKey(src, dst, prTCP, dir)
+		if err := r.objs.VipdCt.Put(&k, &e); err != nil {
+			t.Fatalf("put ct: %v", err)
+		}
+	}
+	entries := func(client netip.AddrPort) (fwd, rev bpfCtEntry) {
+		t.Helper()
+		fwd, ok := r.ct(client, prVIP4, prTCP, prDirForward)
+		rev, ok2 := r.ct(be.addr, client, prTCP, prDirReply)
+		if !ok || !ok2 {
+			t.Fatalf("flow of %v: forward entry %v, reply entry %v", client, ok, ok2)
+		}
+		return fwd, rev
+	}
+	// reply sends the backend's segment with flags to client after
+	// planting the forward entry's expiry 30 s ahead, the reply entry's
+	// as this second's update left it; it returns the forward entry after.
+	reply := func(client netip.AddrPort, flags uint8) bpfCtEntry {
+		t.Helper()
+		for range 3 {
+			now := monotonicSeconds()
+			fwd, rev := entries(client)
+			fwd.Expires = now + 30
+			rev.Expires = now + 86400 // CT_TCP_ESTABLISHED: the default here
+			put(fwd, client, prVIP4, prDirForward)
+			put(rev, be.addr, client, prDirReply)
+			ret, out := r.run(r.objs.VipdToPod, prTCPFrame(be.addr, client, 5001, 1005, flags, []byte("ok\n")))
+			prWantVerdict(t, ret, prTCOK)
+			prWantFrame(t, out, prTCPFrame(prVIP4, client, 5001, 1005, flags, []byte("ok\n")))
+			after, rev2 := entries(client)
+			if rev2.Packets != rev.Packets+1 {
+				t.Errorf("reply entry counted %d packets, want %d", rev2.Packets, rev.Packets+1)
+			}
+			if monotonicSeconds() == now {
+				after.Expires -= now
+				return after
+			}
+		}
+		t.Fatal("the clock's second turned in each of 3 tries")
+		return bpfCtEntry{}
+	}
+	open := func(client netip.AddrPort) {
+		t.Helper()
+		r.run(r.objs.VipdFromPod, prTCPFrame(client, prVIP4, 1000, 0, prSYN, nil))
+		ret, _ := r.run(r.objs.VipdToPod, prTCPFrame(be.addr, client, 5000, 1001, prSYN|prACK, nil))
+		prWantVerdict(t, ret, prTCOK)
+		if _, rev := entries(client); rev.Flags&fwdSynced == 0 {
+			t.Errorf("reply entry after the SYN-ACK: flags %#x, want CT_F_FWD_SYNCED", rev.Flags)
+		}
+	}
+
+	c := prClient4
+	open(c)
+	if f := reply(c, prACK); f.Expires != 30 {
+		t.Errorf("a reply that changes nothing updated the forward entry (expiry now+%d, planted now+30)", int32(f.Expires))
+	}
+	if f := reply(c, prFIN|prACK); f.Flags&2 == 0 || f.Expires == 30 {
+		t.Errorf("the backend's FIN left the forward entry as it was: flags %#x, expiry now+%d", f.Flags, int32(f.Expires))
+	}
+
+	// The client closes first: its FIN clears the flag, and the next
+	// reply updates the (closing) forward entry.
+	c = prWithPort(prClient4, prClient4.Port()+1)
+	open(c)
+	r.run(r.objs.VipdFromPod, prTCPFrame(c, prVIP4, 1001, 5001, prFIN|prACK, nil))
+	if _, rev := entries(c); rev.Flags&fwdSynced != 0 {
+		t.Errorf("reply entry after the client's FIN: flags %#x, want no CT_F_FWD_SYNCED", rev.Flags)
+	}
+	if f := reply(c, prACK); f.Expires == 30 {
+		t.Error("a reply after the client's FIN did not update the forward entry")
+	}
+}

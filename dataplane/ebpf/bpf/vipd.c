@@ -200,10 +200,30 @@ static __always_inline int csum_off(const struct pkt *p)
 #define SIDE_SRC 0
 #define SIDE_DST 1
 
+/* csum_replace4 updates the ones' complement checksum *sum, in place, for
+ * a 32-bit word of the summed data going from from to to (RFC 1624). */
+static __always_inline void csum_replace4(__u16 *sum, __be32 from, __be32 to)
+{
+	__u32 s = (__u16)~*sum;
+
+	s += (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	*sum = ~(__u16)s;
+}
+
 /*
  * rewrite replaces the source or destination address and port of p,
  * updating the IPv4 header checksum and the L4 checksum incrementally
  * (which keeps CHECKSUM_PARTIAL packets right).
+ *
+ * The L4 checksum goes through bpf_l4_csum_replace, which knows the skb's
+ * checksum state; the rest is written in place (FASTPATH.md 11): the IPv4
+ * address with its header checksum (a change that leaves the header's sum,
+ * and so skb->csum, as it was) and the port (whose change the L4 checksum
+ * update cancels, as bpf_skb_store_bytes without flags did). The helper
+ * made the headers up to the L4 checksum writable; SCTP, with no checksum
+ * to update, pulls them.
  */
 static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int side, const union addr *to, __be16 port)
 {
@@ -211,39 +231,62 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int sid
 	__be16 *from_port = side == SIDE_SRC ? &p->sport : &p->dport;
 	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	int coff = csum_off(p);
+	int addr_changes = !addr_eq(from, to), port_changes = *from_port != port;
+	void *data, *end;
 
-	if (!addr_eq(from, to)) {
-		if (!p->is6) {
-			__u32 off = p->l3_off + (side == SIDE_SRC ? 12 : 16);
+	if (!addr_changes && !port_changes)
+		return 0;
+	if (coff >= 0) {
+		if (addr_changes) {
+			if (!p->is6) {
+				if (bpf_l4_csum_replace(skb, coff, from->w[3], to->w[3], BPF_F_PSEUDO_HDR | l4flags | 4) < 0)
+					return -1;
+			} else {
+				__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
 
-			if (bpf_l3_csum_replace(skb, p->l3_off + 10, from->w[3], to->w[3], 4) < 0)
-				return -1;
-			if (coff >= 0 &&
-			    bpf_l4_csum_replace(skb, coff, from->w[3], to->w[3], BPF_F_PSEUDO_HDR | l4flags | 4) < 0)
-				return -1;
-			if (bpf_skb_store_bytes(skb, off, &to->w[3], 4, 0) < 0)
-				return -1;
-		} else {
-			__u32 off = p->l3_off + (side == SIDE_SRC ? 8 : 24);
-			__s64 diff = bpf_csum_diff(from->w, 16, (__be32 *)to->w, 16, 0);
-
-			if (coff >= 0 && bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
-				return -1;
-			/* With no IP header checksum to cancel the pseudo-header
-			 * change, skb->csum (CHECKSUM_COMPLETE) must follow the
-			 * new address bytes. */
-			if (bpf_skb_store_bytes(skb, off, to->b, 16, BPF_F_RECOMPUTE_CSUM) < 0)
-				return -1;
+				if (bpf_l4_csum_replace(skb, coff, 0, diff, BPF_F_PSEUDO_HDR | l4flags) < 0)
+					return -1;
+			}
 		}
-		*from = *to;
+		if (port_changes && bpf_l4_csum_replace(skb, coff, *from_port, port, l4flags | 2) < 0)
+			return -1;
+	} else if (bpf_skb_pull_data(skb, p->l4_off + 4) < 0) {
+		return -1;
 	}
-	if (*from_port != port) {
-		__u32 off = p->l4_off + (side == SIDE_SRC ? 0 : 2);
+	if (addr_changes && p->is6) {
+		/* With no IP header checksum to cancel the pseudo-header
+		 * change, skb->csum (CHECKSUM_COMPLETE) must follow the new
+		 * address bytes: the helper does that. */
+		if (bpf_skb_store_bytes(skb, p->l3_off + (side == SIDE_SRC ? 8 : 24), to->b, 16, BPF_F_RECOMPUTE_CSUM) < 0)
+			return -1;
+	}
+	/* Read by hand: clang otherwise keeps &skb->data_end across the
+	 * inlined paths, which the verifier refuses (a modified ctx ptr). */
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(end) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+	if (addr_changes && !p->is6) {
+		struct iphdr *ip = data + ETH_HLEN;
 
-		if (coff >= 0 && bpf_l4_csum_replace(skb, coff, *from_port, port, l4flags | 2) < 0)
+		if (p->l3_off != ETH_HLEN || (void *)(ip + 1) > end)
 			return -1;
-		if (bpf_skb_store_bytes(skb, off, &port, 2, 0) < 0)
+		csum_replace4(&ip->check, from->w[3], to->w[3]);
+		if (side == SIDE_SRC)
+			ip->saddr = to->w[3];
+		else
+			ip->daddr = to->w[3];
+	}
+	if (addr_changes)
+		*from = *to;
+	if (port_changes) {
+		__u32 off = p->l4_off + (side == SIDE_SRC ? 0 : 2);
+		__be16 *pp;
+
+		if (off > ETH_HLEN + 60 + 2)
 			return -1;
+		pp = data + off;
+		if ((void *)(pp + 1) > end)
+			return -1;
+		*pp = port;
 		*from_port = port;
 	}
 	return 0;
@@ -643,11 +686,18 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 static __always_inline void flow_closed(__u8 reason, const struct ct_key *fk, struct ct_entry *fwd,
 					const struct ct_key *rk)
 {
+	struct ct_entry *rev;
+
 	if (fwd->ev_flags & CT_EV_CLOSED)
 		return;
 	if (__sync_fetch_and_or(&fwd->ev_flags, CT_EV_CLOSED) & CT_EV_CLOSED)
 		return;
-	send_flow_event(FLOW_EV_CLOSED, reason, fk, fwd, bpf_map_lookup_elem(&vipd_ct, rk));
+	rev = bpf_map_lookup_elem(&vipd_ct, rk);
+	/* The flow's first FIN or RST, either way: replies look up the
+	 * forward entry again from now on (CT_F_FWD_SYNCED). */
+	if (rev && (rev->flags & CT_F_FWD_SYNCED))
+		rev->flags &= ~CT_F_FWD_SYNCED;
+	send_flow_event(FLOW_EV_CLOSED, reason, fk, fwd, rev);
 }
 
 static __always_inline __u8 tcp_close_reason(const struct pkt *p)
@@ -671,6 +721,19 @@ static __always_inline void reply_key(struct ct_key *rk, const struct pkt *p, co
 	}
 	rk->proto = p->proto;
 	rk->dir = CT_DIR_REPLY;
+}
+
+/* ct_drop_reply deletes the reply entry of the replaced flow whose forward
+ * entry is old, if it is still that flow's (an SNAT reply entry may have
+ * been reclaimed by a newer flow, snat_reclaim). rk is scratch. */
+static __always_inline void ct_drop_reply(struct ct_key *rk, const struct pkt *p, const struct ct_entry *old)
+{
+	struct ct_entry *r;
+
+	reply_key(rk, p, old);
+	r = bpf_map_lookup_elem(&vipd_ct, rk);
+	if (r && r->flow_id == old->flow_id)
+		bpf_map_delete_elem(&vipd_ct, rk);
 }
 
 /* ct_src_slot finds the vipd_ct_srcs word and bit of a reply entry's
@@ -984,11 +1047,25 @@ static __always_inline void snat_tw_client(struct __sk_buff *skb, const struct p
  * sent it) and the reply entry (keyed as the backend answers), and reports
  * it. It fails, and the caller drops the packet, when either entry cannot
  * be stored: no flow is ever half-tracked (fail closed).
+ *
+ * old is the forward entry of a flow this one replaces (a client port
+ * reused after its flow closed, FASTPATH.md 9), or NULL. Its entries are
+ * rewritten in place rather than deleted and inserted again: the forward
+ * entry always (its key is the packet's), the reply entry when the new
+ * flow's has the same key (same backend, no SNAT). An LRU insert is the
+ * dearest step of a new flow. No packet of the old flow can race the
+ * writes: its client sends this SYN from that very tuple, so it has
+ * finished with the old one.
  */
 static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key *fk, const struct pkt *p,
 				     const struct backend *b, __u32 backend_id, __u32 rev_nat_id,
-				     const union addr *snat, __be16 *snat_port)
+				     const union addr *snat, __be16 *snat_port, struct ct_entry *old)
 {
+	struct ct_entry *f;
+	/* Set when a map insert ran since the caller found old: an insert
+	 * may evict (a full LRU evicts even referenced entries), so old is
+	 * looked up again before it is written. */
+	int inserted = 1;
 	/* Looked up again rather than passed: that keeps vipd_from_pod's
 	 * stack (near the verifier's 512 bytes) smaller. */
 	const struct config *cfg = config();
@@ -1028,6 +1105,11 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	 * clear. */
 	ct_src_mark(&b->addr, b->port);
 	if (snat) {
+		if (old) {
+			struct ct_key ork;
+
+			ct_drop_reply(&ork, p, old);
+		}
 		/* The NAT table is the reply entries: a port is taken when its
 		 * entry (backend -> node address:port) is inserted, atomically
 		 * (BPF_NOEXIST), and is free again when the entry goes.
@@ -1117,8 +1199,27 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 		*snat_port = rk.dport;
 		e.snat_addr = *snat;
 		e.snat_port = rk.dport;
-	} else if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0) {
-		return -1;
+	} else {
+		struct ct_entry *r = NULL;
+
+		/* The replaced flow's reply entry has this key when it had
+		 * this backend and no SNAT (then the flow was hairpin exactly
+		 * when this one is): rewritten in place. Otherwise it goes,
+		 * and this one is inserted. */
+		if (old && !(old->flags & CT_F_SNAT) && addr_eq(&old->nat_addr, &b->addr) && old->nat_port == b->port)
+			r = bpf_map_lookup_elem(&vipd_ct, &rk);
+		if (r) {
+			*r = e;
+			inserted = 0;
+		} else {
+			if (old) {
+				struct ct_key ork;
+
+				ct_drop_reply(&ork, p, old);
+			}
+			if (bpf_map_update_elem(&vipd_ct, &rk, &e, BPF_ANY) < 0)
+				return -1;
+		}
 	}
 
 	e.nat_addr = b->addr;
@@ -1126,7 +1227,10 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
 	e.tcp_flags = p->tcp_flags;
 	e.packets = 1;
 	e.bytes = skb->len;
-	if (bpf_map_update_elem(&vipd_ct, fk, &e, BPF_ANY) < 0) {
+	f = old && inserted ? bpf_map_lookup_elem(&vipd_ct, fk) : old;
+	if (f) {
+		*f = e;
+	} else if (bpf_map_update_elem(&vipd_ct, fk, &e, BPF_ANY) < 0) {
 		bpf_map_delete_elem(&vipd_ct, &rk);
 		return -1;
 	}
@@ -1325,50 +1429,52 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 		    (was_closing || (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))))
 			snat_tw_client(skb, p, e, seen, was_closing, now);
 	} else {
-		struct backend *bp;
+		struct backend *bp = NULL;
+		const union addr *a = NULL;
+		int verdict = TC_ACT_SHOT, ended = 1;
 
 		if (e) {
 			/* Replaced: the old flow ends here (unless it was seen
-			 * to close already), and its reply entry goes with it. */
+			 * to close already). Its reply entry goes with it, or
+			 * is rewritten in place by ct_create. */
 			struct ct_key rk;
-
-			struct ct_entry *r;
 
 			reply_key(&rk, p, e);
 			flow_closed(replaced_reason(e, now), &fk, e, &rk);
-			/* An SNAT reply entry may have been reclaimed by a newer
-			 * flow (snat_reclaim): only this flow's goes. */
-			r = bpf_map_lookup_elem(&vipd_ct, &rk);
-			if (r && r->flow_id == e->flow_id)
-				bpf_map_delete_elem(&vipd_ct, &rk);
 		}
-		if (svc->flags & SVC_F_DRAINING)
-			return TC_ACT_OK; /* a deleted service: as if there were none */
-		if (svc->count == 0)
-			return svc->flags & SVC_F_DROP_EMPTY ? TC_ACT_SHOT : reject(skb, p);
-		if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
+		if (svc->flags & SVC_F_DRAINING) {
+			verdict = TC_ACT_OK; /* a deleted service: as if there were none */
+		} else if (svc->count == 0) {
+			verdict = svc->flags & SVC_F_DROP_EMPTY ? TC_ACT_SHOT : reject(skb, p);
+		} else if (p->proto == IPPROTO_TCP && !(p->tcp_flags & TCP_FLAG_SYN)) {
 			/* A mid-stream segment of a flow that is not tracked
 			 * (never seen, or idle past its lifetime): refuse it
 			 * rather than guess a backend. */
-			return reject(skb, p);
+			verdict = reject(skb, p);
+		} else {
+			id = select_backend(sk, svc, &p->src, flow_hash(p));
+			bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
+			if (bp && ext && (svc->flags & SVC_F_SNAT))
+				a = snat_addr(skb, p);
+			ended = !bp || (ext && (svc->flags & SVC_F_SNAT) && !a);
 		}
-		id = select_backend(sk, svc, &p->src, flow_hash(p));
-		bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
-		if (!bp)
-			return TC_ACT_SHOT;
+		if (ended) {
+			if (e) {
+				struct ct_key rk;
+
+				ct_drop_reply(&rk, p, e);
+			}
+			return verdict;
+		}
 		b = *bp;
 		hairpin = addr_eq(&b.addr, &p->src);
-		if (ext && (svc->flags & SVC_F_SNAT)) {
-			const union addr *a = snat_addr(skb, p);
-
-			if (!a)
-				return TC_ACT_SHOT;
+		if (a) {
 			snat = *a;
 			snatted = 1;
 			hairpin = 0;
-			if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, &snat, &snat_port) < 0)
+			if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, &snat, &snat_port, e) < 0)
 				return TC_ACT_SHOT;
-		} else if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, NULL, NULL) < 0) {
+		} else if (ct_create(skb, &fk, p, &b, id, svc->rev_nat_id, NULL, NULL, e) < 0) {
 			return TC_ACT_SHOT;
 		}
 	}
@@ -1448,6 +1554,27 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	vip = e->nat_addr;
 	vport = e->nat_port;
 
+	/* A reply that changes nothing in the forward entry skips it: that
+	 * entry had seen a reply and was not closing at the last update, no
+	 * FIN or RST came since (flow_closed clears the flag), this packet
+	 * carries none, and the expiry the update would give the forward
+	 * entry is the one it has (it was set within this second; forward
+	 * packets of an answered flow set the same). At most one reply per
+	 * second of a flow looks the forward entry up (FASTPATH.md 10). */
+	if (p->proto == IPPROTO_TCP && (e->flags & (CT_F_FWD_SYNCED | CT_F_CLOSING)) == CT_F_FWD_SYNCED &&
+	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))) {
+		__u32 exp;
+
+		cfg = config();
+		exp = now + cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
+		if (e->expires == exp) {
+			__sync_fetch_and_add(&e->packets, 1);
+			__sync_fetch_and_add(&e->bytes, skb->len);
+			e->tcp_flags |= p->tcp_flags;
+			goto translate;
+		}
+	}
+
 	/* Keep the forward entry alive and mark the flow as answered. A
 	 * reply entry lives as long as its flow, whose expiry is the forward
 	 * entry's (on one-way traffic the reply entry's own lags behind). */
@@ -1481,8 +1608,15 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING))
 				f->expires = now + cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
 			e->expires = f->expires;
+			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING)) {
+				if (!(e->flags & CT_F_FWD_SYNCED))
+					e->flags |= CT_F_FWD_SYNCED;
+			} else if (e->flags & CT_F_FWD_SYNCED) {
+				e->flags &= ~CT_F_FWD_SYNCED;
+			}
 		}
 	}
+translate:
 	*done = 1;
 	if (snatted) {
 		union addr client = e->snat_addr;
