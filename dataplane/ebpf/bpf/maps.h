@@ -120,12 +120,6 @@ struct ct_key {
 #define CT_F_CLOSING 2 /* TCP FIN or RST seen */
 #define CT_F_SEEN_REPLY 4
 #define CT_F_SNAT 8 /* external, policy Cluster: source NATed to a node address (snat_addr) */
-/* Reply entry: at its last update the forward entry had seen a reply and was
- * not closing, and its expiry was this entry's; no FIN or RST was seen since.
- * A reply that finds it, no FIN or RST of its own, and this entry's expiry
- * still what the forward entry's would become, need not look that entry up
- * (reverse, FASTPATH.md 10). Unknown to older programs, which ignore it. */
-#define CT_F_FWD_SYNCED 16
 
 /* ct_entry.ev_flags, set atomically (each event is sent once). */
 #define CT_EV_CLOSED 1 /* forward: the flow's CLOSED event was sent (or lost) */

@@ -686,18 +686,11 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 static __always_inline void flow_closed(__u8 reason, const struct ct_key *fk, struct ct_entry *fwd,
 					const struct ct_key *rk)
 {
-	struct ct_entry *rev;
-
 	if (fwd->ev_flags & CT_EV_CLOSED)
 		return;
 	if (__sync_fetch_and_or(&fwd->ev_flags, CT_EV_CLOSED) & CT_EV_CLOSED)
 		return;
-	rev = bpf_map_lookup_elem(&vipd_ct, rk);
-	/* The flow's first FIN or RST, either way: replies look up the
-	 * forward entry again from now on (CT_F_FWD_SYNCED). */
-	if (rev && (rev->flags & CT_F_FWD_SYNCED))
-		rev->flags &= ~CT_F_FWD_SYNCED;
-	send_flow_event(FLOW_EV_CLOSED, reason, fk, fwd, rev);
+	send_flow_event(FLOW_EV_CLOSED, reason, fk, fwd, bpf_map_lookup_elem(&vipd_ct, rk));
 }
 
 static __always_inline __u8 tcp_close_reason(const struct pkt *p)
@@ -1554,27 +1547,6 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 	vip = e->nat_addr;
 	vport = e->nat_port;
 
-	/* A reply that changes nothing in the forward entry skips it: that
-	 * entry had seen a reply and was not closing at the last update, no
-	 * FIN or RST came since (flow_closed clears the flag), this packet
-	 * carries none, and the expiry the update would give the forward
-	 * entry is the one it has (it was set within this second; forward
-	 * packets of an answered flow set the same). At most one reply per
-	 * second of a flow looks the forward entry up (FASTPATH.md 10). */
-	if (p->proto == IPPROTO_TCP && (e->flags & (CT_F_FWD_SYNCED | CT_F_CLOSING)) == CT_F_FWD_SYNCED &&
-	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))) {
-		__u32 exp;
-
-		cfg = config();
-		exp = now + cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
-		if (e->expires == exp) {
-			__sync_fetch_and_add(&e->packets, 1);
-			__sync_fetch_and_add(&e->bytes, skb->len);
-			e->tcp_flags |= p->tcp_flags;
-			goto translate;
-		}
-	}
-
 	/* Keep the forward entry alive and mark the flow as answered. A
 	 * reply entry lives as long as its flow, whose expiry is the forward
 	 * entry's (on one-way traffic the reply entry's own lags behind). */
@@ -1608,15 +1580,8 @@ static __always_inline int reverse(struct __sk_buff *skb, struct pkt *p, const i
 			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING))
 				f->expires = now + cfg_or(cfg, ct_tcp_established, CT_TCP_ESTABLISHED);
 			e->expires = f->expires;
-			if (p->proto == IPPROTO_TCP && !(f->flags & CT_F_CLOSING)) {
-				if (!(e->flags & CT_F_FWD_SYNCED))
-					e->flags |= CT_F_FWD_SYNCED;
-			} else if (e->flags & CT_F_FWD_SYNCED) {
-				e->flags &= ~CT_F_FWD_SYNCED;
-			}
 		}
 	}
-translate:
 	*done = 1;
 	if (snatted) {
 		union addr client = e->snat_addr;
