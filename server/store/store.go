@@ -70,11 +70,11 @@ func NewSpec(svc *vipdv1.Service, dp *dataplane.Service) (Spec, error) {
 		return Spec{}, err
 	}
 	*scratch = full[:0]
-	b, at := slimSpec(full, dp.Backends)
-	if at < 0 {
-		b = slices.Clone(full) // slimSpec gave full back, which is the scratch's
+	spec := newSpec(full, dp.Backends)
+	if spec.at < 0 {
+		spec.b = slices.Clone(full) // kept whole: full is the scratch's
 	}
-	return Spec{b: b, at: at, backends: dp.Backends}, nil
+	return spec, nil
 }
 
 // specScratch holds NewSpec's buffers.

@@ -132,9 +132,6 @@ func nameChars(name string) bool {
 	return name != ""
 }
 
-// validName reports whether checkName finds nothing wrong with name.
-func validName(name string) bool { return len(name) <= MaxNameLength && nameChars(name) }
-
 func checkName(v *Violations, name, field string) {
 	switch {
 	case name == "":
@@ -172,7 +169,8 @@ func ServiceInPlace(in *vipdv1.Service, lim Limits, field string) (*vipdv1.Servi
 	in.Generation = 0
 	// The fields' names are built only for a violation, as the backends'
 	// below.
-	if !validName(in.Name) {
+	var probe Violations
+	if checkName(&probe, in.Name, ""); len(probe) > 0 {
 		checkName(&v, in.Name, field+".name")
 	}
 	if in.Owner != "" && len(Owner(in.Owner, "")) > 0 { // ConvertService fills in DefaultOwner
