@@ -75,7 +75,7 @@ func nodePortAddressAddedRemoved(e *env) {
 		e.expectDead(e.out, "tcp", np)
 		e.expectDead(e.out, "udp", np)
 		// The node's own addresses are served throughout.
-		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 10, echoes(8080, e.be1, e.be4)...)
+		e.expectSeenAs(e.out, "tcp", ap(e.node1.addr(f), nodePort), e.masqueraded(f), 20, echoes(8080, e.be1, e.be4)...)
 	}
 }
 
