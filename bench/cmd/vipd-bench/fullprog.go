@@ -120,6 +120,8 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 			}
 			b.figure(fmt.Sprintf("full/%s/%d/sync", dp, n), col(func(r fullRun) float64 { return r.sync.Seconds() }).med)
 			b.figure(fmt.Sprintf("full/%s/%d/rss", dp, n), col(func(r fullRun) float64 { return float64(r.syncRSS) }).med)
+			b.figure(fmt.Sprintf("full/%s/%d/restart", dp, n), col(func(r fullRun) float64 { return r.restart.Seconds() }).med)
+			b.figure(fmt.Sprintf("full/%s/%d/restart-rss", dp, n), col(func(r fullRun) float64 { return float64(r.restartRSS) }).med)
 			mapMem := "–"
 			if dp == "ebpf" {
 				mapMem = col(func(r fullRun) float64 { return float64(r.mapMem) }).format(fmtMiB)
