@@ -241,9 +241,8 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
-	if err := Supported(); err != nil {
-		return nil, err
-	}
+	// Supported (a test load) runs only when loadObjects fails: it costs
+	// a verification on every start.
 	mounted, err := ensureBPFFS(log, cfg.BPFFS, hostMountNS)
 	if err != nil {
 		return nil, err
@@ -672,8 +671,8 @@ func Supported() error {
 
 // Cleanup removes everything the dataplane put into the kernel for the
 // namespace at netnsPath and the bpffs directory bpffs: tc programs (tcx
-// links and clsact filters), the socket hooks' cgroup links, and the
-// pinned maps. Traffic to VIPs stops being translated.
+// links and clsact filters), the socket hooks' cgroup links, the pinned
+// programs and the pinned maps. Traffic to VIPs stops being translated.
 func Cleanup(log hclog.Logger, netnsPath, bpffs string) error {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
@@ -687,6 +686,9 @@ func Cleanup(log hclog.Logger, netnsPath, bpffs string) error {
 		errs = append(errs, fmt.Errorf("detach tc programs: %w", err))
 	}
 	removePinnedMaps(bpffs)
+	if err := removeProgramPins(bpffs); err != nil {
+		errs = append(errs, fmt.Errorf("remove program pins: %w", err))
+	}
 	os.Remove(links)
 	log.Info("removed the eBPF dataplane", "bpffs", bpffs)
 	return errors.Join(errs...)

@@ -213,6 +213,9 @@ func netnsCookie(path string) (uint64, error) {
 // and pinning the maps that do not exist yet. Pinned maps of another layout
 // version, or whose sizes no longer match the configuration, are replaced
 // (and the log says so: established flows through VIPs may then reset).
+// The programs pinned in dir by an earlier start are reused when they are
+// exactly what a load would give over these maps (loadOrReusePrograms);
+// else fresh ones are loaded and pinned in their place.
 func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *ebpf.MapSpec, error) {
 	spec, err := loadBpf()
 	if err != nil {
@@ -245,25 +248,39 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 	}
 	removeResizedMaps(log, dir, spec)
 	removeUnfilteredConntrack(log, dir)
+	// The filter of a pinned services map is in sync with it (its bits
+	// are set before the entries are written, and never cleared), unless
+	// the filter itself is created now (its pin is missing).
+	filterPinned := pinExists(filepath.Join(dir, "vipd_svc_addrs"))
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	var objs bpfObjects
-	err = spec.LoadAndAssign(&objs, opts)
+	err = spec.LoadAndAssign(&objs.bpfMaps, opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		log.Warn("pinned maps do not match the configured sizes: replacing them; established flows through VIPs may reset",
 			"error", err)
 		removePinnedMaps(dir)
-		err = spec.LoadAndAssign(&objs, opts)
+		filterPinned = false
+		err = spec.LoadAndAssign(&objs.bpfMaps, opts)
 	}
 	if err != nil {
+		return nil, nil, explainLoadError(fmt.Errorf("load BPF maps: %w", err))
+	}
+	progs, err := loadOrReusePrograms(log, dir, spec, &objs.bpfMaps)
+	if err != nil {
+		objs.bpfMaps.Close()
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, nil, fmt.Errorf("load BPF programs: %+v", ve)
+			return nil, nil, explainLoadError(fmt.Errorf("load BPF programs: %+v", ve))
 		}
-		return nil, nil, fmt.Errorf("load BPF objects: %w", err)
+		return nil, nil, explainLoadError(fmt.Errorf("load BPF programs: %w", err))
+	}
+	objs.bpfPrograms = *progs
+	if filterPinned {
+		return &objs, inner, nil
 	}
 	// The frontend filter must cover every frontend of a pinned services
-	// map, also when the filter itself was just created (its pin was
-	// missing): a frontend without its bit would be dead.
+	// map also when the filter itself was just created: a frontend
+	// without its bit would be dead.
 	var fes []bpfSvcKey
 	err = forEach(objs.VipdServices, func(k bpfSvcKey, _ bpfSvcVal) {
 		if k.Slot == 0 {
@@ -278,6 +295,23 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		return nil, nil, fmt.Errorf("fill the frontend filter from the pinned services: %w", err)
 	}
 	return &objs, inner, nil
+}
+
+// explainLoadError returns Supported's error, which names what the kernel
+// lacks, in place of err when there is one: New checks the kernel only
+// when a load fails, since the check loads a program (the verifier's
+// work, about 0.3 s, on every start).
+func explainLoadError(err error) error {
+	if serr := Supported(); serr != nil {
+		return fmt.Errorf("%w (%v)", serr, err)
+	}
+	return err
+}
+
+// pinExists reports whether a pin (or any file) exists at path.
+func pinExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // removeResizedMaps unpins the maps whose size (or shape) the configuration
