@@ -215,30 +215,9 @@ func netnsCookie(path string) (uint64, error) {
 // (and the log says so: established flows through VIPs may then reset).
 // The programs pinned in dir by an earlier start are reused when they are
 // exactly what a load would give over these maps (loadOrReusePrograms);
-// else fresh ones are loaded and pinned in their place.
-func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *ebpf.MapSpec, error) {
-	spec, err := loadBpf()
-	if err != nil {
-		return nil, nil, fmt.Errorf("load BPF spec: %w", err)
-	}
-	for name, size := range map[string]uint32{
-		"vipd_services":    sizes.LB,
-		"vipd_members":     max(sizes.LB/5*3, 1),
-		"vipd_revnat":      max(sizes.LB/16, 1),
-		"vipd_maglev":      max(sizes.LB/16, 1),
-		"vipd_backends":    sizes.Backends,
-		"vipd_ct":          sizes.Conntrack,
-		"vipd_snat_tw":     max(sizes.Conntrack/2, 1),
-		"vipd_affinity":    sizes.Affinity,
-		"vipd_sock_revnat": sizes.Sockets,
-		"vipd_sock_udp":    sizes.Sockets,
-		"vipd_events":      sizes.Events,
-	} {
-		if size == 0 {
-			return nil, nil, fmt.Errorf("map %s: size 0", name)
-		}
-		spec.Maps[name].MaxEntries = size
-	}
+// else fresh ones are loaded and pinned in their place. spec is
+// sizedSpec's.
+func loadObjects(log hclog.Logger, dir string, spec *ebpf.CollectionSpec) (*bpfObjects, *ebpf.MapSpec, error) {
 	inner := spec.Maps["vipd_maglev"].InnerMap.Copy()
 
 	if v, ok := pinnedLayout(dir); ok && v != layoutVersion {
@@ -254,7 +233,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 	filterPinned := pinExists(filepath.Join(dir, "vipd_svc_addrs"))
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	var objs bpfObjects
-	err = spec.LoadAndAssign(&objs.bpfMaps, opts)
+	err := spec.LoadAndAssign(&objs.bpfMaps, opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		log.Warn("pinned maps do not match the configured sizes: replacing them; established flows through VIPs may reset",
 			"error", err)
@@ -298,9 +277,7 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 }
 
 // explainLoadError returns Supported's error, which names what the kernel
-// lacks, in place of err when there is one: New checks the kernel only
-// when a load fails, since the check loads a program (the verifier's
-// work, about 0.3 s, on every start).
+// lacks, in place of err when there is one.
 func explainLoadError(err error) error {
 	if serr := Supported(); serr != nil {
 		return fmt.Errorf("%w (%v)", serr, err)
@@ -312,6 +289,34 @@ func explainLoadError(err error) error {
 func pinExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// sizedSpec returns the spec of vipd's objects with the maps sized as
+// sizes says.
+func sizedSpec(sizes MapSizes) (*ebpf.CollectionSpec, error) {
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	for name, size := range map[string]uint32{
+		"vipd_services":    sizes.LB,
+		"vipd_members":     max(sizes.LB/5*3, 1),
+		"vipd_revnat":      max(sizes.LB/16, 1),
+		"vipd_maglev":      max(sizes.LB/16, 1),
+		"vipd_backends":    sizes.Backends,
+		"vipd_ct":          sizes.Conntrack,
+		"vipd_snat_tw":     max(sizes.Conntrack/2, 1),
+		"vipd_affinity":    sizes.Affinity,
+		"vipd_sock_revnat": sizes.Sockets,
+		"vipd_sock_udp":    sizes.Sockets,
+		"vipd_events":      sizes.Events,
+	} {
+		if size == 0 {
+			return nil, fmt.Errorf("map %s: size 0", name)
+		}
+		spec.Maps[name].MaxEntries = size
+	}
+	return spec, nil
 }
 
 // removeResizedMaps unpins the maps whose size (or shape) the configuration

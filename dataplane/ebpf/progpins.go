@@ -349,6 +349,18 @@ func removeProgramPins(dir string) error {
 	return errors.Join(errs...)
 }
 
+// programsPinned reports whether every program of spec is pinned in dir
+// with spec's fingerprint: an earlier start loaded them on this kernel.
+func programsPinned(dir string, spec *ebpf.CollectionSpec) bool {
+	fp := programFingerprint(_BpfBytes, spec)
+	for name := range programFields(&bpfPrograms{}) {
+		if !pinExists(progPin(dir, fp, name)) {
+			return false
+		}
+	}
+	return true
+}
+
 // loadOrReusePrograms returns the programs for maps: the pinned ones when
 // reusePrograms allows, else freshly loaded ones, which it pins in their
 // place. The log says which, and why.

@@ -281,3 +281,37 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 	}
 	return true
 }
+
+// The fingerprint is a function of the object and the spec: the same for
+// the same, another for another object or other map sizes.
+func TestProgramFingerprint(t *testing.T) {
+	spec, err := sizedSpec(DefaultMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := programFingerprint(_BpfBytes, spec)
+	if len(fp) != progFingerprintLen || strings.ContainsAny(fp, "._/") {
+		t.Fatalf("fingerprint %q: want %d hex digits", fp, progFingerprintLen)
+	}
+	again, err := sizedSpec(DefaultMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := programFingerprint(_BpfBytes, again); got != fp {
+		t.Errorf("fingerprint of the same object and sizes: %s, then %s", fp, got)
+	}
+	other := append([]byte(nil), _BpfBytes...)
+	other[len(other)-1] ^= 1
+	if got := programFingerprint(other, spec); got == fp {
+		t.Errorf("another object has the same fingerprint %s", fp)
+	}
+	sizes := DefaultMapSizes
+	sizes.Affinity *= 2
+	resized, err := sizedSpec(sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := programFingerprint(_BpfBytes, resized); got == fp {
+		t.Errorf("other map sizes have the same fingerprint %s", fp)
+	}
+}
