@@ -216,7 +216,9 @@ func reusePrograms(dir, fp string, spec *ebpf.CollectionSpec, maps *bpfMaps) (*b
 				delete(left, id)
 				continue
 			}
-			// An unpinned map: find it among the program's by name.
+			// An unpinned map: find it among the program's by name. (A
+			// data section, .rodata and the like, which bpfMaps does not
+			// hold, would be found under no such name: never reused.)
 			var found ebpf.MapID
 			for id := range left {
 				m, err := ebpf.NewMapFromID(id)
