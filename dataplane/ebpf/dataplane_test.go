@@ -1168,7 +1168,7 @@ func TestDataplaneCleanup(t *testing.T) {
 		t.Fatalf("read bpffs: %v", err)
 	}
 	for _, en := range entries {
-		if strings.HasPrefix(en.Name(), "vipd_") || en.Name() == "links" {
+		if strings.HasPrefix(en.Name(), "vipd_") || en.Name() == "links" || en.Name() == progDirName {
 			t.Errorf("after Cleanup, %s is still in the bpffs", en.Name())
 		}
 	}

@@ -215,7 +215,9 @@ var (
 )
 
 // New loads the programs and the pinned maps (creating them on first use)
-// and restores the IDs a previous vipd left in them. The programs are
+// and restores the IDs a previous vipd left in them. The programs an
+// earlier start pinned are reused, not loaded again, when they are exactly
+// what a load would give over these maps (see loadOrReusePrograms). The programs are
 // attached by the first successful Apply, once the maps hold the state:
 // a restarted vipd never exposes empty maps to traffic.
 //
@@ -241,8 +243,18 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock limit: %w", err)
 	}
-	if err := Supported(); err != nil {
+	spec, err := sizedSpec(cfg.Maps)
+	if err != nil {
 		return nil, err
+	}
+	// Supported checks the kernel, before anything is mounted or created,
+	// with a test load of the largest program: about 0.4 s of verifier
+	// work. Programs of this build pinned by an earlier start prove the
+	// kernel runs them, and spare it.
+	if !programsPinned(cfg.BPFFS, spec) {
+		if err := Supported(); err != nil {
+			return nil, err
+		}
 	}
 	mounted, err := ensureBPFFS(log, cfg.BPFFS, hostMountNS)
 	if err != nil {
@@ -268,7 +280,7 @@ func New(ctx context.Context, log hclog.Logger, cfg Config) (*Dataplane, error) 
 	if err != nil {
 		return nil, err
 	}
-	objs, inner, err := loadObjects(log, cfg.BPFFS, cfg.Maps)
+	objs, inner, err := loadObjects(log, cfg.BPFFS, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -672,8 +684,8 @@ func Supported() error {
 
 // Cleanup removes everything the dataplane put into the kernel for the
 // namespace at netnsPath and the bpffs directory bpffs: tc programs (tcx
-// links and clsact filters), the socket hooks' cgroup links, and the
-// pinned maps. Traffic to VIPs stops being translated.
+// links and clsact filters), the socket hooks' cgroup links, the pinned
+// programs and the pinned maps. Traffic to VIPs stops being translated.
 func Cleanup(log hclog.Logger, netnsPath, bpffs string) error {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
@@ -687,6 +699,9 @@ func Cleanup(log hclog.Logger, netnsPath, bpffs string) error {
 		errs = append(errs, fmt.Errorf("detach tc programs: %w", err))
 	}
 	removePinnedMaps(bpffs)
+	if err := removeProgramPins(bpffs); err != nil {
+		errs = append(errs, fmt.Errorf("remove program pins: %w", err))
+	}
 	os.Remove(links)
 	log.Info("removed the eBPF dataplane", "bpffs", bpffs)
 	return errors.Join(errs...)

@@ -213,10 +213,90 @@ func netnsCookie(path string) (uint64, error) {
 // and pinning the maps that do not exist yet. Pinned maps of another layout
 // version, or whose sizes no longer match the configuration, are replaced
 // (and the log says so: established flows through VIPs may then reset).
-func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *ebpf.MapSpec, error) {
+// The programs pinned in dir by an earlier start are reused when they are
+// exactly what a load would give over these maps (loadOrReusePrograms);
+// else fresh ones are loaded and pinned in their place. spec is
+// sizedSpec's.
+func loadObjects(log hclog.Logger, dir string, spec *ebpf.CollectionSpec) (*bpfObjects, *ebpf.MapSpec, error) {
+	inner := spec.Maps["vipd_maglev"].InnerMap.Copy()
+
+	if v, ok := pinnedLayout(dir); ok && v != layoutVersion {
+		log.Warn("pinned maps have another layout version: replacing them; established flows through VIPs may reset",
+			"pinned", v, "ours", layoutVersion)
+		removePinnedMaps(dir)
+	}
+	removeResizedMaps(log, dir, spec)
+	removeUnfilteredConntrack(log, dir)
+	// The filter of a pinned services map is in sync with it (its bits
+	// are set before the entries are written, and never cleared), unless
+	// the filter itself is created now (its pin is missing).
+	filterPinned := pinExists(filepath.Join(dir, "vipd_svc_addrs"))
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	var objs bpfObjects
+	err := spec.LoadAndAssign(&objs.bpfMaps, opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		log.Warn("pinned maps do not match the configured sizes: replacing them; established flows through VIPs may reset",
+			"error", err)
+		removePinnedMaps(dir)
+		filterPinned = false
+		err = spec.LoadAndAssign(&objs.bpfMaps, opts)
+	}
+	if err != nil {
+		return nil, nil, explainLoadError(fmt.Errorf("load BPF maps: %w", err))
+	}
+	progs, err := loadOrReusePrograms(log, dir, spec, &objs.bpfMaps)
+	if err != nil {
+		objs.bpfMaps.Close()
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, nil, explainLoadError(fmt.Errorf("load BPF programs: %+v", ve))
+		}
+		return nil, nil, explainLoadError(fmt.Errorf("load BPF programs: %w", err))
+	}
+	objs.bpfPrograms = *progs
+	if filterPinned {
+		return &objs, inner, nil
+	}
+	// The frontend filter must cover every frontend of a pinned services
+	// map also when the filter itself was just created: a frontend
+	// without its bit would be dead.
+	var fes []bpfSvcKey
+	err = forEach(objs.VipdServices, func(k bpfSvcKey, _ bpfSvcVal) {
+		if k.Slot == 0 {
+			fes = append(fes, k)
+		}
+	})
+	if err == nil {
+		err = markFrontends(objs.VipdSvcAddrs, fes)
+	}
+	if err != nil {
+		objs.Close()
+		return nil, nil, fmt.Errorf("fill the frontend filter from the pinned services: %w", err)
+	}
+	return &objs, inner, nil
+}
+
+// explainLoadError returns Supported's error, which names what the kernel
+// lacks, in place of err when there is one.
+func explainLoadError(err error) error {
+	if serr := Supported(); serr != nil {
+		return fmt.Errorf("%w (%v)", serr, err)
+	}
+	return err
+}
+
+// pinExists reports whether a pin (or any file) exists at path.
+func pinExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// sizedSpec returns the spec of vipd's objects with the maps sized as
+// sizes says.
+func sizedSpec(sizes MapSizes) (*ebpf.CollectionSpec, error) {
 	spec, err := loadBpf()
 	if err != nil {
-		return nil, nil, fmt.Errorf("load BPF spec: %w", err)
+		return nil, fmt.Errorf("load BPF spec: %w", err)
 	}
 	for name, size := range map[string]uint32{
 		"vipd_services":    sizes.LB,
@@ -232,52 +312,11 @@ func loadObjects(log hclog.Logger, dir string, sizes MapSizes) (*bpfObjects, *eb
 		"vipd_events":      sizes.Events,
 	} {
 		if size == 0 {
-			return nil, nil, fmt.Errorf("map %s: size 0", name)
+			return nil, fmt.Errorf("map %s: size 0", name)
 		}
 		spec.Maps[name].MaxEntries = size
 	}
-	inner := spec.Maps["vipd_maglev"].InnerMap.Copy()
-
-	if v, ok := pinnedLayout(dir); ok && v != layoutVersion {
-		log.Warn("pinned maps have another layout version: replacing them; established flows through VIPs may reset",
-			"pinned", v, "ours", layoutVersion)
-		removePinnedMaps(dir)
-	}
-	removeResizedMaps(log, dir, spec)
-	removeUnfilteredConntrack(log, dir)
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
-	var objs bpfObjects
-	err = spec.LoadAndAssign(&objs, opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		log.Warn("pinned maps do not match the configured sizes: replacing them; established flows through VIPs may reset",
-			"error", err)
-		removePinnedMaps(dir)
-		err = spec.LoadAndAssign(&objs, opts)
-	}
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, nil, fmt.Errorf("load BPF programs: %+v", ve)
-		}
-		return nil, nil, fmt.Errorf("load BPF objects: %w", err)
-	}
-	// The frontend filter must cover every frontend of a pinned services
-	// map, also when the filter itself was just created (its pin was
-	// missing): a frontend without its bit would be dead.
-	var fes []bpfSvcKey
-	err = forEach(objs.VipdServices, func(k bpfSvcKey, _ bpfSvcVal) {
-		if k.Slot == 0 {
-			fes = append(fes, k)
-		}
-	})
-	if err == nil {
-		err = markFrontends(objs.VipdSvcAddrs, fes)
-	}
-	if err != nil {
-		objs.Close()
-		return nil, nil, fmt.Errorf("fill the frontend filter from the pinned services: %w", err)
-	}
-	return &objs, inner, nil
+	return spec, nil
 }
 
 // removeResizedMaps unpins the maps whose size (or shape) the configuration
