@@ -31,11 +31,10 @@ type applyPlan struct {
 	nids int
 	// gone are the removals of frontends that are programmed now.
 	gone []change
-	// firstNew is the first backend ID this apply handed out: the
-	// backends that got an ID in it are the members with an ID from
-	// firstNew on (IDs come from a counter), which an incremental apply
-	// writes (a full apply writes every backend in use).
-	firstNew uint32
+	// fresh has the bit of each backend ID this apply handed out (a
+	// never-used or a recycled one): an incremental apply writes those
+	// backends (a full apply writes every backend in use).
+	fresh bitset
 }
 
 // apply writes changes into the maps. prune additionally deletes every
@@ -109,15 +108,15 @@ func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, pru
 // allocateIDs computes the new programmed state of each change, and gives
 // IDs to what has none: a reverse-NAT ID to a frontend that never had one
 // (a draining or restored frontend keeps its own), a backend ID to a
-// backend that is in no frontend and not in the maps. IDs only grow: a
-// freed ID is never given again. Every member of a changed frontend counts
-// as a reference to its backend from here on; takeBack undoes that. It
-// touches no map.
+// backend that is in no frontend and not in the maps (newBackendID: a
+// never-used ID, else the oldest freed one). Every member of a changed
+// frontend counts as a reference to its backend from here on; takeBack
+// undoes that. It touches no map.
 func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	// The programmed values and their ID lists come from two allocations
 	// for all changes: a full apply replaces every frontend, and with it
 	// these.
-	pl := &applyPlan{changes: changes, next: make([]*programmed, len(changes)), firstNew: p.nextBackend}
+	pl := &applyPlan{changes: changes, next: make([]*programmed, len(changes))}
 	// pl.nids counts a slot ID of each slot (audit bitsets index them so);
 	// the slab leaves out those of frontends that share identitySlots,
 	// whose slot IDs are a prefix of their member IDs.
@@ -176,8 +175,9 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 			k := c.fe.members[j].key
 			ref, ok := p.backendIDs.get(k)
 			if !ok {
-				ref.id = p.nextBackend
-				p.nextBackend++
+				ref.id = p.newBackendID()
+				pl.fresh = pl.fresh.grown(int(ref.id))
+				pl.fresh.set(int(ref.id))
 			}
 			ref.refs++
 			p.backendIDs.put(k, ref)
@@ -312,16 +312,16 @@ func (p *programmer) backendsToWrite(pl *applyPlan, au *audit, prune bool) iter.
 			return
 		}
 		// Each new backend once, however many members name it.
-		seen := newBitset(int(p.nextBackend - pl.firstNew))
+		seen := newBitset(64 * len(pl.fresh))
 		for _, pr := range pl.next {
 			if pr == nil {
 				continue
 			}
 			for j, id := range pr.memberIDs {
-				if id < pl.firstNew || seen.has(int(id-pl.firstNew)) {
+				if !pl.fresh.has(int(id)) || seen.has(int(id)) {
 					continue
 				}
-				seen.set(int(id - pl.firstNew))
+				seen.set(int(id))
 				if !yield(id, pr.fe.members[j].key) {
 					return
 				}
@@ -654,6 +654,7 @@ func (p *programmer) unref(pr *programmed, dead *writes) {
 			continue
 		}
 		p.backendIDs.del(k)
-		dead.deleteBackend(id)
+		dead.deleteBackend(id) // zeroed in this apply, before any reuse
+		p.freeBackendID(id)
 	}
 }

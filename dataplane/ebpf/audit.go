@@ -120,6 +120,14 @@ func (b bitset) set(i int) { b[i/64] |= 1 << (i % 64) }
 
 func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
 
+// grown returns b, grown if need be to hold bit i.
+func (b bitset) grown(i int) bitset {
+	if n := i/64 + 1; n > len(b) {
+		b = append(b, make(bitset, max(n-len(b), len(b)))...)
+	}
+	return b
+}
+
 // maxBackendBitset bounds the backend IDs audit tracks in a bitset (8 MiB).
 const maxBackendBitset = 64 << 20
 
@@ -161,7 +169,7 @@ func (p *programmer) auditMaps(changes []change, next []*programmed, offs []int3
 			return nil
 		},
 		func() error {
-			if err := forEach(p.maps.VipdBackends, a.backendEntry); err != nil {
+			if err := forEachBackend(p.maps.VipdBackends, a.backendEntry); err != nil {
 				return fmt.Errorf("backend map: %w", err)
 			}
 			return nil
@@ -430,7 +438,8 @@ const maxUsedSlice = 16 << 20
 
 // usedBackends are the backends referenced after an apply, which
 // backendEntry needs: by ID in byID while the ID counter is not far beyond
-// them (IDs come from a counter and are never reused), else in sorted.
+// them (IDs are below nextBackend, and freed ones are recycled), else in
+// sorted.
 type usedBackends struct {
 	n int // how many
 	// byID holds each by ID (key+1; 0: not used), when kept so; then
@@ -529,7 +538,10 @@ func (a *auditor) backendEntry(id uint32, be bpfBackend) {
 func (p *programmer) forget() {
 	for k, ref := range p.backendIDs.all() {
 		if ref.refs <= 0 {
+			// Not used, so not in a.used: its slot is zeroed with
+			// the stale entries, right after.
 			p.backendIDs.del(k)
+			p.freeBackendID(ref.id)
 		}
 	}
 	for k, id := range p.revNatIDs {

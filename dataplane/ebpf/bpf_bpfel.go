@@ -35,10 +35,10 @@ type bpfBackend struct {
 		_ structs.HostLayout
 		W [4]uint32
 	}
-	Port  uint16
-	Proto uint8
-	Pad   uint8
-	Pad2  uint32
+	Port uint16
+	Used uint8
+	Pad  uint8
+	Pad2 uint32
 }
 
 type bpfConfig struct {

@@ -321,7 +321,7 @@ func dpSnapshot(t *testing.T, m *bpfMaps) *dpSnap {
 				}
 			}
 		}),
-		forEach(m.VipdBackends, func(id uint32, v bpfBackend) {
+		forEachBackend(m.VipdBackends, func(id uint32, v bpfBackend) {
 			s.backends[id] = beKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port)}
 		}),
 		forEach(m.VipdMaglev, func(id uint32, _ uint32) { s.maglev[id] = true }),

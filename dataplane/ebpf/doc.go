@@ -18,6 +18,11 @@
 //   - the translation of a dataplane.State into map entries, written in
 //     make-before-break order, one step per method (apply.go), with the
 //     audit of a full apply (audit.go) and the IDs (programmer.go);
+//   - the backend map (backendids.go): an array indexed by backend ID,
+//     written and read through its mmap; IDs are recycled (never-used
+//     first, then oldest-freed first, a freed slot zeroed), and the
+//     programs keep a tracked flow on its backend only while its ID's
+//     slot still holds the flow's backend address and port;
 //   - drift (drift.go): DetectDrift finds programs detached, pins replaced
 //     and map entries written by another tool, and every full Apply
 //     repairs them;

@@ -125,5 +125,8 @@ func (d *Dataplane) backendAddr(id uint32) (netip.AddrPort, error) {
 	if err := d.objs.VipdBackends.Lookup(id, &b); err != nil {
 		return netip.AddrPort{}, fmt.Errorf("read backend %d: %w", id, err)
 	}
+	if b.Used == 0 {
+		return netip.AddrPort{}, fmt.Errorf("read backend %d: %w", id, ebpf.ErrKeyNotExist)
+	}
 	return netip.AddrPortFrom(fromWords(b.Addr.W), fromBE16(b.Port)), nil
 }

@@ -7,7 +7,7 @@ import (
 
 // layoutVersion is LAYOUT_VERSION of bpf/maps.h: the version of the pinned
 // map layout. A pinned set of another version is not reused.
-const layoutVersion = 6
+const layoutVersion = 7
 
 // Flags shared with bpf/maps.h.
 const (

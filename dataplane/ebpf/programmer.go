@@ -15,9 +15,13 @@ import (
 // programmer turns frontends into map entries and keeps the IDs stable.
 //
 // IDs: every frontend has a reverse-NAT ID and every backend (address,
-// port) a backend ID. Both only grow and are never reused while vipd runs,
-// so a conntrack entry naming an old ID can never point at a different
-// backend. A restarted vipd reads them back from the maps (restore).
+// port) a backend ID. Reverse-NAT IDs only grow and are never reused, so a
+// conntrack entry naming an old one can never point at a different
+// frontend. Backend IDs index the vipd_backends array and are recycled:
+// never-used ones first, then freed ones oldest first, each slot zeroed
+// when its backend goes; the programs check that a recycled ID still
+// names a flow's backend (backendids.go states the rule). A restarted
+// vipd reads them back from the maps (restore).
 type programmer struct {
 	log       hclog.Logger
 	maps      *bpfMaps
@@ -36,8 +40,13 @@ type programmer struct {
 	nextRevNat uint32
 	// backendIDs maps every backend in the maps to its ID and to the
 	// number of frontends that have it as a member.
-	backendIDs  backendTable
+	backendIDs backendTable
+	// nextBackend is the lowest backend ID never handed out, and freeIDs
+	// the IDs below it that no backend holds, oldest-freed first: every
+	// ID below nextBackend (but 0) is in exactly one of backendIDs and
+	// freeIDs (newBackendID, freeBackendID).
 	nextBackend uint32
+	freeIDs     idQueue
 
 	// w is the write buffer of apply, kept across applies so that its
 	// batch-sized slices are allocated once.
@@ -104,8 +113,14 @@ func (p *programmer) restore() error {
 		}
 		return nil
 	}, func() error {
-		err := forEach(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
+		// The slots come in ID order: the free ones between them are
+		// queued as met.
+		p.freeIDs = idQueue{}
+		err := forEachBackend(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
 			p.backendIDs.put(packWords(be.Addr.W, fromBE16(be.Port)), backendRef{id: id})
+			for free := max(p.nextBackend, 1); free < id; free++ {
+				p.freeIDs.push(free)
+			}
 			p.nextBackend = max(p.nextBackend, id+1)
 		})
 		if err != nil {
@@ -126,10 +141,17 @@ func (p *programmer) restore() error {
 	if err != nil {
 		return err
 	}
-	// The counters survive restarts: IDs freed before one are not reused.
+	// The counters survive restarts: reverse-NAT IDs freed before one are
+	// not reused, and never-used backend IDs still go first. The free
+	// backend IDs (the gaps between held ones, then those up to the
+	// counter) are queued in ID order: the order they were freed in is
+	// lost with the previous vipd.
 	var next uint32
 	if p.maps.VipdIds.Lookup(uint32(0), &next) == nil {
-		p.nextBackend = max(p.nextBackend, next)
+		for free := p.nextBackend; free < min(next, p.backendLimit()); free++ {
+			p.freeIDs.push(free)
+		}
+		p.nextBackend = max(p.nextBackend, min(next, p.backendLimit()))
 	}
 	if p.maps.VipdIds.Lookup(uint32(1), &next) == nil {
 		p.nextRevNat = max(p.nextRevNat, next)
@@ -309,7 +331,7 @@ func (p *programmer) checkCapacity(changes []change) error {
 	// backendIDs also holds restored backends no service uses any more:
 	// they leave the map only after the writes.
 	backends := p.backendIDs.len() + newBackends
-	if backends > int(p.maps.VipdBackends.MaxEntries()) {
+	if backends > backendCapacity(p.maps.VipdBackends) {
 		// The bound may count a backend of several frontends more than
 		// once: count exactly.
 		seen := map[bePacked]bool{}
@@ -327,16 +349,20 @@ func (p *programmer) checkCapacity(changes []change) error {
 		}
 		backends = p.backendIDs.len() + len(seen)
 	}
-	check := func(what string, n int, m *ebpf.Map, flag string) error {
-		if max := int(m.MaxEntries()); n > max {
+	check := func(what string, n, max int, flag string) error {
+		if n > max {
 			return fmt.Errorf("%w: the %s map would need %d entries and holds %d (raise %s)", dataplane.ErrResourceExhausted, what, n, max, flag)
 		}
 		return nil
 	}
+	// The backend map holds its size less slot 0 (ID 0 is "none"). The
+	// backends in use after the apply fit it exactly when newBackendID
+	// finds an ID for each below the map's size: every ID below it is
+	// held, free or never used.
 	return errors.Join(
-		check("service", svc, p.maps.VipdServices, "--bpf-lb-map-max"),
-		check("member", members, p.maps.VipdMembers, "--bpf-lb-map-max"),
-		check("backend", backends, p.maps.VipdBackends, "--bpf-backend-map-max"),
-		check("reverse-NAT", frontends, p.maps.VipdRevnat, "--bpf-lb-map-max"),
+		check("service", svc, int(p.maps.VipdServices.MaxEntries()), "--bpf-lb-map-max"),
+		check("member", members, int(p.maps.VipdMembers.MaxEntries()), "--bpf-lb-map-max"),
+		check("backend", backends, backendCapacity(p.maps.VipdBackends), "--bpf-backend-map-max"),
+		check("reverse-NAT", frontends, int(p.maps.VipdRevnat.MaxEntries()), "--bpf-lb-map-max"),
 	)
 }

@@ -187,7 +187,7 @@ func (fe prFrontend) key(slot uint32) bpfSvcKey {
 func (r *prEnv) addService(fe prFrontend, bes ...prBackend) {
 	r.t.Helper()
 	for _, be := range bes {
-		v := bpfBackend{Addr: prAddrOf(be.addr.Addr()), Port: prBE16(be.addr.Port()), Proto: fe.proto}
+		v := bpfBackend{Addr: prAddrOf(be.addr.Addr()), Port: prBE16(be.addr.Port()), Used: backendUsed}
 		if err := r.objs.VipdBackends.Put(be.id, &v); err != nil {
 			r.t.Fatalf("put backend %d: %v", be.id, err)
 		}

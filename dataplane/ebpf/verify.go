@@ -53,7 +53,7 @@ func VerifyPinned(bpffs string, s *dataplane.State, maglevMin uint32) error {
 		forEach(maps[bpfMapVipdServices], func(k bpfSvcKey, v bpfSvcVal) { services[k] = v }),
 		forEach(maps[bpfMapVipdMembers], func(k bpfMemberKey, v uint32) { members[k] = v }),
 		forEach(maps[bpfMapVipdRevnat], func(id uint32, v bpfRevNat) { revNat[id] = v }),
-		forEach(maps[bpfMapVipdBackends], func(id uint32, v bpfBackend) {
+		forEachBackend(maps[bpfMapVipdBackends], func(id uint32, v bpfBackend) {
 			backends[id] = beKey{addr: fromWords(v.Addr.W), port: fromBE16(v.Port)}
 		}),
 		forEach(maps[bpfMapVipdMaglev], func(id uint32, _ uint32) { maglevs[id] = true }),

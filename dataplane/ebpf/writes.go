@@ -61,6 +61,7 @@ func (w *writes) backend(id uint32, k bePacked) {
 		b.Addr.W[i] = binary.NativeEndian.Uint32(k.addr[4*i:])
 	}
 	b.Port = be16(k.port)
+	b.Used = backendUsed
 	w.backendKeys = append(w.backendKeys, id)
 	w.backendVals = append(w.backendVals, b)
 }
@@ -193,7 +194,7 @@ func (w *writes) flush(m *bpfMaps) error {
 		what string
 		run  func() error
 	}{
-		{"backends", func() error { return batchPut(m.VipdBackends, w.backendKeys, w.backendVals) }},
+		{"backends", func() error { return putBackends(m.VipdBackends, w.backendKeys, w.backendVals) }},
 		{"members", func() error { return batchPut(m.VipdMembers, w.memberKeys, w.memberVals) }},
 		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
 		{"frontend filter", func() error { return markFrontends(m.VipdSvcAddrs, w.svcKeys) }},
@@ -202,7 +203,7 @@ func (w *writes) flush(m *bpfMaps) error {
 		{"delete members", func() error { return batchDelete(m.VipdMembers, w.memberDeletes) }},
 		{"delete reverse NAT", func() error { return batchDelete(m.VipdRevnat, w.revNatDeletes) }},
 		{"delete Maglev tables", func() error { return batchDelete(m.VipdMaglev, w.maglevDeletes) }},
-		{"delete backends", func() error { return batchDelete(m.VipdBackends, w.backendDeletes) }},
+		{"delete backends", func() error { return clearBackends(m.VipdBackends, w.backendDeletes) }},
 	}
 	for _, s := range steps {
 		if err := s.run(); err != nil {

@@ -11,7 +11,7 @@
 #ifndef VIPD_MAPS_H
 #define VIPD_MAPS_H
 
-#define LAYOUT_VERSION 6
+#define LAYOUT_VERSION 7
 
 union addr {
 	__u32 w[4];
@@ -67,10 +67,21 @@ struct svc_val {
 	__u32 slots[SVC_INLINE_SLOTS]; /* dense master: backend IDs of slots 1..count */
 };
 
+/*
+ * vipd_backends is an array indexed by backend ID (ID 0 is "none"), which
+ * vipd writes and reads through its mmap. A slot whose used is 0 (all
+ * zero) is free. IDs are recycled: vipd hands out never-used IDs first,
+ * then freed ones oldest-freed first, and zeroes a slot when its backend
+ * goes. So an ID held by a conntrack, affinity or socket entry may name
+ * another backend by now; a tracked flow keeps its backend only while
+ * the slot at its backend_id still holds its nat_addr:nat_port
+ * (backend_is in vipd.c).
+ */
+#define BACKEND_USED 1
 struct backend {
 	union addr addr;
 	__be16 port;
-	__u8 proto;
+	__u8 used; /* BACKEND_USED: a backend holds this ID; 0: a free slot */
 	__u8 pad;
 	__u32 pad2;
 };
@@ -331,10 +342,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_services SEC(".maps");
 
+/* struct backend by backend ID; its size is configuration (MapSizes.Backends
+ * in dataplane/ebpf), and IDs are below it. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1048576);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct backend);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -488,9 +501,11 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vipd_ext_ifaces SEC(".maps");
 
-/* The next backend ID (0) and reverse-NAT ID (1) vipd will hand out. IDs
- * only grow, across restarts too: a conntrack or affinity entry that names
- * a freed ID must never find another backend under it. */
+/* The lowest backend ID vipd never handed out (0), and the next reverse-NAT
+ * ID (1). Reverse-NAT IDs only grow, across restarts too: a conntrack or
+ * affinity entry that names a freed one must never find another frontend
+ * under it. Backend IDs are recycled (see struct backend); slot 0 keeps
+ * never-used IDs first across restarts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2);

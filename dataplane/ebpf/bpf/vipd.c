@@ -1238,6 +1238,30 @@ static __always_inline int ct_create(struct __sk_buff *skb, const struct ct_key 
  * entry, or one to a backend that may not take new connections, starts
  * afresh. UDP flows move when their backend left the service.
  */
+/*
+ * backend_is reports whether backend ID id still names the backend at
+ * addr:port. Backend IDs are recycled (struct backend in maps.h): an ID a
+ * flow was given may name another backend by now, even a member of the
+ * same frontend, so membership of the ID alone does not tell that the
+ * flow's backend is still listed. The lookup is of an array, which the
+ * verifier inlines.
+ */
+static __always_inline int backend_is(__u32 id, const union addr *addr, __be16 port)
+{
+	struct backend *b = bpf_map_lookup_elem(&vipd_backends, &id);
+
+	return b && b->used && b->port == port && addr_eq(&b->addr, addr);
+}
+
+/*
+ * reusable tells whether a tracked flow keeps its backend. TCP and SCTP
+ * flows keep it until they close, whatever happens to the backend (as
+ * netfilter's conntrack keeps a DNAT); a new SYN on a closing or stale
+ * entry, or one to a backend that may not take new connections, starts
+ * afresh. UDP flows move when their backend left the service. A backend
+ * is the entry's nat_addr:nat_port under its backend_id (backend_is): a
+ * recycled ID is another backend.
+ */
 static __always_inline int reusable(const struct pkt *p, const struct ct_entry *e, __u32 now)
 {
 	int f;
@@ -1245,16 +1269,19 @@ static __always_inline int reusable(const struct pkt *p, const struct ct_entry *
 	if ((__s32)(e->expires - now) < 0)
 		return 0;
 	/* Only a new SYN and UDP ask about the backend's membership: a TCP
-	 * segment of a tracked flow costs no vipd_members lookup
-	 * (FASTPATH.md). */
+	 * segment of a tracked flow costs no vipd_members or vipd_backends
+	 * lookup (FASTPATH.md). */
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		if (e->flags & CT_F_CLOSING)
+			return 0;
+		if (!backend_is(e->backend_id, &e->nat_addr, e->nat_port))
 			return 0;
 		f = member_flags(e->rev_nat_id, e->backend_id);
 		return f >= 0 && (f & MEMBER_F_ELIGIBLE);
 	}
 	if (p->proto == IPPROTO_UDP)
-		return member_flags(e->rev_nat_id, e->backend_id) >= 0;
+		return backend_is(e->backend_id, &e->nat_addr, e->nat_port) &&
+		       member_flags(e->rev_nat_id, e->backend_id) >= 0;
 	return 1;
 }
 
@@ -1263,7 +1290,7 @@ static __always_inline __u8 replaced_reason(const struct ct_entry *e, __u32 now)
 {
 	if ((__s32)(e->expires - now) < 0)
 		return FLOW_CLOSE_TIMEOUT;
-	if (member_flags(e->rev_nat_id, e->backend_id) < 0)
+	if (!backend_is(e->backend_id, &e->nat_addr, e->nat_port) || member_flags(e->rev_nat_id, e->backend_id) < 0)
 		return FLOW_CLOSE_BACKEND_REMOVED;
 	return FLOW_CLOSE_REPLACED;
 }
@@ -1447,6 +1474,8 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 		} else {
 			id = select_backend(sk, svc, &p->src, flow_hash(p));
 			bp = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
+			if (bp && !bp->used)
+				bp = NULL; /* a free slot: no backend */
 			if (bp && ext && (svc->flags & SVC_F_SNAT))
 				a = snat_addr(skb, p);
 			ended = !bp || (ext && (svc->flags & SVC_F_SNAT) && !a);
@@ -2053,7 +2082,11 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int
 	if (sendmsg) {
 		/* An unconnected socket's datagrams to a VIP stay on one backend
 		 * while it is listed and the exchange is not idle, as a UDP
-		 * conntrack entry would keep them. */
+		 * conntrack entry would keep them. The entry holds only the
+		 * backend ID, and the address is read from its slot below: a
+		 * recycled ID that is a member again sends the datagrams to
+		 * the member that holds it now, never to a removed backend
+		 * (as a fresh pick could have). */
 		struct sock_udp_key uk = {.cookie = cookie, .vip = sk.addr, .port = sk.port};
 		struct sock_udp_val *uv = bpf_map_lookup_elem(&vipd_sock_udp, &uk);
 		__u32 now = now_sec();
@@ -2074,7 +2107,7 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, int v6, int
 		id = select_backend(&sk, svc, &client, mix32((__u32)cookie ^ (__u32)(cookie >> 32)));
 	}
 	b = id ? bpf_map_lookup_elem(&vipd_backends, &id) : NULL;
-	if (!b) {
+	if (!b || !b->used) { /* none, or a free slot */
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
 	}
