@@ -2,6 +2,7 @@ package store
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/validation"
 	"golang.org/x/sys/unix"
@@ -227,6 +230,9 @@ type recordDecoder struct {
 	svc      vipdv1.Service
 	backends []*vipdv1.Backend
 	rest     []byte
+	// raw is the record's backend fields, tags and lengths included, in
+	// the record's order; enc and spec are fastEntry's buffers.
+	raw, enc, spec []byte
 }
 
 // decode is decodeEntry(rec). Nothing the entry keeps is d's.
@@ -244,9 +250,74 @@ func (d *recordDecoder) decode(rec []byte) (*Entry, error) {
 	if gen == 0 {
 		return nil, fmt.Errorf("service %s has no generation", stored.Name)
 	}
+	if e := d.fastEntry(dp, gen); e != nil {
+		return e, nil
+	}
 	// NewEntry keeps dp and the encoding of stored, never stored itself
 	// nor its backends.
 	return NewEntry(stored, dp, gen)
+}
+
+// fastEntry is NewEntry(&d.svc, dp, gen) for the common record, whose
+// backends are stored as the entry would cut them out of its spec (see
+// slimSpec): it encodes the normalized service without its backends,
+// rather than encode the backends' messages only to cut them out again.
+// That holds when the record's backend fields are exactly
+// appendBackends(dp.Backends): those bytes are then what EncodeSpec gives
+// for the normalized backends (the conversion left them as they were, in
+// the same order, with no field that their dataplane form lacks), and
+// EncodeSpec puts the backends field between the fields numbered below
+// and above it. It returns nil, for NewEntry to do, when that does not
+// hold, when the service has fields this vipd does not know, or when it
+// has no backends.
+func (d *recordDecoder) fastEntry(dp *dataplane.Service, gen uint64) *Entry {
+	svc := &d.svc
+	if len(dp.Backends) == 0 || len(svc.ProtoReflect().GetUnknown()) > 0 {
+		return nil
+	}
+	enc, ok := appendBackends(d.enc[:0], dp.Backends)
+	d.enc = enc
+	if !ok || !bytes.Equal(enc, d.raw) {
+		return nil
+	}
+	bs := svc.Backends
+	svc.Backends = nil
+	spec, err := appendEncodedSpec(d.spec[:0], svc)
+	svc.Backends = bs
+	if err != nil {
+		return nil
+	}
+	d.spec = spec
+	at, ok := fieldsAbove(spec, backendsField)
+	if !ok {
+		return nil
+	}
+	dp.Generation = gen
+	return &Entry{Dataplane: dp, spec: slices.Clone(spec), backendsAt: int32(at)}
+}
+
+// fieldsAbove returns the offset in b, a message's encoding, of its first
+// field numbered above num: where a field num goes in field order. It
+// fails when b does not parse, holds a field num, or is not in field
+// order.
+func fieldsAbove(b []byte, num protowire.Number) (int, bool) {
+	at, last := len(b), protowire.Number(0)
+	for off := 0; off < len(b); {
+		n, typ, k := protowire.ConsumeTag(b[off:])
+		if k < 0 || n == num || n < last {
+			return 0, false
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b[off+k:])
+		if m < 0 {
+			return 0, false
+		}
+		if n > num && at == len(b) {
+			at = off
+		}
+		last = n
+		off += k + m
+	}
+	return at, true
 }
 
 // unmarshal decodes rec into d.svc as proto.Unmarshal does, but decodes
@@ -256,7 +327,7 @@ func (d *recordDecoder) decode(rec []byte) (*Entry, error) {
 // that is not a well-formed backend goes with the rest, for
 // proto.Unmarshal to take or refuse as it would in the whole record.
 func (d *recordDecoder) unmarshal(rec []byte) error {
-	rest, n := d.rest[:0], 0
+	rest, raw, n := d.rest[:0], d.raw[:0], 0
 	for b := rec; len(b) > 0; {
 		num, typ, k := protowire.ConsumeTag(b)
 		if k < 0 {
@@ -274,13 +345,14 @@ func (d *recordDecoder) unmarshal(rec []byte) error {
 			if err := proto.Unmarshal(v, d.backends[n]); err != nil {
 				return err
 			}
+			raw = append(raw, b[:k+m]...)
 			n++
 		} else {
 			rest = append(rest, b[:k+m]...)
 		}
 		b = b[k+m:]
 	}
-	d.rest = rest
+	d.rest, d.raw = rest, raw
 	if err := proto.Unmarshal(rest, &d.svc); err != nil {
 		return err
 	}
