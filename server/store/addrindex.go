@@ -59,12 +59,27 @@ func (x addrIndex) len() int {
 	return n
 }
 
+// manyChanges is the size of a change set from which with orders the
+// changes by bucket with a counting sort (withMany) rather than a map of
+// slices: a fixed cost of 256 KiB, against a growing slice per bucket
+// touched.
+const manyChanges = 1 << 12
+
 // with returns x with the counts of changes, a zero count removing its
 // address. x is not modified.
 func (x addrIndex) with(changes map[addrKey]addrUse) addrIndex {
 	if len(changes) == 0 {
 		return x
 	}
+	if len(changes) >= manyChanges {
+		return x.withMany(changes)
+	}
+	return x.withFew(changes)
+}
+
+// withFew is with for a change set of a few addresses: it copies only
+// the buckets they fall in, found through a map.
+func (x addrIndex) withFew(changes map[addrKey]addrUse) addrIndex {
 	byBucket := map[uint32][]addrEntry{}
 	for k, u := range changes {
 		id := bucketOf(k)
@@ -94,6 +109,94 @@ func (x addrIndex) with(changes map[addrKey]addrUse) addrIndex {
 		}
 	}
 	return addrIndex{b.Map()}
+}
+
+// withMany is with for a big change set, such as the first sync of
+// 100,000 services (1,100,000 addresses, most buckets touched). It orders
+// the changes by bucket into one array with a counting sort, where with's
+// map of slices grown by appending allocated some four times the changes'
+// size (every bucket's slice doubling up to it), and merges each bucket's
+// sorted changes into a new bucket of exactly its size. That garbage came
+// at the end of a sync, after the collector's last cycle, and so added to
+// vipd's peak memory one for one.
+func (x addrIndex) withMany(changes map[addrKey]addrUse) addrIndex {
+	start := new([1<<addrBucketBits + 1]int32)
+	for k := range changes {
+		start[bucketOf(k)+1]++
+	}
+	for i := range 1 << addrBucketBits {
+		start[i+1] += start[i]
+	}
+	byBucket := make([]addrEntry, len(changes))
+	next := new([1 << addrBucketBits]int32)
+	copy(next[:], start[:])
+	for k, u := range changes {
+		id := bucketOf(k)
+		byBucket[next[id]] = addrEntry{k, u}
+		next[id]++
+	}
+	b := x.buckets.Builder()
+	for id := range uint32(1 << addrBucketBits) {
+		ch := byBucket[start[id]:start[id+1]]
+		if len(ch) == 0 {
+			continue
+		}
+		slices.SortFunc(ch, compareEntry)
+		old, _ := b.Get(id)
+		n := 0 // the merged bucket's size
+		for i, j := 0, 0; i < len(old) || j < len(ch); {
+			switch c := compareMerge(old, ch, i, j); {
+			case c < 0:
+				n, i = n+1, i+1
+			case c > 0:
+				if ch[j].u != (addrUse{}) {
+					n++
+				}
+				j++
+			default:
+				if ch[j].u != (addrUse{}) {
+					n++
+				}
+				i, j = i+1, j+1
+			}
+		}
+		if n == 0 {
+			b.Delete(id)
+			continue
+		}
+		merged := make([]addrEntry, 0, n)
+		for i, j := 0, 0; i < len(old) || j < len(ch); {
+			switch c := compareMerge(old, ch, i, j); {
+			case c < 0:
+				merged = append(merged, old[i])
+				i++
+			case c > 0:
+				if ch[j].u != (addrUse{}) {
+					merged = append(merged, ch[j])
+				}
+				j++
+			default:
+				if ch[j].u != (addrUse{}) {
+					merged = append(merged, ch[j])
+				}
+				i, j = i+1, j+1
+			}
+		}
+		b.Set(id, merged)
+	}
+	return addrIndex{b.Map()}
+}
+
+// compareMerge orders old[i] against ch[j] in withMany's merge, an
+// exhausted side coming last.
+func compareMerge(old, ch []addrEntry, i, j int) int {
+	switch {
+	case i == len(old):
+		return 1
+	case j == len(ch):
+		return -1
+	}
+	return compareEntry(old[i], ch[j])
 }
 
 // buildAddrIndex returns the index of uses, one entry per use of an

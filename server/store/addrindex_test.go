@@ -2,6 +2,7 @@ package store
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -71,5 +72,88 @@ func TestAddrIndex(t *testing.T) {
 		check(next, want)
 		check(x, before)
 		x = next
+	}
+}
+
+// TestAddrIndexWithMany checks that withMany, which with takes for big
+// change sets, gives the index withFew gives, through sets, changes and
+// removals (of present and absent addresses) that touch most buckets, and
+// leaves the index it started from as it was.
+func TestAddrIndexWithMany(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	key := func() addrKey { return addrKey{uint64(rng.IntN(2)) << 60, uint64(rng.IntN(400_000))} }
+	var uses []addrEntry
+	for range 100_000 {
+		uses = append(uses, addrEntry{key(), addrUse{vips: rng.Int32N(2), backends: 1}})
+	}
+	x := buildAddrIndex(uses)
+	entries := func(x addrIndex) map[addrKey]addrUse {
+		m := map[addrKey]addrUse{}
+		for _, b := range x.buckets.All() {
+			for i, e := range b {
+				if i > 0 && compareEntry(b[i-1], e) >= 0 {
+					t.Fatalf("bucket out of order at %v", e.k)
+				}
+				m[e.k] = e.u
+			}
+		}
+		return m
+	}
+	for round := range 4 {
+		changes := map[addrKey]addrUse{}
+		for range manyChanges + rng.IntN(200_000) {
+			u := addrUse{}
+			if rng.IntN(4) > 0 {
+				u = addrUse{vips: rng.Int32N(2), backends: rng.Int32N(3)}
+			}
+			changes[key()] = u
+		}
+		before := entries(x)
+		many, few := x.withMany(changes), x.withFew(changes)
+		if got, want := entries(many), entries(few); len(got) != len(want) {
+			t.Fatalf("round %d: withMany has %d addresses, withFew %d", round, len(got), len(want))
+		} else {
+			for k, u := range want {
+				if got[k] != u {
+					t.Fatalf("round %d: %v: withMany %+v, withFew %+v", round, k, got[k], u)
+				}
+			}
+		}
+		if x.with(changes).len() != many.len() {
+			t.Fatalf("round %d: with did not take withMany's result", round)
+		}
+		after := entries(x)
+		if len(after) != len(before) {
+			t.Fatalf("round %d: the base index changed", round)
+		}
+		x = many
+	}
+}
+
+// TestAddrIndexWithManyAllocs bounds what withMany allocates for a change
+// set of every address into an empty index, as the first sync of a big
+// state makes: the changes' array, the buckets, and the persistent map's
+// nodes: 91 bytes a change here, where withFew's map of appended slices
+// takes 170 (and more for bigger sets, as its slices double).
+func TestAddrIndexWithManyAllocs(t *testing.T) {
+	const n = 200_000
+	changes := make(map[addrKey]addrUse, n)
+	for i := range n {
+		changes[addrKey{0, uint64(i)}] = addrUse{backends: 1}
+	}
+	var x addrIndex
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	y := x.with(changes)
+	runtime.ReadMemStats(&after)
+	if y.len() != n {
+		t.Fatalf("%d addresses, want %d", y.len(), n)
+	}
+	const budget = 120
+	perChange := float64(after.TotalAlloc-before.TotalAlloc) / n
+	if perChange > budget {
+		t.Errorf("with allocates %.0f bytes per change into an empty index, over the budget of %d", perChange, budget)
+	} else {
+		t.Logf("with allocates %.0f bytes per change into an empty index (budget %d)", perChange, budget)
 	}
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,13 +11,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/vipd/vipd/dataplane"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
 	"github.com/vipd/vipd/server/validation"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -174,9 +178,9 @@ func decode(data []byte) (*Snapshot, error) {
 }
 
 // decodeEntries decodes recs (decodeEntry), index for index. Records are
-// independent, so it decodes them on every CPU, in blocks: a state of
-// 100,000 services spends most of its load here. On failure it returns
-// the error of the first bad record.
+// independent, so it decodes them on every CPU, in blocks, each worker
+// with its own recordDecoder: a state of 100,000 services spends most of
+// its load here. On failure it returns the error of the first bad record.
 func decodeEntries(recs [][]byte) ([]*Entry, error) {
 	const block = 1024
 	entries := make([]*Entry, len(recs))
@@ -185,13 +189,14 @@ func decodeEntries(recs [][]byte) ([]*Entry, error) {
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), (len(recs)+block-1)/block) {
 		wg.Go(func() {
+			var d recordDecoder
 			for {
 				lo := int(next.Add(block)) - block
 				if lo >= len(recs) {
 					return
 				}
 				for i := lo; i < min(lo+block, len(recs)); i++ {
-					entries[i], errs[i] = decodeEntry(recs[i])
+					entries[i], errs[i] = d.decode(recs[i])
 				}
 			}
 		})
@@ -211,8 +216,29 @@ func decodeEntries(recs [][]byte) ([]*Entry, error) {
 // an earlier vipd wrote the record, and refusing to start over that would
 // break running traffic. Only a record that has no dataplane form fails.
 func decodeEntry(rec []byte) (*Entry, error) {
-	stored := &vipdv1.Service{}
-	if err := proto.Unmarshal(rec, stored); err != nil {
+	var d recordDecoder
+	return d.decode(rec)
+}
+
+// recordDecoder is decodeEntry for one goroutine at a time, reusing its
+// messages from one record to the next. The API form of a record is
+// scratch (an Entry keeps its dataplane form and its encoding, see
+// Entry), and a big state has ten backends for every service: decoding
+// each record into new messages made a load of 100,000 services allocate,
+// and collect, a million backend messages. The zero value is ready to use.
+type recordDecoder struct {
+	svc      vipdv1.Service
+	backends []*vipdv1.Backend
+	rest     []byte
+	// raw is the record's backend fields, tags and lengths included, in
+	// the record's order; enc and spec are fastEntry's buffers.
+	raw, enc, spec []byte
+}
+
+// decode is decodeEntry(rec). Nothing the entry keeps is d's.
+func (d *recordDecoder) decode(rec []byte) (*Entry, error) {
+	stored := &d.svc
+	if err := d.unmarshal(rec); err != nil {
 		return nil, fmt.Errorf("decode service: %w", err)
 	}
 	gen := stored.Generation
@@ -224,7 +250,116 @@ func decodeEntry(rec []byte) (*Entry, error) {
 	if gen == 0 {
 		return nil, fmt.Errorf("service %s has no generation", stored.Name)
 	}
+	if e := d.fastEntry(dp, gen); e != nil {
+		return e, nil
+	}
+	// NewEntry keeps dp and the encoding of stored, never stored itself
+	// nor its backends.
 	return NewEntry(stored, dp, gen)
+}
+
+// fastEntry is NewEntry(&d.svc, dp, gen) for the common record, whose
+// backends are stored as the entry would cut them out of its spec (see
+// slimSpec): it encodes the normalized service without its backends,
+// rather than encode the backends' messages only to cut them out again.
+// That holds when the record's backend fields are exactly
+// appendBackends(dp.Backends): those bytes are then what EncodeSpec gives
+// for the normalized backends (the conversion left them as they were, in
+// the same order, with no field that their dataplane form lacks), and
+// EncodeSpec puts the backends field between the fields numbered below
+// and above it. It returns nil, for NewEntry to do, when that does not
+// hold, when the service has fields this vipd does not know, or when it
+// has no backends.
+func (d *recordDecoder) fastEntry(dp *dataplane.Service, gen uint64) *Entry {
+	svc := &d.svc
+	if len(dp.Backends) == 0 || len(svc.ProtoReflect().GetUnknown()) > 0 {
+		return nil
+	}
+	enc, ok := appendBackends(d.enc[:0], dp.Backends)
+	d.enc = enc
+	if !ok || !bytes.Equal(enc, d.raw) {
+		return nil
+	}
+	bs := svc.Backends
+	svc.Backends = nil
+	spec, err := appendEncodedSpec(d.spec[:0], svc)
+	svc.Backends = bs
+	if err != nil {
+		return nil
+	}
+	d.spec = spec
+	at, ok := fieldsAbove(spec, backendsField)
+	if !ok {
+		return nil
+	}
+	dp.Generation = gen
+	return &Entry{Dataplane: dp, spec: slices.Clone(spec), backendsAt: int32(at)}
+}
+
+// fieldsAbove returns the offset in b, a message's encoding, of its first
+// field numbered above num: where a field num goes in field order. It
+// fails when b does not parse, holds a field num, or is not in field
+// order.
+func fieldsAbove(b []byte, num protowire.Number) (int, bool) {
+	at, last := len(b), protowire.Number(0)
+	for off := 0; off < len(b); {
+		n, typ, k := protowire.ConsumeTag(b[off:])
+		if k < 0 || n == num || n < last {
+			return 0, false
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b[off+k:])
+		if m < 0 {
+			return 0, false
+		}
+		if n > num && at == len(b) {
+			at = off
+		}
+		last = n
+		off += k + m
+	}
+	return at, true
+}
+
+// unmarshal decodes rec into d.svc as proto.Unmarshal does, but decodes
+// the backends into d.backends, which it reuses: it splits the record's
+// backend fields from the rest, decodes the rest into d.svc, and each
+// backend into a message of its own, in the record's order. Any field
+// that is not a well-formed backend goes with the rest, for
+// proto.Unmarshal to take or refuse as it would in the whole record.
+func (d *recordDecoder) unmarshal(rec []byte) error {
+	rest, raw, n := d.rest[:0], d.raw[:0], 0
+	for b := rec; len(b) > 0; {
+		num, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return protowire.ParseError(k)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[k:])
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		if num == backendsField && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[k:])
+			if n == len(d.backends) {
+				d.backends = append(d.backends, &vipdv1.Backend{})
+			}
+			if err := proto.Unmarshal(v, d.backends[n]); err != nil {
+				return err
+			}
+			raw = append(raw, b[:k+m]...)
+			n++
+		} else {
+			rest = append(rest, b[:k+m]...)
+		}
+		b = b[k+m:]
+	}
+	d.rest, d.raw = rest, raw
+	if err := proto.Unmarshal(rest, &d.svc); err != nil {
+		return err
+	}
+	if n > 0 {
+		d.svc.Backends = d.backends[:n]
+	}
+	return nil
 }
 
 // Save makes s durable before it returns. When s was committed on the
