@@ -112,9 +112,18 @@ func backendMemory(m *ebpf.Map) (*ebpf.Memory, error) {
 	return mem, nil
 }
 
+// usedOffset is the offset of bpfBackend.Used in a slot.
+const usedOffset = int64(unsafe.Offsetof(bpfBackend{}.Used))
+
 // putBackends writes vals[i] into the slot of ids[i], through the map's
 // mmap. An ID past the map fails with errMapFull; the slots before it are
 // written.
+//
+// A free slot gets its address and port first and its used byte last, so
+// that a program that sees it used sees the rest too (on a CPU that keeps
+// stores in order, as x86 does): a conntrack entry whose ID was recycled
+// never compares equal to a half-written backend. A used slot (a rewrite)
+// is written in one copy, as the map update syscall would.
 func putBackends(m *ebpf.Map, ids []uint32, vals []bpfBackend) error {
 	if len(ids) == 0 {
 		return nil
@@ -128,16 +137,31 @@ func putBackends(m *ebpf.Map, ids []uint32, vals []bpfBackend) error {
 		if id >= limit {
 			return fmt.Errorf("%w: backend ID %d: the backend map has %d slots", errMapFull, id, limit)
 		}
-		b := unsafe.Slice((*byte)(unsafe.Pointer(&vals[i])), backendSize)
-		if _, err := mem.WriteAt(b, int64(id)*int64(backendSize)); err != nil {
+		off := int64(id) * int64(backendSize)
+		var cur [1]byte
+		if _, err := mem.ReadAt(cur[:], off+usedOffset); err != nil {
+			return fmt.Errorf("read backend %d: %w", id, err)
+		}
+		v := vals[i]
+		used := v.Used
+		if cur[0] == 0 {
+			v.Used = 0
+		}
+		if _, err := mem.WriteAt(unsafe.Slice((*byte)(unsafe.Pointer(&v)), backendSize), off); err != nil {
 			return fmt.Errorf("write backend %d: %w", id, err)
+		}
+		if cur[0] == 0 && used != 0 {
+			if _, err := mem.WriteAt([]byte{used}, off+usedOffset); err != nil {
+				return fmt.Errorf("write backend %d: %w", id, err)
+			}
 		}
 	}
 	return nil
 }
 
 // clearBackends zeroes the slots of ids (frees them), through the map's
-// mmap. IDs past the map have no slot to clear.
+// mmap, the used byte first (see putBackends). IDs past the map have no
+// slot to clear.
 func clearBackends(m *ebpf.Map, ids []uint32) error {
 	if len(ids) == 0 {
 		return nil
@@ -152,7 +176,11 @@ func clearBackends(m *ebpf.Map, ids []uint32) error {
 		if id >= limit {
 			continue
 		}
-		if _, err := mem.WriteAt(zero[:], int64(id)*int64(backendSize)); err != nil {
+		off := int64(id) * int64(backendSize)
+		if _, err := mem.WriteAt(zero[:1], off+usedOffset); err != nil {
+			return fmt.Errorf("clear backend %d: %w", id, err)
+		}
+		if _, err := mem.WriteAt(zero[:], off); err != nil {
 			return fmt.Errorf("clear backend %d: %w", id, err)
 		}
 	}

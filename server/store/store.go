@@ -830,48 +830,71 @@ func (t *Txn) Commit() *Snapshot {
 	return s
 }
 
-// build makes a snapshot from entries, as read from a state file, in one
-// pass. It fails if two entries claim the same VIP:port/protocol. It
-// accepts a backend that is also a VIP, which vipd accepted before it
-// refused them (see Txn.checkAddrs).
+// build makes a snapshot from entries, as read from a state file. It
+// fails if two entries claim the same VIP:port/protocol. It accepts a
+// backend that is also a VIP, which vipd accepted before it refused them
+// (see Txn.checkAddrs).
+//
+// The address indexes, which cannot fail, are built on a goroutine of
+// their own while the services and claims are checked and indexed in
+// entries' order, so that an error is the one a single pass gives: at
+// 100,000 services each half takes about a tenth of a second.
 func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	s := &Snapshot{revision: revision, history: []commit{{mark: &commitMark{}}}}
+	var (
+		addrs     addrIndex
+		externals pmap.Map[addrKey, int32]
+		indexed   = make(chan struct{})
+	)
+	go func() {
+		defer close(indexed)
+		n := 0
+		for _, e := range entries {
+			n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
+		}
+		uses := make([]addrEntry, 0, n)
+		ext := pmap.Map[addrKey, int32]{}.Builder()
+		for _, e := range entries {
+			uses = usesOf(uses, e.Dataplane)
+			for _, list := range [2][]netip.Addr{e.Dataplane.ExternalIPs, e.Dataplane.LoadBalancerIPs} {
+				for _, a := range list {
+					n, _ := ext.Get(keyOf(a))
+					ext.Set(keyOf(a), n+1)
+				}
+			}
+		}
+		addrs, externals = buildAddrIndex(uses), ext.Map()
+	}()
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
-	n := 0
-	for _, e := range entries {
-		n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
-	}
-	uses := make([]addrEntry, 0, n)
-	ext := pmap.Map[addrKey, int32]{}.Builder()
-	for _, e := range entries {
-		name := e.Name()
-		if _, dup := svcs.Get(name); dup {
-			return nil, fmt.Errorf("service %s is stored twice", name)
-		}
-		if e.Generation() > revision {
-			return nil, fmt.Errorf("service %s has generation %d, above the store revision %d", name, e.Generation(), revision)
-		}
-		for c := range claimsOf(e.Dataplane) {
-			if h, taken := claims.Get(c); taken {
-				ce := &ConflictError{Service: name, Claim: c, Holder: h, Use: claimUse(e.Dataplane, c)}
-				if he, ok := svcs.Get(h); ok {
-					ce.HolderUse = claimUse(he.Dataplane, c)
+	err := func() error {
+		for _, e := range entries {
+			name := e.Name()
+			if _, dup := svcs.Get(name); dup {
+				return fmt.Errorf("service %s is stored twice", name)
+			}
+			if e.Generation() > revision {
+				return fmt.Errorf("service %s has generation %d, above the store revision %d", name, e.Generation(), revision)
+			}
+			for c := range claimsOf(e.Dataplane) {
+				if h, taken := claims.Get(c); taken {
+					ce := &ConflictError{Service: name, Claim: c, Holder: h, Use: claimUse(e.Dataplane, c)}
+					if he, ok := svcs.Get(h); ok {
+						ce.HolderUse = claimUse(he.Dataplane, c)
+					}
+					return ce
 				}
-				return nil, ce
+				claims.Set(c, name)
 			}
-			claims.Set(c, name)
+			svcs.Set(name, e)
+			s.backends += len(e.Dataplane.Backends)
 		}
-		svcs.Set(name, e)
-		s.backends += len(e.Dataplane.Backends)
-		uses = usesOf(uses, e.Dataplane)
-		for _, list := range [2][]netip.Addr{e.Dataplane.ExternalIPs, e.Dataplane.LoadBalancerIPs} {
-			for _, a := range list {
-				n, _ := ext.Get(keyOf(a))
-				ext.Set(keyOf(a), n+1)
-			}
-		}
+		return nil
+	}()
+	<-indexed
+	if err != nil {
+		return nil, err
 	}
-	s.services, s.claims, s.addrs, s.externals = svcs.Map(), claims.Map(), buildAddrIndex(uses), ext.Map()
+	s.services, s.claims, s.addrs, s.externals = svcs.Map(), claims.Map(), addrs, externals
 	return s, nil
 }
