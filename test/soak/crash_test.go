@@ -57,8 +57,12 @@ type mutator struct {
 	pods   []*netlab.Pod
 	failed chan crashOp
 	resume chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
+	// reconnected says, after a resume, that the client is connected
+	// again and goes on with its calls: the next kill then lands on a
+	// call, not on the reconnect (gRPC's backoff can outlast a restart).
+	reconnected chan struct{}
+	stop        chan struct{}
+	done        chan struct{}
 
 	mu    sync.Mutex // guards model and acked
 	model map[string]*vipdv1.Service
@@ -102,6 +106,11 @@ func (m *mutator) run() {
 			case m.failed <- op:
 			case <-m.stop:
 			}
+			return
+		}
+		select {
+		case m.reconnected <- struct{}{}:
+		case <-m.stop:
 			return
 		}
 	}
@@ -183,7 +192,8 @@ func testCrashDuringApply(t *testing.T, dp string) {
 
 	m := &mutator{
 		api: e.NewClient(), rng: rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())), pods: pods,
-		failed: make(chan crashOp), resume: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
+		failed: make(chan crashOp), resume: make(chan struct{}), reconnected: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}),
 		model: model,
 	}
 	go m.run()
@@ -256,6 +266,11 @@ func testCrashDuringApply(t *testing.T, dp string) {
 			t.Fatalf("kill %d: connections to the services that never changed failed: %v", kills, st)
 		}
 		m.resume <- struct{}{}
+		select {
+		case <-m.reconnected:
+		case op := <-m.failed:
+			t.Fatalf("kill %d: the client did not reconnect after the restart: %v", kills, op.err)
+		}
 	}
 	stopMutator()
 	st := traffic.Stop()
