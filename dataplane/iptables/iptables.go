@@ -218,12 +218,13 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	// stale ones are deleted, and missing hooks are installed.
 	full := d.needFull || s.Changed == nil
 	d.needFull = true // until this Apply succeeds
-	// Whether the rules stay verified: read the generation before the
-	// save that a full sync diffs against, or before a partial sync's
-	// restores, and count the commits (see verifyAfter).
-	wasVerified, genBefore, genErr := d.verified, uint32(0), error(nil)
+	// Whether the rules stay verified (see verifyAfter): a full sync
+	// reads the generation before the save it diffs against; a partial
+	// sync of verified rules counts its commits from the generation they
+	// were verified at, so that nothing is read before its restores.
+	wasVerified, genBefore, genErr := d.verified, d.verifiedGen, error(nil)
 	d.verified = false // until this Apply succeeds
-	if d.cfg.Mode == ModeNFT && (full || wasVerified) {
+	if d.cfg.Mode == ModeNFT && full {
 		genBefore, genErr = d.run.nftGen()
 	}
 	old := d.applied
@@ -268,7 +269,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		return err
 	}
 	restored := time.Now()
-	if d.cfg.Mode == ModeNFT && genErr == nil && (full || (wasVerified && genBefore == d.verifiedGen)) {
+	if d.cfg.Mode == ModeNFT && genErr == nil && (full || wasVerified) {
 		d.verifyAfter(genBefore, steps)
 	}
 	// A map of every service: Render walked them all already, and the
@@ -292,12 +293,12 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 // verifyAfter marks the rules verified at the current nf_tables
 // generation after the restores of steps ran without error, if the
 // generation moved from before by exactly one commit per restore: no other
-// tool committed anything in between, so the kernel holds what vipd
-// applied. before is the generation read before a full sync's save (which
-// it diffs against and repairs everything it finds), or before a partial
-// sync's restores when the rules were verified at that generation. A
-// failure to read the generation only leaves them unverified, which costs
-// the next DetectDrift its full check.
+// tool committed anything in between (the generation only grows, by one
+// per commit), so the kernel holds what vipd applied. before is the
+// generation read before a full sync's save (which it diffs against and
+// repairs everything it finds), or, for a partial sync, the one the rules
+// were verified at. A failure to read the generation only leaves them
+// unverified, which costs the next DetectDrift its full check.
 func (d *Dataplane) verifyAfter(before uint32, steps []restoreStep) {
 	after, err := d.run.nftGen()
 	if err != nil {
