@@ -396,7 +396,7 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 // name none.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	b := a.newSync(req.Owner, req.ValidateOnly)
-	b.want = make([]desiredService, 0, len(req.Services))
+	b.want = make([]*desiredService, 0, len(req.Services))
 	for j, svc := range req.Services {
 		// Each message is dropped once handled, so that the collector
 		// can take the request piece by piece while its encoded form
@@ -465,7 +465,11 @@ type syncBuilder struct {
 	// A desired service is kept encoded (store.NewSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change.
-	want  []desiredService
+	want []*desiredService
+	// block holds the desired services, wantBlock at a time: a stream
+	// does not say how many services it lists, and a slice of them grown
+	// by appending copied and dropped ~50 MB for 100,000 services.
+	block []desiredService
 	index map[string]int
 	n     int // services listed so far
 	orig  []*vipdv1.Backend
@@ -532,8 +536,16 @@ func (b *syncBuilder) add(in *vipdv1.Service) {
 		return
 	}
 	b.index[svc.Name] = i
-	b.want = append(b.want, desiredService{spec, dp, i, requestOrder(b.orig, svc.Backends)})
+	if len(b.block) == cap(b.block) {
+		b.block = make([]desiredService, 0, wantBlock)
+	}
+	b.block = append(b.block, desiredService{spec, dp, i, requestOrder(b.orig, svc.Backends)})
+	b.want = append(b.want, &b.block[len(b.block)-1])
 }
+
+// wantBlock is how many desired services a syncBuilder allocates at a
+// time.
+const wantBlock = 1024
 
 // commit syncs the owner's services to the list, all or nothing, unless
 // any of it failed validation.
@@ -553,7 +565,7 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 	for _, d := range want {
 		if err := a.caps.Check(d.dp); err != nil {
 			firstUnsupported = cmp.Or(firstUnsupported, err)
-			unsupported = append(unsupported, unsupportedCulprit(d, err, a.caps))
+			unsupported = append(unsupported, unsupportedCulprit(*d, err, a.caps))
 		}
 	}
 	if firstUnsupported != nil {
@@ -600,13 +612,11 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		// Release the claims of every service that is about to change before
 		// any is written, so that services of this owner may swap VIPs or
 		// ports in one call without a spurious conflict.
-		// changes points into want rather than copying it: a sync of
-		// 100,000 services would otherwise copy ~10 MB, and grow it by
-		// doubling.
+		// changes points to the services of want rather than copying
+		// them: a sync of 100,000 services would otherwise copy ~10 MB.
 		changes := make([]*desiredService, 0, len(want))
 		var taken []culprit // listed names that other owners hold
-		for i := range want {
-			d := &want[i]
+		for _, d := range want {
 			old, exists := tx.Get(d.dp.Name)
 			switch {
 			case !exists:
