@@ -8,10 +8,10 @@ import (
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
+	"github.com/vipd/vipd/server/store"
 )
 
 // syncChunk is one SyncServicesStreamRequest as received: its owner and
@@ -38,33 +38,22 @@ type syncChunk struct {
 const servicesField = 2
 
 // decode decodes data, a SyncServicesStreamRequest's encoding, into c, as
-// proto.Unmarshal would but for the services, which it splits out. Any
-// field that is not a services element goes with the rest, for
-// proto.Unmarshal to take or refuse as it would in the whole message.
+// proto.Unmarshal would but for the services, which it splits out (see
+// store.SplitField).
 func (c *syncChunk) decode(data mem.BufferSlice) error {
 	c.buf = c.buf[:0]
 	for _, b := range data {
 		c.buf = append(c.buf, b.ReadOnlyData()...)
 	}
-	rest, services := c.rest[:0], c.services[:0]
-	for b := c.buf; len(b) > 0; {
-		num, typ, k := protowire.ConsumeTag(b)
-		if k < 0 {
-			return protowire.ParseError(k)
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[k:])
-		if m < 0 {
-			return protowire.ParseError(m)
-		}
-		if num == servicesField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[k:])
-			services = append(services, v)
-		} else {
-			rest = append(rest, b[:k+m]...)
-		}
-		b = b[k+m:]
-	}
+	services := c.services[:0]
+	rest, err := store.SplitField(c.rest[:0], c.buf, servicesField, func(_, v []byte) error {
+		services = append(services, v)
+		return nil
+	})
 	c.rest, c.services = rest, services
+	if err != nil {
+		return err
+	}
 	return proto.Unmarshal(rest, &c.head)
 }
 

@@ -194,13 +194,5 @@ func TestSyncServicesStreamAllocBudget(t *testing.T) {
 	if len(resp.Created) != syncAllocServices || !strings.HasPrefix(resp.Created[0], "alloc/") {
 		t.Fatalf("created %d services, want %d", len(resp.Created), syncAllocServices)
 	}
-	bytes := float64(after.TotalAlloc-before.TotalAlloc) / syncAllocServices
-	objects := float64(after.Mallocs-before.Mallocs) / syncAllocServices
-	t.Logf("per service: %.0f bytes, %.1f objects", bytes, objects)
-	if streamAllocBytesBudget > 0 && bytes > streamAllocBytesBudget {
-		t.Errorf("a stream of %d services allocates %.0f bytes per service, over the budget of %d", syncAllocServices, bytes, streamAllocBytesBudget)
-	}
-	if streamAllocObjectBudget > 0 && objects > streamAllocObjectBudget {
-		t.Errorf("a stream of %d services allocates %.1f objects per service, over the budget of %d", syncAllocServices, objects, streamAllocObjectBudget)
-	}
+	checkAllocBudget(t, "a stream", syncAllocServices, &before, &after, streamAllocBytesBudget, streamAllocObjectBudget)
 }

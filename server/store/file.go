@@ -346,6 +346,36 @@ func fieldsAbove(b []byte, num protowire.Number) (int, bool) {
 	return at, true
 }
 
+// SplitField splits msg, a message's encoding, into the elements of its
+// repeated message field num and the rest: it calls each, in order, with
+// each element's field (tag and length included) and its value, and
+// appends every other field to rest, which it returns. A field num that
+// is not length-delimited goes with the rest, for proto.Unmarshal to take
+// or refuse as it would in the whole message. It stops at the first error
+// of each, or of a field that does not parse.
+func SplitField(rest, msg []byte, num protowire.Number, each func(field, value []byte) error) ([]byte, error) {
+	for b := msg; len(b) > 0; {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return rest, protowire.ParseError(k)
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b[k:])
+		if m < 0 {
+			return rest, protowire.ParseError(m)
+		}
+		if n == num && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[k:])
+			if err := each(b[:k+m], v); err != nil {
+				return rest, err
+			}
+		} else {
+			rest = append(rest, b[:k+m]...)
+		}
+		b = b[k+m:]
+	}
+	return rest, nil
+}
+
 // unmarshal decodes rec into d.svc as proto.Unmarshal does, but decodes
 // the backends into d.backends, which it reuses: it splits the record's
 // backend fields from the rest, decodes the rest into d.svc, and each
@@ -353,30 +383,20 @@ func fieldsAbove(b []byte, num protowire.Number) (int, bool) {
 // that is not a well-formed backend goes with the rest, for
 // proto.Unmarshal to take or refuse as it would in the whole record.
 func (d *ServiceDecoder) unmarshal(rec []byte) error {
-	rest, raw, n := d.rest[:0], d.raw[:0], 0
-	for b := rec; len(b) > 0; {
-		num, typ, k := protowire.ConsumeTag(b)
-		if k < 0 {
-			return protowire.ParseError(k)
+	raw, n := d.raw[:0], 0
+	rest, err := SplitField(d.rest[:0], rec, backendsField, func(field, v []byte) error {
+		if n == len(d.backends) {
+			d.backends = append(d.backends, &vipdv1.Backend{})
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[k:])
-		if m < 0 {
-			return protowire.ParseError(m)
+		if err := proto.Unmarshal(v, d.backends[n]); err != nil {
+			return err
 		}
-		if num == backendsField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[k:])
-			if n == len(d.backends) {
-				d.backends = append(d.backends, &vipdv1.Backend{})
-			}
-			if err := proto.Unmarshal(v, d.backends[n]); err != nil {
-				return err
-			}
-			raw = append(raw, b[:k+m]...)
-			n++
-		} else {
-			rest = append(rest, b[:k+m]...)
-		}
-		b = b[k+m:]
+		raw = append(raw, field...)
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	d.rest, d.raw = rest, raw
 	if err := proto.Unmarshal(rest, &d.svc); err != nil {
