@@ -125,6 +125,10 @@ func NewAPI(log hclog.Logger, rec *reconcile.Reconciler, dpName string, caps dat
 // Register adds the API's services to s: LoadBalancerService,
 // StatusService, FlowService and NodeService. FlowService is always
 // registered; without WithFlows it answers Unimplemented.
+//
+// s must decode messages with the server's codec (grpc.ForceServerCodecV2
+// of codec(), as New's server does): SyncServicesStream receives its
+// chunks as a syncChunk, which gRPC's own codec refuses.
 func (a *API) Register(s grpc.ServiceRegistrar) {
 	vipdv1.RegisterLoadBalancerServiceServer(s, a)
 	vipdv1.RegisterStatusServiceServer(s, a)
@@ -392,10 +396,15 @@ func (a *API) ListServices(_ context.Context, req *vipdv1.ListServicesRequest) (
 // name none.
 func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest) (*vipdv1.SyncServicesResponse, error) {
 	b := a.newSync(req.Owner, req.ValidateOnly)
-	b.add(req.Services)
-	// The request is dropped before the dataplane programs the change:
-	// for 100,000 services with 10 backends each its decoded messages are
-	// over 100 MB.
+	b.want = make([]*desiredService, 0, len(req.Services))
+	for j, svc := range req.Services {
+		// Each message is dropped once handled, so that the collector
+		// can take the request piece by piece while its encoded form
+		// grows: for 100,000 services with 10 backends each its decoded
+		// messages are over 100 MB.
+		req.Services[j] = nil
+		b.add(svc)
+	}
 	req.Services = nil
 	return b.commit(ctx)
 }
@@ -407,8 +416,12 @@ func (a *API) SyncServices(ctx context.Context, req *vipdv1.SyncServicesRequest)
 func (a *API) SyncServicesStream(stream vipdv1.LoadBalancerService_SyncServicesStreamServer) error {
 	ctx := stream.Context()
 	var b *syncBuilder
+	// The chunk and the services' messages are reused from chunk to
+	// chunk: the builder keeps nothing of a decoded message (see add).
+	var c syncChunk
+	var d store.ServiceDecoder
 	for chunk := 0; ; chunk++ {
-		req, err := stream.Recv()
+		err := stream.RecvMsg(&c)
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -417,11 +430,19 @@ func (a *API) SyncServicesStream(stream vipdv1.LoadBalancerService_SyncServicesS
 			return err
 		}
 		if b == nil {
-			b = a.newSync(req.Owner, req.ValidateOnly)
+			b = a.newSync(c.head.Owner, c.head.ValidateOnly)
 		} else {
-			b.chunk(chunk, req)
+			b.chunk(chunk, &c.head)
 		}
-		b.add(req.Services)
+		for _, enc := range c.services {
+			svc, err := d.Decode(enc)
+			if err != nil {
+				// As gRPC refuses a chunk that does not decode:
+				// nothing was staged.
+				return malformed(err)
+			}
+			b.add(svc)
+		}
 	}
 	if b == nil {
 		return toStatus(validation.Violations{{Field: "owner", Description: "the stream sent no chunk: the first one names the owner"}})
@@ -444,7 +465,11 @@ type syncBuilder struct {
 	// A desired service is kept encoded (store.NewSpec) rather than as
 	// the request's message, so that the request can be dropped before the
 	// dataplane programs the change.
-	want  []desiredService
+	want []*desiredService
+	// block holds the desired services, wantBlock at a time: a stream
+	// does not say how many services it lists, and a slice of them grown
+	// by appending copied and dropped ~50 MB for 100,000 services.
+	block []desiredService
 	index map[string]int
 	n     int // services listed so far
 	orig  []*vipdv1.Backend
@@ -476,47 +501,51 @@ func (b *syncBuilder) chunk(i int, req *vipdv1.SyncServicesStreamRequest) {
 	}
 }
 
-// add validates and encodes services, the next ones of the list.
-func (b *syncBuilder) add(services []*vipdv1.Service) {
-	if b.want == nil {
-		b.want = make([]desiredService, 0, len(services))
+// add validates and encodes in, the next service of the list. in is the
+// call's own, given up to add (gRPC decoded it for the call, or
+// SyncServicesStream's store.ServiceDecoder, which reuses it for the next
+// service), so it is normalized in place rather than copied first: a sync
+// of 100,000 services would otherwise copy a million backends. Nothing
+// the builder keeps points into in: the spec is its encoding, the
+// dataplane form is plain Go values and the decoded strings, and the
+// request order is indexes.
+func (b *syncBuilder) add(in *vipdv1.Service) {
+	i := b.n
+	b.n++
+	b.orig = append(b.orig[:0], in.GetBackends()...)
+	field := "services[" + strconv.Itoa(i) + "]"
+	if in != nil && in.Owner != "" && in.Owner != b.owner {
+		b.v = append(b.v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, b.owner)})
+		return
 	}
-	// The request is this call's own (gRPC decoded it for the call), so its
-	// services are normalized in place rather than copied first: a sync of
-	// 100,000 services would otherwise copy a million backends.
-	for j, in := range services {
-		i := b.n
-		b.n++
-		// Each message is dropped once handled, so that the collector can
-		// take the request piece by piece while its encoded form grows.
-		services[j] = nil
-		b.orig = append(b.orig[:0], in.GetBackends()...)
-		field := "services[" + strconv.Itoa(i) + "]"
-		if in != nil && in.Owner != "" && in.Owner != b.owner {
-			b.v = append(b.v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, b.owner)})
-			continue
-		}
-		if in != nil && in.Owner == "" {
-			in.Owner = b.owner
-		}
-		svc, dp, vs := validation.ServiceInPlace(in, b.a.limits, field)
-		if len(vs) > 0 {
-			b.v = append(b.v, vs...)
-			continue
-		}
-		if j, dup := b.index[svc.Name]; dup {
-			b.v = append(b.v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
-			continue
-		}
-		spec, err := store.NewSpec(svc, dp)
-		if err != nil {
-			b.err = cmp.Or(b.err, err)
-			continue
-		}
-		b.index[svc.Name] = i
-		b.want = append(b.want, desiredService{spec, dp, i, requestOrder(b.orig, svc.Backends)})
+	if in != nil && in.Owner == "" {
+		in.Owner = b.owner
 	}
+	svc, dp, vs := validation.ServiceInPlace(in, b.a.limits, field)
+	if len(vs) > 0 {
+		b.v = append(b.v, vs...)
+		return
+	}
+	if j, dup := b.index[svc.Name]; dup {
+		b.v = append(b.v, validation.Violation{Field: field + ".name", Description: fmt.Sprintf("%q is also services[%d]", svc.Name, j)})
+		return
+	}
+	spec, err := store.NewSpec(svc, dp)
+	if err != nil {
+		b.err = cmp.Or(b.err, err)
+		return
+	}
+	b.index[svc.Name] = i
+	if len(b.block) == cap(b.block) {
+		b.block = make([]desiredService, 0, wantBlock)
+	}
+	b.block = append(b.block, desiredService{spec, dp, i, requestOrder(b.orig, svc.Backends)})
+	b.want = append(b.want, &b.block[len(b.block)-1])
 }
+
+// wantBlock is how many desired services a syncBuilder allocates at a
+// time.
+const wantBlock = 1024
 
 // commit syncs the owner's services to the list, all or nothing, unless
 // any of it failed validation.
@@ -536,7 +565,7 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 	for _, d := range want {
 		if err := a.caps.Check(d.dp); err != nil {
 			firstUnsupported = cmp.Or(firstUnsupported, err)
-			unsupported = append(unsupported, unsupportedCulprit(d, err, a.caps))
+			unsupported = append(unsupported, unsupportedCulprit(*d, err, a.caps))
 		}
 	}
 	if firstUnsupported != nil {
@@ -583,13 +612,11 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		// Release the claims of every service that is about to change before
 		// any is written, so that services of this owner may swap VIPs or
 		// ports in one call without a spurious conflict.
-		// changes points into want rather than copying it: a sync of
-		// 100,000 services would otherwise copy ~10 MB, and grow it by
-		// doubling.
+		// changes points to the services of want rather than copying
+		// them: a sync of 100,000 services would otherwise copy ~10 MB.
 		changes := make([]*desiredService, 0, len(want))
 		var taken []culprit // listed names that other owners hold
-		for i := range want {
-			d := &want[i]
+		for _, d := range want {
 			old, exists := tx.Get(d.dp.Name)
 			switch {
 			case !exists:

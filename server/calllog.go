@@ -72,12 +72,12 @@ type syncStreamFields struct {
 
 func (s *syncStreamFields) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
-	if r, ok := m.(*vipdv1.SyncServicesStreamRequest); ok && err == nil {
+	if c, ok := m.(*syncChunk); ok && err == nil {
 		if s.chunks == 0 {
-			s.owner, s.validateOnly = r.GetOwner(), r.GetValidateOnly()
+			s.owner, s.validateOnly = c.head.GetOwner(), c.head.GetValidateOnly()
 		}
 		s.chunks++
-		s.services += len(r.GetServices())
+		s.services += len(c.services)
 	}
 	return err
 }

@@ -289,6 +289,8 @@ func New(log hclog.Logger, api *API, opts ...Option) (*Server, error) {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.MaxConcurrentStreams(s.maxStreams),
 		grpc.MaxRecvMsgSize(s.maxRecv),
+		// SyncServicesStream receives its chunks encoded: see syncChunk.
+		grpc.ForceServerCodecV2(codec()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	)

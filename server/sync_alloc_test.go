@@ -42,13 +42,21 @@ func TestSyncServicesAllocBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtime.ReadMemStats(&after)
-	bytes := float64(after.TotalAlloc-before.TotalAlloc) / syncAllocServices
-	objects := float64(after.Mallocs-before.Mallocs) / syncAllocServices
+	checkAllocBudget(t, "a sync", syncAllocServices, &before, &after, syncAllocBytesBudget, syncAllocObjectBudget)
+}
+
+// checkAllocBudget fails t when what, of n services, allocated more per
+// service between before and after than bytesBudget and objectBudget
+// allow (a budget of 0 is none).
+func checkAllocBudget(t *testing.T, what string, n int, before, after *runtime.MemStats, bytesBudget, objectBudget float64) {
+	t.Helper()
+	bytes := float64(after.TotalAlloc-before.TotalAlloc) / float64(n)
+	objects := float64(after.Mallocs-before.Mallocs) / float64(n)
 	t.Logf("per service: %.0f bytes, %.1f objects", bytes, objects)
-	if syncAllocBytesBudget > 0 && bytes > syncAllocBytesBudget {
-		t.Errorf("a sync of %d services allocates %.0f bytes per service, over the budget of %d", syncAllocServices, bytes, syncAllocBytesBudget)
+	if bytesBudget > 0 && bytes > bytesBudget {
+		t.Errorf("%s of %d services allocates %.0f bytes per service, over the budget of %.0f", what, n, bytes, bytesBudget)
 	}
-	if syncAllocObjectBudget > 0 && objects > syncAllocObjectBudget {
-		t.Errorf("a sync of %d services allocates %.1f objects per service, over the budget of %d", syncAllocServices, objects, syncAllocObjectBudget)
+	if objectBudget > 0 && objects > objectBudget {
+		t.Errorf("%s of %d services allocates %.1f objects per service, over the budget of %.1f", what, n, objects, objectBudget)
 	}
 }

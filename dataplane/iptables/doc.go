@@ -13,7 +13,9 @@
 // events and dumps of the connections that carry FlowMark, filtered by the
 // kernel), the explainer (explain.go: the xt_recent affinity lists) and the
 // drift detector (drift.go: one `iptables -S` per canary, hooked builtin
-// chain and hook target).
+// chain and hook target, and in nft mode none at all while the nf_tables
+// generation shows that only vipd's own restores committed since the
+// rules were last verified).
 //
 // Layout of the rules, per family (iptables for IPv4, ip6tables for IPv6):
 //

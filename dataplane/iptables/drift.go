@@ -31,9 +31,17 @@ func (d *Dataplane) DriftKinds() []string { return []string{driftCanary, driftHo
 //     and holds the rules last applied (What "chain"): `iptables -t nat -F
 //     VIPD-SERVICES` empties one.
 //
-// In nft mode it lists only those chains, one `iptables -S <chain>` each
-// (thirteen per family), never the whole table, so its cost does not grow
-// with the number of services. In legacy mode listing one chain copies the
+// In nft mode it first reads the nf_tables generation over netlink, in
+// process: when it is where the rules were last verified (by a full sync,
+// or by a check that found nothing, and since then only vipd's own partial
+// syncs committed, each restore one commit; see verifyAfter), nothing in
+// the namespace has changed them, and it returns nil without running
+// anything. Otherwise it lists only those chains, one `iptables -S
+// <chain>` each (thirteen per family), never the whole table, so its cost
+// does not grow with the number of services; but twenty-six processes take
+// tens of milliseconds, and the reconciler's changes wait for it, so the
+// shortcut keeps a periodic check from adding to a change's latency. In
+// legacy mode listing one chain copies the
 // whole table out of the kernel anyway, so it reads each table once
 // (`iptables-legacy-save -t TABLE`, four per check) and picks the chains
 // from it: there the cost grows with the rules, as a full sync's does. The
@@ -47,6 +55,16 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 	if d.applied == nil {
 		return nil, nil
 	}
+	var gen uint32
+	var genErr error
+	if d.cfg.Mode == ModeNFT {
+		// Read before the listings: a commit during them moves it
+		// past what is recorded below, and the next check looks again.
+		if gen, genErr = d.run.nftGen(); genErr == nil && d.verified && gen == d.verifiedGen {
+			return nil, nil
+		}
+		d.verified = false
+	}
 	var found []dataplane.Drift
 	for _, f := range families {
 		for _, t := range tables {
@@ -56,6 +74,9 @@ func (d *Dataplane) DetectDrift(ctx context.Context) ([]dataplane.Drift, error) 
 			}
 			found = append(found, drift...)
 		}
+	}
+	if d.cfg.Mode == ModeNFT && genErr == nil && len(found) == 0 {
+		d.verified, d.verifiedGen = true, gen
 	}
 	return found, nil
 }

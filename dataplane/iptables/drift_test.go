@@ -251,3 +251,91 @@ func TestLegacyDriftReadsEachTableOnce(t *testing.T) {
 		t.Fatalf("DetectDrift after flushing nat PREROUTING: %v %v", drift, err)
 	}
 }
+
+// TestNFTDriftRunsNothingWhileOnlyVipdCommits: in nft mode, a DetectDrift
+// after a full sync, or after partial syncs (one restore or several) and
+// nothing else, runs no iptables tool: the nf_tables generation shows that
+// only vipd's own restores committed since the rules were last verified,
+// so the periodic check cannot hold up changes. Any other commit makes it
+// list the chains again, and drift is still found, also when a partial
+// sync followed the other commit.
+func TestNFTDriftRunsNothingWhileOnlyVipdCommits(t *testing.T) {
+	node := netlab.New(t, netlab.Spec{}).Node(1)
+	// Wrappers that log each call and run the real tool.
+	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
+	for _, tool := range []string{"iptables-nft", "ip6tables-nft"} {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s: %v", tool, err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, calls, real)
+		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeNFT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	toolCalls := func() []string {
+		b, _ := os.ReadFile(calls)
+		os.Remove(calls)
+		return strings.Split(strings.TrimSpace(string(b)), "\n")[:strings.Count(string(b), "\n")]
+	}
+	check := func(what string, wantListing bool, wantDrift ...string) {
+		t.Helper()
+		toolCalls()
+		drift, err := dp.DetectDrift(ctx)
+		if err != nil {
+			t.Fatalf("%s: DetectDrift: %v", what, err)
+		}
+		var got []string
+		for _, d := range drift {
+			got = append(got, d.Detail)
+		}
+		if diff := cmp.Diff(wantDrift, got); diff != "" {
+			t.Errorf("%s: drift (-want +got):\n%s", what, diff)
+		}
+		if ran := toolCalls(); (len(ran) > 0) != wantListing {
+			t.Errorf("%s: DetectDrift ran %d tool calls, want listings: %v", what, len(ran), wantListing)
+		}
+	}
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	apply := func(changed []string, svcs ...*dataplane.Service) {
+		t.Helper()
+		if err := dp.Apply(ctx, liveState(changed, svcs...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(nil, liveService("web", "198.19.0.10", 80, a))
+	check("after a full sync", false)
+	apply([]string{"web"}, liveService("web", "198.19.0.10", 80, b))
+	check("after a partial sync of one restore", false)
+	// Losing the last backend takes two restores: filter, then nat.
+	apply([]string{"web"}, liveService("web", "198.19.0.10", 80))
+	if got := dp.LastSync(); got.Full || got.ChainsRewritten == 0 {
+		t.Fatalf("last sync: %+v, want a partial one", got)
+	}
+	check("after a partial sync of two restores", false)
+
+	// Another tool's commit that leaves vipd's rules alone.
+	if _, err := node.Exec(ctx, "iptables-nft", "-t", "filter", "-N", "OTHER"); err != nil {
+		t.Fatal(err)
+	}
+	check("after another tool's commit", true)
+	check("after a check that found nothing", false)
+
+	// Drift, then a partial sync: the check still looks.
+	if _, err := node.Exec(ctx, "iptables-nft", "-t", "nat", "-F", "PREROUTING"); err != nil {
+		t.Fatal(err)
+	}
+	apply([]string{"web"}, liveService("web", "198.19.0.10", 80, a))
+	check("after a flush and a partial sync", true, "ipv4 nat PREROUTING: no jump to VIPD-SERVICES")
+	check("again", true, "ipv4 nat PREROUTING: no jump to VIPD-SERVICES")
+	apply(nil, liveService("web", "198.19.0.10", 80, a))
+	check("after the repair", false)
+}

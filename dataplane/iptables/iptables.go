@@ -57,6 +57,13 @@ type Dataplane struct {
 	last      SyncStats
 	// flowAccounting is set once flowSysctls are in force.
 	flowAccounting bool
+	// verified (nft mode only) says that at nf_tables generation
+	// verifiedGen the kernel held what DetectDrift checks of applied: a
+	// full sync or a DetectDrift that found nothing ended there, and
+	// every commit since has been one of vipd's partial syncs. While the generation
+	// stays there, DetectDrift has nothing to look at (see nftGen).
+	verified    bool
+	verifiedGen uint32
 }
 
 // SyncStats describes the last successful Apply.
@@ -211,6 +218,15 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	// stale ones are deleted, and missing hooks are installed.
 	full := d.needFull || s.Changed == nil
 	d.needFull = true // until this Apply succeeds
+	// Whether the rules stay verified (see verifyAfter): a full sync
+	// reads the generation before the save it diffs against; a partial
+	// sync of verified rules counts its commits from the generation they
+	// were verified at, so that nothing is read before its restores.
+	wasVerified, genBefore, genErr := d.verified, d.verifiedGen, error(nil)
+	d.verified = false // until this Apply succeeds
+	if d.cfg.Mode == ModeNFT && full {
+		genBefore, genErr = d.run.nftGen()
+	}
 	old := d.applied
 	var saves map[Family][]byte
 	if full {
@@ -253,6 +269,9 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		return err
 	}
 	restored := time.Now()
+	if d.cfg.Mode == ModeNFT && genErr == nil && (full || wasVerified) {
+		d.verifyAfter(genBefore, steps)
+	}
 	// A map of every service: Render walked them all already, and the
 	// conntrack cleaner and Explain look them up.
 	svcs := s.Map()
@@ -269,6 +288,32 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		// Where a partial sync's time goes; see doc.go on the restores.
 		"render_elapsed", rendered.Sub(start), "diff_elapsed", restoring.Sub(rendered), "restore_elapsed", restored.Sub(restoring))
 	return nil
+}
+
+// verifyAfter marks the rules verified at the current nf_tables
+// generation after the restores of steps ran without error, if the
+// generation moved from before by exactly one commit per restore: no other
+// tool committed anything in between (the generation only grows, by one
+// per commit), so the kernel holds what vipd applied. before is the
+// generation read before a full sync's save (which it diffs against and
+// repairs everything it finds), or, for a partial sync, the one the rules
+// were verified at. A failure to read the generation only leaves them
+// unverified, which costs the next DetectDrift its full check.
+func (d *Dataplane) verifyAfter(before uint32, steps []restoreStep) {
+	after, err := d.run.nftGen()
+	if err != nil {
+		d.log.Debug("rules left unverified", "error", err)
+		return
+	}
+	var commits uint32
+	for _, st := range steps {
+		if st.payload != nil {
+			commits++
+		}
+	}
+	if after-before == commits {
+		d.verified, d.verifiedGen = true, after
+	}
 }
 
 // bulkChains is how many rewritten chains make a payload a bulk load.

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -120,4 +121,52 @@ func (r runner) nftHookLines(f Family, save []byte) ([]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// nftGen returns the nf_tables generation of the namespace: a counter
+// that every committed nf_tables transaction in it (any table, any family,
+// any tool) increments by one, and that reads never change. DetectDrift
+// compares it with the generation at which it last knew the rules to be
+// what vipd applied.
+func (r runner) nftGen() (uint32, error) {
+	var gen uint32
+	err := nsdo.Do(r.netns, func() error {
+		c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		msgs, err := c.Execute(netlink.Message{
+			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+			Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+		})
+		if err != nil {
+			return err
+		}
+		if len(msgs) != 1 || len(msgs[0].Data) < 4 {
+			return fmt.Errorf("%d answers", len(msgs))
+		}
+		ad, err := netlink.NewAttributeDecoder(msgs[0].Data[4:])
+		if err != nil {
+			return err
+		}
+		ad.ByteOrder = binary.BigEndian
+		found := false
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				gen, found = ad.Uint32(), true
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return err
+		}
+		if !found {
+			return errors.New("no generation in the answer")
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nf_tables generation: %w", err)
+	}
+	return gen, nil
 }

@@ -227,12 +227,38 @@ func decodeEntry(rec []byte) (*Entry, error) {
 // each record into new messages made a load of 100,000 services allocate,
 // and collect, a million backend messages. The zero value is ready to use.
 type recordDecoder struct {
+	ServiceDecoder
+	// enc and spec are fastEntry's buffers.
+	enc, spec []byte
+}
+
+// ServiceDecoder decodes Service messages one after another into messages
+// that it reuses: the service's and its backends'. A service with ten
+// backends decoded into new messages is eleven messages for the collector
+// to take, and a sync or a load of 100,000 services decodes a million
+// backends. The state file's records (recordDecoder) and the chunks of a
+// SyncServicesStream (server) are decoded with it. The zero value is
+// ready to use; one goroutine uses it at a time.
+type ServiceDecoder struct {
 	svc      vipdv1.Service
 	backends []*vipdv1.Backend
 	rest     []byte
-	// raw is the record's backend fields, tags and lengths included, in
-	// the record's order; enc and spec are fastEntry's buffers.
-	raw, enc, spec []byte
+	// raw is the service's backend fields, tags and lengths included, in
+	// the encoding's order.
+	raw []byte
+}
+
+// Decode decodes b, a Service's encoding, as proto.Unmarshal does into a
+// new message, and returns the service. The service and its backends'
+// messages are d's: the next Decode resets and reuses them, so whatever
+// outlives it must not point into them (a message, a slice of the
+// backends). The strings and byte slices decoded are each new, and can be
+// kept.
+func (d *ServiceDecoder) Decode(b []byte) (*vipdv1.Service, error) {
+	if err := d.unmarshal(b); err != nil {
+		return nil, err
+	}
+	return &d.svc, nil
 }
 
 // decode is decodeEntry(rec). Nothing the entry keeps is d's.
@@ -320,37 +346,57 @@ func fieldsAbove(b []byte, num protowire.Number) (int, bool) {
 	return at, true
 }
 
+// SplitField splits msg, a message's encoding, into the elements of its
+// repeated message field num and the rest: it calls each, in order, with
+// each element's field (tag and length included) and its value, and
+// appends every other field to rest, which it returns. A field num that
+// is not length-delimited goes with the rest, for proto.Unmarshal to take
+// or refuse as it would in the whole message. It stops at the first error
+// of each, or of a field that does not parse.
+func SplitField(rest, msg []byte, num protowire.Number, each func(field, value []byte) error) ([]byte, error) {
+	for b := msg; len(b) > 0; {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
+			return rest, protowire.ParseError(k)
+		}
+		m := protowire.ConsumeFieldValue(n, typ, b[k:])
+		if m < 0 {
+			return rest, protowire.ParseError(m)
+		}
+		if n == num && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[k:])
+			if err := each(b[:k+m], v); err != nil {
+				return rest, err
+			}
+		} else {
+			rest = append(rest, b[:k+m]...)
+		}
+		b = b[k+m:]
+	}
+	return rest, nil
+}
+
 // unmarshal decodes rec into d.svc as proto.Unmarshal does, but decodes
 // the backends into d.backends, which it reuses: it splits the record's
 // backend fields from the rest, decodes the rest into d.svc, and each
 // backend into a message of its own, in the record's order. Any field
 // that is not a well-formed backend goes with the rest, for
 // proto.Unmarshal to take or refuse as it would in the whole record.
-func (d *recordDecoder) unmarshal(rec []byte) error {
-	rest, raw, n := d.rest[:0], d.raw[:0], 0
-	for b := rec; len(b) > 0; {
-		num, typ, k := protowire.ConsumeTag(b)
-		if k < 0 {
-			return protowire.ParseError(k)
+func (d *ServiceDecoder) unmarshal(rec []byte) error {
+	raw, n := d.raw[:0], 0
+	rest, err := SplitField(d.rest[:0], rec, backendsField, func(field, v []byte) error {
+		if n == len(d.backends) {
+			d.backends = append(d.backends, &vipdv1.Backend{})
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[k:])
-		if m < 0 {
-			return protowire.ParseError(m)
+		if err := proto.Unmarshal(v, d.backends[n]); err != nil {
+			return err
 		}
-		if num == backendsField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[k:])
-			if n == len(d.backends) {
-				d.backends = append(d.backends, &vipdv1.Backend{})
-			}
-			if err := proto.Unmarshal(v, d.backends[n]); err != nil {
-				return err
-			}
-			raw = append(raw, b[:k+m]...)
-			n++
-		} else {
-			rest = append(rest, b[:k+m]...)
-		}
-		b = b[k+m:]
+		raw = append(raw, field...)
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	d.rest, d.raw = rest, raw
 	if err := proto.Unmarshal(rest, &d.svc); err != nil {
