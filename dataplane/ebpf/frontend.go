@@ -149,6 +149,9 @@ func (t *backendTable) get(k bePacked) (backendRef, bool) {
 	return r, ok
 }
 
+// put sets k's backendRef. r.id must not be another backend's ID (an ID
+// names one backend at a time: IDs are handed out only when free); k may
+// move from one ID to another.
 func (t *backendTable) put(k bePacked, r backendRef) {
 	k4, ok := v4Key(k)
 	if !ok {
