@@ -121,9 +121,19 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	// the slab leaves out those of frontends that share identitySlots,
 	// whose slot IDs are a prefix of their member IDs.
 	nfe, nslab := 0, 0
+	// Into an empty backend table (the first apply of a sync), n4 and n6
+	// members come: a bound of the backends it will hold, by family.
+	emptyTable, n4, n6 := p.backendIDs.len() == 0, 0, 0
 	for _, c := range changes {
 		if c.fe != nil {
 			nfe++
+			if emptyTable && len(c.fe.members) > 0 {
+				if _, ok := v4Key(c.fe.members[0].key); ok {
+					n4 += len(c.fe.members)
+				} else {
+					n6 += len(c.fe.members)
+				}
+			}
 			pl.nids += len(c.fe.members) + len(c.fe.slots)
 			nslab += len(c.fe.members)
 			if !c.fe.sharesIdentitySlots() {
@@ -143,6 +153,20 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	}
 	if len(p.revNatIDs) == 0 {
 		p.revNatIDs = make(map[feKey]uint32, nfe)
+	}
+	if len(p.byService) == 0 {
+		p.byService = make(map[string][]feKey, nfe)
+	}
+	// An empty backend table is sized for the members (no more than the
+	// map holds), and remade smaller once the IDs are handed out (fit)
+	// should the members name far fewer backends.
+	if emptyTable {
+		// IDs are handed out from nextBackend on (every ID below it is
+		// free: newBackendID takes the never-used ones first).
+		limit := int(min(p.backendLimit(), 1<<30))
+		n4, n6 = min(n4, limit), min(n6, limit)
+		p.backendIDs.reserve(n4, n6, min(int(p.nextBackend)+n4+n6, limit+1))
+		defer p.backendIDs.fit(n4, n6)
 	}
 	for i, c := range changes {
 		if c.fe == nil {
@@ -380,6 +404,7 @@ func (p *programmer) applyChunk(ch chunk, prune bool, au *audit) error {
 	if found == nil {
 		found = &audit{} // its bitsets all empty: every entry is written
 	}
+	w.reserve(ch)
 	p.queueMembers(w, ch, prune, found)
 	if err := w.flush(p.maps); err != nil {
 		return err

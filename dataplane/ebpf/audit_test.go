@@ -88,8 +88,8 @@ func TestBackendTable(t *testing.T) {
 	for i, k := range keys {
 		tab.put(k.packed(), backendRef{id: uint32(i + 1), refs: int32(i)})
 	}
-	if tab.len() != len(keys) || len(tab.v4) != 3 {
-		t.Fatalf("len %d (IPv4 %d), want %d (3)", tab.len(), len(tab.v4), len(keys))
+	if tab.len() != len(keys) || tab.n4 != 3 {
+		t.Fatalf("len %d (IPv4 %d), want %d (3)", tab.len(), tab.n4, len(keys))
 	}
 	seen := map[beKey]uint32{}
 	for k, r := range tab.all() {

@@ -471,7 +471,7 @@ type entryCheck struct {
 func (p *programmer) snapshotEntries() *entryCheck {
 	c := &entryCheck{
 		p: &programmer{maps: p.maps, draining: maps.Clone(p.draining), noDrain: p.noDrain, nextBackend: p.nextBackend,
-			backendIDs: backendTable{v4: map[uint64]backendRef{}, v6: maps.Clone(p.backendIDs.v6)}},
+			backendIDs: backendTable{v6: maps.Clone(p.backendIDs.v6)}},
 		changes: make([]change, 0, len(p.frontends)),
 		next:    make([]*programmed, 0, len(p.frontends)),
 		offs:    make([]int32, 0, len(p.frontends)),

@@ -116,7 +116,23 @@ func (p *programmer) restore() error {
 		// The slots come in ID order: the free ones between them are
 		// queued as met.
 		p.freeIDs = idQueue{}
+		// Count them first (a read of the mapping) to size the table
+		// once: grown step by step, it would leave as much again as
+		// garbage (backendTable.reserve).
+		var n4, n6, ids int
 		err := forEachBackend(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
+			if _, ok := v4Key(packWords(be.Addr.W, 0)); ok {
+				n4++
+			} else {
+				n6++
+			}
+			ids = int(id) + 1
+		})
+		if err != nil {
+			return fmt.Errorf("read backend map: %w", err)
+		}
+		p.backendIDs.reserve(n4, n6, ids)
+		err = forEachBackend(p.maps.VipdBackends, func(id uint32, be bpfBackend) {
 			p.backendIDs.put(packWords(be.Addr.W, fromBE16(be.Port)), backendRef{id: id})
 			for free := max(p.nextBackend, 1); free < id; free++ {
 				p.freeIDs.push(free)

@@ -40,29 +40,52 @@ func markFrontends(m *ebpf.Map, keys []bpfSvcKey) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	if len(keys) > svcFilterReadAll {
+		return markFrontendsDense(m, keys)
+	}
 	want := map[uint32]uint64{}
 	for _, k := range keys {
 		b := svcFilterBit(k)
 		want[b/64] |= 1 << (b % 64)
 	}
-	var cur map[uint32]uint64
-	if len(want) > svcFilterReadAll {
-		cur = make(map[uint32]uint64, svcFilterBits/64)
-		if err := forEach(m, func(k uint32, v uint64) { cur[k] = v }); err != nil {
-			return err
-		}
-	}
 	var ks []uint32
 	var vs []uint64
 	for w, bits := range want {
 		var v uint64
-		if cur != nil {
-			v = cur[w]
-		} else if err := m.Lookup(w, &v); err != nil {
+		if err := m.Lookup(w, &v); err != nil {
 			return err
 		}
 		if v|bits != v {
 			ks = append(ks, w)
+			vs = append(vs, v|bits)
+		}
+	}
+	return batchPut(m, ks, vs)
+}
+
+// markFrontendsDense is markFrontends for many keys: it reads the whole
+// filter in batches, and keeps the words it wants and reads in two arrays
+// of the filter's size (64 KiB each), where maps of its words would cost
+// ten times that in all while they grow, on every chunk of a large apply.
+func markFrontendsDense(m *ebpf.Map, keys []bpfSvcKey) error {
+	want := make([]uint64, svcFilterBits/64)
+	for _, k := range keys {
+		b := svcFilterBit(k)
+		want[b/64] |= 1 << (b % 64)
+	}
+	cur := make([]uint64, svcFilterBits/64)
+	if err := forEach(m, func(k uint32, v uint64) {
+		if int(k) < len(cur) {
+			cur[k] = v
+		}
+	}); err != nil {
+		return err
+	}
+	var ks []uint32
+	var vs []uint64
+	for w, bits := range want {
+		if v := cur[w]; v|bits != v {
+			ks = append(ks, uint32(w))
 			vs = append(vs, v|bits)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -211,6 +212,27 @@ func (w *writes) flush(m *bpfMaps) error {
 		}
 	}
 	return nil
+}
+
+// reserve grows w's buffers, at once, to the room the new frontends of
+// ch need (steps 2, 4 and 5 each flush before the next queues), so that
+// they do not grow an entry at a time: step by step a large slice grows by
+// a quarter, and its copies add up to about five times the final buffer,
+// garbage while the apply runs. The room stays for the next chunks and
+// applies.
+func (w *writes) reserve(ch chunk) {
+	var fes, slots, members int
+	for _, pr := range ch.next {
+		if pr != nil {
+			fes++
+			slots += pr.fe.slotEntries()
+			members += pr.fe.memberEntries()
+		}
+	}
+	svc := max(fes, slots)
+	w.svcKeys, w.svcVals = slices.Grow(w.svcKeys, svc), slices.Grow(w.svcVals, svc)
+	w.revNatKeys, w.revNatVals = slices.Grow(w.revNatKeys, fes), slices.Grow(w.revNatVals, fes)
+	w.memberKeys, w.memberVals = slices.Grow(w.memberKeys, members), slices.Grow(w.memberVals, members)
 }
 
 // reset empties w, keeping its room.
