@@ -210,19 +210,7 @@ func TestDriftDetectedAndRepaired(t *testing.T) {
 // than listing each chain; drift is still found.
 func TestLegacyDriftReadsEachTableOnce(t *testing.T) {
 	node := netlab.New(t, netlab.Spec{}).Node(1)
-	// Wrappers that log each call and run the real tool.
-	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
-	for _, tool := range []string{"iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save"} {
-		real, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s: %v", tool, err)
-		}
-		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, calls, real)
-		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	calls := logToolCalls(t, "iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeLegacy})
@@ -261,19 +249,7 @@ func TestLegacyDriftReadsEachTableOnce(t *testing.T) {
 // sync followed the other commit.
 func TestNFTDriftRunsNothingWhileOnlyVipdCommits(t *testing.T) {
 	node := netlab.New(t, netlab.Spec{}).Node(1)
-	// Wrappers that log each call and run the real tool.
-	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
-	for _, tool := range []string{"iptables-nft", "ip6tables-nft"} {
-		real, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s: %v", tool, err)
-		}
-		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, calls, real)
-		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	calls := logToolCalls(t, "iptables-nft", "ip6tables-nft")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dp, err := iptables.New(ctx, hclog.NewNullLogger(), iptables.Config{NetNS: node.Path(), Mode: iptables.ModeNFT})
@@ -338,4 +314,24 @@ func TestNFTDriftRunsNothingWhileOnlyVipdCommits(t *testing.T) {
 	check("again", true, "ipv4 nat PREROUTING: no jump to VIPD-SERVICES")
 	apply(nil, liveService("web", "198.19.0.10", 80, a))
 	check("after the repair", false)
+}
+
+// logToolCalls puts wrappers of tools first in PATH for the rest of the
+// test: each appends its command line to the file whose path it returns,
+// then runs the real tool.
+func logToolCalls(t *testing.T, tools ...string) string {
+	t.Helper()
+	bin, calls := t.TempDir(), filepath.Join(t.TempDir(), "calls")
+	for _, tool := range tools {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s: %v", tool, err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\necho \"%s $*\" >> %s\nexec %s \"$@\"\n", tool, calls, real)
+		if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	return calls
 }
