@@ -158,9 +158,12 @@ func listedServices(t *testing.T, in *instance, owner string) []*vipdv1.Service 
 // service: decoding each chunk into messages of its own cost about 2,300
 // bytes and 16 objects more per service (6,250 bytes and 48.9 objects,
 // then 3,970 and 32.9), and the desired services are allocated in blocks
-// (3,800 bytes).
+// (3,740–4,380 bytes: the count is the whole process's, the client's
+// encoding and gRPC's buffer pools, which the GC before the measurement
+// empties, included). The budget sits between that and the 6,250 of
+// decoding each chunk into messages of its own.
 const (
-	streamAllocBytesBudget  = 4200
+	streamAllocBytesBudget  = 5000
 	streamAllocObjectBudget = 36
 )
 
