@@ -105,29 +105,26 @@ func progPin(dir, fp, name string) string {
 	return filepath.Join(dir, progDirName, fp+"_"+name)
 }
 
-// mapFields returns the map fields of maps by the names of their maps.
-func mapFields(maps *bpfMaps) map[string]**ebpf.Map {
-	out := map[string]**ebpf.Map{}
-	v := reflect.ValueOf(maps).Elem()
+// taggedFields returns the fields of *objs, a struct of bpf2go's whose
+// fields are *T with an `ebpf` tag, by their tags: their objects' names.
+func taggedFields[T any](objs any) map[string]**T {
+	out := map[string]**T{}
+	v := reflect.ValueOf(objs).Elem()
 	for i := range v.NumField() {
 		if name := v.Type().Field(i).Tag.Get("ebpf"); name != "" {
-			out[name] = v.Field(i).Addr().Interface().(**ebpf.Map)
+			out[name] = v.Field(i).Addr().Interface().(**T)
 		}
 	}
 	return out
 }
 
+// mapFields returns the map fields of maps by the names of their maps.
+func mapFields(maps *bpfMaps) map[string]**ebpf.Map { return taggedFields[ebpf.Map](maps) }
+
 // programFields returns the program fields of progs by the names of their
 // programs.
 func programFields(progs *bpfPrograms) map[string]**ebpf.Program {
-	out := map[string]**ebpf.Program{}
-	v := reflect.ValueOf(progs).Elem()
-	for i := range v.NumField() {
-		if name := v.Type().Field(i).Tag.Get("ebpf"); name != "" {
-			out[name] = v.Field(i).Addr().Interface().(**ebpf.Program)
-		}
-	}
-	return out
+	return taggedFields[ebpf.Program](progs)
 }
 
 // mapRefs returns the names of the maps the program p refers to.
