@@ -5,13 +5,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"sort"
 
 	"github.com/cilium/ebpf"
 	"github.com/hashicorp/go-hclog"
@@ -56,11 +56,11 @@ func programFingerprint(obj []byte, spec *ebpf.CollectionSpec) string {
 	fmt.Fprintf(h, "%s\n", progFingerprintVersion)
 	sum := sha256.Sum256(obj)
 	fmt.Fprintf(h, "object %x\n", sum)
-	for _, name := range sortedKeys(spec.Programs) {
+	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
 		p := spec.Programs[name]
 		fmt.Fprintf(h, "program %s %v %v %d\n", name, p.Type, p.AttachType, len(p.Instructions))
 	}
-	for _, name := range sortedKeys(spec.Maps) {
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 		m := spec.Maps[name]
 		fmt.Fprintf(h, "map %s %v %d %d %d %d %d\n", name, m.Type, m.KeySize, m.ValueSize, m.MaxEntries, m.Flags, m.Pinning)
 	}
@@ -89,15 +89,6 @@ func ebpfLibraryVersion() string {
 		}
 	}
 	return "unknown"
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // progPin is the pin of the program name loaded with fingerprint fp.
@@ -135,7 +126,7 @@ func mapRefs(p *ebpf.ProgramSpec, maps map[string]*ebpf.MapSpec) []string {
 			refs = append(refs, r)
 		}
 	}
-	sort.Strings(refs)
+	slices.Sort(refs)
 	return refs
 }
 
@@ -148,17 +139,17 @@ func kernelObjName(name string) string {
 }
 
 // reusePrograms returns the programs pinned in dir with fingerprint fp,
-// if they are exactly what a load of spec over maps would give: every
+// if they are exactly what a load of spec over loaded would give: every
 // program of bpfPrograms is pinned, of its type and name, and uses the
-// maps it refers to in spec, maps' own for the pinned maps. A map that is
+// maps it refers to in spec, loaded's own for the pinned maps. A map that is
 // not pinned (a per-CPU scratch map, which each load creates anew) is
 // taken from the pinned programs, which must all use the same one, of
-// spec's shape: it replaces the one in maps. When the programs cannot be
+// spec's shape: it replaces the one in loaded. When the programs cannot be
 // reused, it returns why, and nothing changes.
-func reusePrograms(dir, fp string, spec *ebpf.CollectionSpec, maps *bpfMaps) (*bpfPrograms, string) {
+func reusePrograms(dir, fp string, spec *ebpf.CollectionSpec, loaded *bpfMaps) (*bpfPrograms, string) {
 	var progs bpfPrograms
 	fields := programFields(&progs)
-	mfields := mapFields(maps)
+	mfields := mapFields(loaded)
 	ids := map[string]ebpf.MapID{}
 	for name, f := range mfields {
 		if spec.Maps[name] == nil || spec.Maps[name].Pinning != ebpf.PinByName {
@@ -175,7 +166,7 @@ func reusePrograms(dir, fp string, spec *ebpf.CollectionSpec, maps *bpfMaps) (*b
 		progs.Close()
 		return nil, reason
 	}
-	for _, name := range sortedKeys(fields) {
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
 		ps := spec.Programs[name]
 		if ps == nil {
 			return fail("program " + name + " missing from the object")
