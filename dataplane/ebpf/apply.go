@@ -260,7 +260,7 @@ func (p *programmer) removeLeaving(pl *applyPlan, au *audit) error {
 	if au != nil {
 		leaving.append(&au.absent)
 	}
-	return leaving.flush(p.maps)
+	return leaving.flush(p.maps, p.slots)
 }
 
 // leavingWrites queues step 0 for the frontends in gone, master first:
@@ -311,11 +311,11 @@ func (p *programmer) writeBackends(pl *applyPlan, au *audit, prune bool) error {
 		if len(w.backendKeys) < batchSize {
 			continue
 		}
-		if err := w.flush(p.maps); err != nil {
+		if err := w.flush(p.maps, p.slots); err != nil {
 			return err
 		}
 	}
-	return w.flush(p.maps)
+	return w.flush(p.maps, p.slots)
 }
 
 // backendsToWrite yields the backends step 1 writes, by ID: on an
@@ -406,22 +406,22 @@ func (p *programmer) applyChunk(ch chunk, prune bool, au *audit) error {
 	}
 	w.reserve(ch)
 	p.queueMembers(w, ch, prune, found)
-	if err := w.flush(p.maps); err != nil {
+	if err := w.flush(p.maps, p.slots); err != nil {
 		return err
 	}
 	if err := p.writeMaglevs(ch, prune); err != nil {
 		return err
 	}
 	p.queueSlots(w, ch, prune, found)
-	if err := w.flush(p.maps); err != nil {
+	if err := w.flush(p.maps, p.slots); err != nil {
 		return err
 	}
 	p.queueMasters(w, ch, prune, found)
-	if err := w.flush(p.maps); err != nil {
+	if err := w.flush(p.maps, p.slots); err != nil {
 		return err
 	}
 	p.queueStale(w, ch)
-	return w.flush(p.maps)
+	return w.flush(p.maps, p.slots)
 }
 
 // queueMembers queues step 2: the reverse-NAT entry and the members of a
@@ -649,14 +649,14 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 // IDs nothing holds any more go with them (forget). Its failures only log:
 // no packet can reach these entries any more.
 func (p *programmer) freeUnreferenced(dead *writes, au *audit) {
-	if err := dead.flush(p.maps); err != nil {
+	if err := dead.flush(p.maps, p.slots); err != nil {
 		p.log.Warn("delete unreferenced backends", "error", err)
 	}
 	if au != nil {
 		// A failed prune leaves stale entries no packet can reach (their
 		// masters are gone), for the next full apply to remove.
 		p.forget()
-		if err := au.stale.flush(p.maps); err != nil {
+		if err := au.stale.flush(p.maps, p.slots); err != nil {
 			p.log.Warn("prune stale entries; the next full apply retries", "error", err)
 		}
 	}

@@ -1,7 +1,8 @@
 package ebpf
 
 // Backend IDs and the backend map. vipd_backends is a BPF array indexed by
-// backend ID, written and read through its mmap (no syscall per entry).
+// backend ID, written and read through mappings of its memory (no syscall
+// per entry), of the part vipd uses only (backendslots.go).
 //
 // The rule that keeps flows safe while IDs are recycled:
 //   - ID 0 is "none"; IDs stay below the map's max_entries.
@@ -25,6 +26,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // backendSize is the size of one vipd_backends slot: struct backend.
@@ -103,111 +105,102 @@ func (p *programmer) backendLimit() uint32 {
 	return p.maps.VipdBackends.MaxEntries()
 }
 
-// backendMemory returns the mmap of the backend map.
-func backendMemory(m *ebpf.Map) (*ebpf.Memory, error) {
-	mem, err := m.Memory()
-	if err != nil {
-		return nil, fmt.Errorf("map the backend map: %w", err)
-	}
-	return mem, nil
-}
-
 // usedOffset is the offset of bpfBackend.Used in a slot.
 const usedOffset = int64(unsafe.Offsetof(bpfBackend{}.Used))
 
-// putBackends writes vals[i] into the slot of ids[i], through the map's
-// mmap. An ID past the map fails with errMapFull; the slots before it are
-// written.
+// putBackends writes vals[i] into the slot of ids[i], through b's mapping
+// of the backend map. An ID past the map fails with errMapFull; the slots
+// before it are written.
 //
 // A free slot gets its address and port first and its used byte last, so
 // that a program that sees it used sees the rest too (on a CPU that keeps
 // stores in order, as x86 does): a conntrack entry whose ID was recycled
 // never compares equal to a half-written backend. A used slot (a rewrite)
 // is written in one copy, as the map update syscall would.
-func putBackends(m *ebpf.Map, ids []uint32, vals []bpfBackend) error {
+func putBackends(b *backendSlots, ids []uint32, vals []bpfBackend) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	mem, err := backendMemory(m)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	limit := b.m.MaxEntries()
+	mem, err := b.slots(ids)
 	if err != nil {
 		return err
 	}
-	limit := m.MaxEntries()
 	for i, id := range ids {
 		if id >= limit {
 			return fmt.Errorf("%w: backend ID %d: the backend map has %d slots", errMapFull, id, limit)
 		}
-		off := int64(id) * int64(backendSize)
-		var cur [1]byte
-		if _, err := mem.ReadAt(cur[:], off+usedOffset); err != nil {
-			return fmt.Errorf("read backend %d: %w", id, err)
-		}
+		slot := mem[int(id)*backendSize : int(id+1)*backendSize]
 		v := vals[i]
 		used := v.Used
-		if cur[0] == 0 {
+		free := slot[usedOffset] == 0
+		if free {
 			v.Used = 0
 		}
-		if _, err := mem.WriteAt(unsafe.Slice((*byte)(unsafe.Pointer(&v)), backendSize), off); err != nil {
-			return fmt.Errorf("write backend %d: %w", id, err)
-		}
-		if cur[0] == 0 && used != 0 {
-			if _, err := mem.WriteAt([]byte{used}, off+usedOffset); err != nil {
-				return fmt.Errorf("write backend %d: %w", id, err)
-			}
+		copy(slot, unsafe.Slice((*byte)(unsafe.Pointer(&v)), backendSize))
+		if free && used != 0 {
+			slot[usedOffset] = used
 		}
 	}
 	return nil
 }
 
-// clearBackends zeroes the slots of ids (frees them), through the map's
-// mmap, the used byte first (see putBackends). IDs past the map have no
-// slot to clear.
-func clearBackends(m *ebpf.Map, ids []uint32) error {
+// clearBackends zeroes the slots of ids (frees them), through b's mapping
+// of the backend map, the used byte first (see putBackends). IDs past the
+// map have no slot to clear.
+func clearBackends(b *backendSlots, ids []uint32) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	mem, err := backendMemory(m)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	mem, err := b.slots(ids)
 	if err != nil {
 		return err
 	}
 	var zero [unsafe.Sizeof(bpfBackend{})]byte
-	limit := m.MaxEntries()
+	limit := b.m.MaxEntries()
 	for _, id := range ids {
 		if id >= limit {
 			continue
 		}
-		off := int64(id) * int64(backendSize)
-		if _, err := mem.WriteAt(zero[:1], off+usedOffset); err != nil {
-			return fmt.Errorf("clear backend %d: %w", id, err)
-		}
-		if _, err := mem.WriteAt(zero[:], off); err != nil {
-			return fmt.Errorf("clear backend %d: %w", id, err)
-		}
+		slot := mem[int(id)*backendSize : int(id+1)*backendSize]
+		slot[usedOffset] = 0
+		copy(slot, zero[:])
 	}
 	return nil
 }
 
 // forEachBackend calls fn with every used slot of the backend map (ID and
-// backend), in ID order, reading through the map's mmap; a map that cannot
-// be mapped (opened read-only) is read with batch lookups.
+// backend), in ID order. It reads the whole map through a window mapped
+// read-only and moved along it (backendWindow), so that the pages it has
+// read leave vipd's resident memory again; a map that cannot be mapped
+// (opened read-only) is read with batch lookups.
 func forEachBackend(m *ebpf.Map, fn func(uint32, bpfBackend)) error {
-	mem, err := m.Memory()
-	if err != nil {
-		// Not mappable here (opened read-only, say): batch lookups.
-		return forEach(m, func(id uint32, b bpfBackend) {
-			if b.Used != 0 {
-				fn(id, b)
-			}
-		})
-	}
-	const chunk = 4096
-	buf := make([]bpfBackend, chunk)
-	raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), chunk*backendSize)
 	n := m.MaxEntries()
-	for lo := uint32(0); lo < n; lo += chunk {
-		k := min(n-lo, chunk)
-		if _, err := mem.ReadAt(raw[:int(k)*backendSize], int64(lo)*int64(backendSize)); err != nil {
-			return fmt.Errorf("read backends %d-%d: %w", lo, lo+k-1, err)
+	buf := make([]bpfBackend, backendWindow)
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), backendWindow*backendSize)
+	size := mapBytes(m)
+	for lo := uint32(0); lo < n; lo += backendWindow {
+		k := min(n-lo, backendWindow)
+		off := int(lo) * backendSize
+		win, err := unix.Mmap(m.FD(), int64(off), min(backendWindow*backendSize, size-off), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			if lo == 0 {
+				// Not mappable here (opened read-only, say): batch lookups.
+				return forEach(m, func(id uint32, b bpfBackend) {
+					if b.Used != 0 {
+						fn(id, b)
+					}
+				})
+			}
+			return fmt.Errorf("map backends %d-%d: %w", lo, lo+k-1, err)
+		}
+		copy(raw[:int(k)*backendSize], win)
+		if err := unix.Munmap(win); err != nil {
+			return fmt.Errorf("unmap backends %d-%d: %w", lo, lo+k-1, err)
 		}
 		for i := range k {
 			if buf[i].Used != 0 {

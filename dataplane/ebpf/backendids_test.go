@@ -66,6 +66,7 @@ func TestBackendIDsRecycled(t *testing.T) {
 	const slots = 6 // IDs 1..5
 	m := newIDMaps(t, slots)
 	p := newProgrammer(hclog.NewNullLogger(), m, nil, 0)
+	t.Cleanup(func() { p.slots.close() })
 	fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP)
 	be := func(i int) string { return fmt.Sprintf("10.0.0.%d:8080", i) }
 	ids := func(bes ...string) []uint32 {
@@ -89,11 +90,11 @@ func TestBackendIDsRecycled(t *testing.T) {
 		for id, k := range p.backendsToWrite(pl, nil, false) {
 			w.backend(id, k)
 		}
-		if err := putBackends(m.VipdBackends, w.backendKeys, w.backendVals); err != nil {
+		if err := putBackends(p.slots, w.backendKeys, w.backendVals); err != nil {
 			t.Fatalf("write backends: %v", err)
 		}
 		dead, _ := p.commit(pl)
-		if err := clearBackends(m.VipdBackends, dead.backendDeletes); err != nil {
+		if err := clearBackends(p.slots, dead.backendDeletes); err != nil {
 			t.Fatalf("free backends: %v", err)
 		}
 		if err := p.saveCounters(); err != nil {
@@ -130,6 +131,7 @@ func TestBackendIDsRecycled(t *testing.T) {
 
 	// A restart reads which IDs are held from the map: the one left free
 	// (1) is next, and the slots keep their backends.
+	p.slots.close()
 	p = newProgrammer(hclog.NewNullLogger(), m, nil, 0)
 	if err := p.restore(); err != nil {
 		t.Fatalf("restore: %v", err)
@@ -160,7 +162,7 @@ func TestBackendIDsRecycled(t *testing.T) {
 	}
 	var w writes
 	w.backend(id, stepBE(be(9)))
-	if err := putBackends(m.VipdBackends, w.backendKeys, w.backendVals); !errors.Is(err, errMapFull) {
+	if err := putBackends(p.slots, w.backendKeys, w.backendVals); !errors.Is(err, errMapFull) {
 		t.Fatalf("writing backend ID %d past the map: %v; want errMapFull", id, err)
 	}
 }

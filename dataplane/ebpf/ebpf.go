@@ -641,7 +641,7 @@ func (d *Dataplane) Close() error {
 	d.ext.stop()
 	d.wg.Wait()
 	d.watchers.Wait()
-	return d.objs.Close()
+	return errors.Join(d.prog.slots.close(), d.objs.Close())
 }
 
 // Supported reports, with an error naming what is missing, whether the

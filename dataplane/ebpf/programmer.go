@@ -25,6 +25,7 @@ import (
 type programmer struct {
 	log       hclog.Logger
 	maps      *bpfMaps
+	slots     *backendSlots // the backend map's mapping (backendslots.go)
 	innerSpec *ebpf.MapSpec // template of a Maglev table
 	maglevMin uint32
 
@@ -81,7 +82,12 @@ type programmed struct {
 }
 
 func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, maglevMin uint32) *programmer {
+	var slots *backendSlots
+	if maps != nil {
+		slots = newBackendSlots(maps.VipdBackends)
+	}
 	return &programmer{
+		slots:       slots,
 		log:         log,
 		maps:        maps,
 		innerSpec:   innerSpec,
@@ -231,7 +237,7 @@ func (p *programmer) drained(live map[uint32]bool) (int, error) {
 	if len(done) == 0 {
 		return 0, nil
 	}
-	if err := w.flush(p.maps); err != nil {
+	if err := w.flush(p.maps, p.slots); err != nil {
 		return 0, err
 	}
 	for _, k := range done {

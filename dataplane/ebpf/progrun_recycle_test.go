@@ -40,7 +40,9 @@ func testRecycledBackendID(t *testing.T, spill bool) {
 
 		r.setSlots(fe, others...)
 		r.deleteMember(fe, oldID)
-		if err := clearBackends(r.objs.VipdBackends, []uint32{oldID}); err != nil {
+		slots := newBackendSlots(r.objs.VipdBackends)
+		defer slots.close()
+		if err := clearBackends(slots, []uint32{oldID}); err != nil {
 			t.Fatalf("free backend %d: %v", oldID, err)
 		}
 		reused := prBackend{id: oldID, addr: prAP("198.18.1.9:8080")}

@@ -188,14 +188,15 @@ func (w *writes) deleteRevNat(id uint32)  { w.revNatDeletes = append(w.revNatDel
 func (w *writes) deleteMaglev(id uint32)  { w.maglevDeletes = append(w.maglevDeletes, id) }
 func (w *writes) deleteBackend(id uint32) { w.backendDeletes = append(w.backendDeletes, id) }
 
-// flush writes everything queued, in order, and empties w.
-func (w *writes) flush(m *bpfMaps) error {
+// flush writes everything queued, in order, and empties w; the backend
+// slots through b, m.VipdBackends's mapping.
+func (w *writes) flush(m *bpfMaps, b *backendSlots) error {
 	defer w.reset()
 	steps := []struct {
 		what string
 		run  func() error
 	}{
-		{"backends", func() error { return putBackends(m.VipdBackends, w.backendKeys, w.backendVals) }},
+		{"backends", func() error { return putBackends(b, w.backendKeys, w.backendVals) }},
 		{"members", func() error { return batchPut(m.VipdMembers, w.memberKeys, w.memberVals) }},
 		{"reverse NAT", func() error { return batchPut(m.VipdRevnat, w.revNatKeys, w.revNatVals) }},
 		{"frontend filter", func() error { return markFrontends(m.VipdSvcAddrs, w.svcKeys) }},
@@ -204,7 +205,7 @@ func (w *writes) flush(m *bpfMaps) error {
 		{"delete members", func() error { return batchDelete(m.VipdMembers, w.memberDeletes) }},
 		{"delete reverse NAT", func() error { return batchDelete(m.VipdRevnat, w.revNatDeletes) }},
 		{"delete Maglev tables", func() error { return batchDelete(m.VipdMaglev, w.maglevDeletes) }},
-		{"delete backends", func() error { return clearBackends(m.VipdBackends, w.backendDeletes) }},
+		{"delete backends", func() error { return clearBackends(b, w.backendDeletes) }},
 	}
 	for _, s := range steps {
 		if err := s.run(); err != nil {
