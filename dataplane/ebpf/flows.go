@@ -123,7 +123,8 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 		return fmt.Errorf("flow event drop counter: %w", err)
 	}
 	defer drops.Close()
-	rd, err := ringbuf.NewReader(events)
+	// Not ringbuf.NewReader: it maps the ring's pages twice (eventring.go).
+	rd, err := newEventReader(events)
 	if err != nil {
 		return fmt.Errorf("read flow event ring: %w", err)
 	}
