@@ -19,7 +19,8 @@
 //     make-before-break order, one step per method (apply.go), with the
 //     audit of a full apply (audit.go) and the IDs (programmer.go);
 //   - the backend map (backendids.go): an array indexed by backend ID,
-//     written and read through its mmap; IDs are recycled (never-used
+//     written and read through mappings of its memory, of the slots in use
+//     only (backendslots.go); IDs are recycled (never-used
 //     first, then oldest-freed first, a freed slot zeroed), and the
 //     programs keep a tracked flow on its backend only while its ID's
 //     slot still holds the flow's backend address and port;
@@ -29,7 +30,7 @@
 //   - conntrack garbage collection and the destruction of node-local UDP
 //     sockets stuck on removed backends;
 //   - flows (flows.go): the programs' flow events (vipd_events ring buffer,
-//     losses counted in vipd_event_drops) and the collector's timeouts
+//     read by eventring.go, losses counted in vipd_event_drops) and the collector's timeouts
 //     through WatchFlows, the live conntrack entries through ListFlows, and
 //     ExplainFlow's reading of the affinity and Maglev maps (explain.go).
 //
