@@ -90,12 +90,13 @@ func (r *eventReader) SetDeadline(t time.Time) {
 
 // ReadInto reads the next record into rec.RawSample (reusing its array),
 // waiting for one until the deadline. It returns os.ErrDeadlineExceeded
-// when the deadline passed with the ring empty, and an error wrapping
-// os.ErrClosed once Close has begun.
+// when a wait ended at the deadline with the ring empty (as ringbuf.Reader
+// does, the wait is in whole milliseconds, rounded down), and an error
+// wrapping os.ErrClosed once Close has begun.
 func (r *eventReader) ReadInto(rec *ringbuf.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for {
+	for timedOut := false; ; {
 		if r.data == nil || r.closed.Load() {
 			return fmt.Errorf("flow event ring: %w", os.ErrClosed)
 		}
@@ -103,18 +104,19 @@ func (r *eventReader) ReadInto(rec *ringbuf.Record) error {
 		if ok || err != nil {
 			return err
 		}
+		if timedOut {
+			return os.ErrDeadlineExceeded
+		}
 		timeout := -1
 		if d := r.deadline.Load(); d != 0 {
-			left := time.Until(time.Unix(0, d))
-			if left <= 0 {
-				return os.ErrDeadlineExceeded
-			}
-			timeout = int((left + time.Millisecond - 1) / time.Millisecond)
+			timeout = int(max(time.Until(time.Unix(0, d)).Milliseconds(), 0))
 		}
 		fds := []unix.PollFd{{Fd: int32(r.fd), Events: unix.POLLIN}, {Fd: int32(r.wake), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+		n, err := unix.Poll(fds, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
 			return fmt.Errorf("flow event ring: poll: %w", err)
 		}
+		timedOut = err == nil && n == 0 && timeout >= 0
 	}
 }
 
