@@ -180,8 +180,6 @@ func clearBackends(b *backendSlots, ids []uint32) error {
 // (opened read-only) is read with batch lookups.
 func forEachBackend(m *ebpf.Map, fn func(uint32, bpfBackend)) error {
 	n := m.MaxEntries()
-	buf := make([]bpfBackend, backendWindow)
-	raw := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), backendWindow*backendSize)
 	size := mapBytes(m)
 	for lo := uint32(0); lo < n; lo += backendWindow {
 		k := min(n-lo, backendWindow)
@@ -198,14 +196,13 @@ func forEachBackend(m *ebpf.Map, fn func(uint32, bpfBackend)) error {
 			}
 			return fmt.Errorf("map backends %d-%d: %w", lo, lo+k-1, err)
 		}
-		copy(raw[:int(k)*backendSize], win)
+		for i, b := range unsafe.Slice((*bpfBackend)(unsafe.Pointer(unsafe.SliceData(win))), k) {
+			if b.Used != 0 {
+				fn(lo+uint32(i), b)
+			}
+		}
 		if err := unix.Munmap(win); err != nil {
 			return fmt.Errorf("unmap backends %d-%d: %w", lo, lo+k-1, err)
-		}
-		for i := range k {
-			if buf[i].Used != 0 {
-				fn(lo+i, buf[i])
-			}
 		}
 	}
 	return nil

@@ -2,12 +2,19 @@ package ebpf
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
+
+	"github.com/vipd/vipd/dataplane"
 )
 
 // bpfMapMappings returns the size of each mapping of a BPF map in this
@@ -190,5 +197,48 @@ func TestProgRunBackendSlotsGrown(t *testing.T) {
 	prWantVerdict(t, ret, prTCOK)
 	if got := prDecode(t, out).dstPort(); got != high.addr {
 		t.Fatalf("the packet went to %s, want %s (backend %d, written after the mapping grew)", got, high.addr, high.id)
+	}
+}
+
+// TestDataplaneMapsOnlyWhatItUses: a Dataplane maps the backend map up to
+// the slots it wrote, a WatchFlows maps the flow event ring's data once,
+// and Close leaves nothing mapped (issue 18: both maps were mapped whole,
+// the ring's data twice, all resident).
+func TestDataplaneMapsOnlyWhatItUses(t *testing.T) {
+	sizes := dpSmallMaps
+	sizes.Backends = 1 << 20
+	e := newDPEnv(t, []string{"client", "be1"}, sizes)
+	a := e.service("test/a", dpVIPA, dataplane.TCP, dpReady("be1"))
+	before := bpfMapMappings(t, nil)
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, a))
+	slots := uintptr(unsafe.Pointer(unsafe.SliceData(dp.prog.slots.mem)))
+	if got, want := bpfMapMappings(t, before), map[uintptr]int{slots: backendGrowMin}; !maps.Equal(got, want) {
+		t.Fatalf("after an apply of one backend: BPF map mappings %v, want %v (the backend map's first %d bytes of %d)",
+			got, want, backendGrowMin, mapBytes(dp.objs.VipdBackends))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dp.WatchFlows(ctx, func(dataplane.FlowEvent) {}, func(uint64) {}) }()
+	page := os.Getpagesize()
+	want := []int{page, backendGrowMin, page + int(dp.objs.VipdEvents.MaxEntries())}
+	var got []int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got = slices.Sorted(maps.Values(bpfMapMappings(t, before))); slices.Equal(got, want) {
+			break
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("WatchFlows: %v", err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("while WatchFlows runs: BPF map mappings of %v bytes, want %v: the ring's consumer page, the backend map's first slots, the ring's producer page and data once", got, want)
+	}
+
+	e.close()
+	if got := bpfMapMappings(t, before); len(got) != 0 {
+		t.Fatalf("after Close: BPF map mappings %v left", got)
 	}
 }
