@@ -848,14 +848,8 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 	)
 	go func() {
 		defer close(indexed)
-		n := 0
-		for _, e := range entries {
-			n += len(e.Dataplane.VIPs) + len(e.Dataplane.Backends)
-		}
-		uses := make([]addrEntry, 0, n)
 		ext := pmap.Map[addrKey, int32]{}.Builder()
 		for _, e := range entries {
-			uses = usesOf(uses, e.Dataplane)
 			for _, list := range [2][]netip.Addr{e.Dataplane.ExternalIPs, e.Dataplane.LoadBalancerIPs} {
 				for _, a := range list {
 					n, _ := ext.Get(keyOf(a))
@@ -863,7 +857,7 @@ func build(revision uint64, entries []*Entry) (*Snapshot, error) {
 				}
 			}
 		}
-		addrs, externals = buildAddrIndex(uses), ext.Map()
+		addrs, externals = buildAddrIndex(usesOf(entries)), ext.Map()
 	}()
 	svcs := pmap.Map[string, *Entry]{}.Builder()
 	claims := pmap.Map[Claim, string]{}.Builder()
