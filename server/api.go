@@ -638,6 +638,11 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		if len(taken) > 0 {
 			return nil, refusal(status.New(codes.AlreadyExists, taken[0].desc), reasonOwnedByOther, taken)
 		}
+		claims := 0
+		for _, d := range changes {
+			claims += store.ClaimCount(d.dp)
+		}
+		tx.Grow(len(changes), claims)
 		if err := putAll(tx, changes, index); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,74 @@
+package store_test
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/vipd/vipd/dataplane"
+	"github.com/vipd/vipd/server/store"
+	"github.com/vipd/vipd/server/validation"
+)
+
+// TestTxnGrow checks that Grow keeps what a transaction staged before it
+// (a sync deletes services before it puts the listed ones), and that the
+// puts of a big change it made room for allocate less than they do
+// growing the transaction's maps step by step.
+func TestTxnGrow(t *testing.T) {
+	const n = 20_000
+	svcs := bigServices(n)
+	dps := make([]*dataplane.Service, n)
+	specs := make([]store.Spec, n)
+	claims := 0
+	for i, s := range svcs {
+		dp, v := validation.ConvertService(s, "service")
+		if len(v) > 0 {
+			t.Fatal(v)
+		}
+		spec, err := store.NewSpec(s, dp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dps[i], specs[i] = dp, spec
+		claims += store.ClaimCount(dp)
+	}
+	if claims != n {
+		t.Fatalf("ClaimCount: %d claims in all, want %d (one VIP and port each)", claims, n)
+	}
+	base := snapshot(t, svcs[0])
+	allocated := func(grow bool) uint64 {
+		tx := base.Begin()
+		if !tx.Delete(svcs[0].Name) {
+			t.Fatal("Delete: the base's service is not there")
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		if grow {
+			tx.Grow(n-1, claims-1)
+		}
+		for i := 1; i < n; i++ {
+			c := *dps[i]
+			if _, err := tx.PutSpec(specs[i], &c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		if _, ok := tx.Get(svcs[0].Name); ok {
+			t.Fatal("a deleted service is back after Grow")
+		}
+		s := tx.Commit()
+		if s.Len() != n-1 {
+			t.Fatalf("%d services after the commit, want %d", s.Len(), n-1)
+		}
+		for i := 1; i < n; i += 997 {
+			if h, ok := s.Holder(store.Claim{VIP: dps[i].VIPs[0], Protocol: dps[i].Ports[0].Protocol, Port: dps[i].Ports[0].Port}); !ok || h != dps[i].Name {
+				t.Fatalf("claim of %s held by %q", dps[i].Name, h)
+			}
+		}
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	grown, growing := allocated(true), allocated(false)
+	t.Logf("puts of %d services allocate %d bytes after Grow, %d without", n-1, grown, growing)
+	if grown >= growing {
+		t.Errorf("puts after Grow allocate %d bytes, no fewer than the %d without", grown, growing)
+	}
+}
