@@ -8,10 +8,15 @@ import (
 	"github.com/vipd/vipd/internal/pmap"
 )
 
-// addrBucketBits sets the number of buckets of an addrIndex: 2^16, so that
-// 1,100,000 addresses (100,000 services of one VIP and 10 backends each)
-// make buckets of about 17 entries.
-const addrBucketBits = 16
+// addrBucketBits sets the number of buckets of an addrIndex: 2^14, so that
+// 1,100,000 addresses (100,000 services of one VIP and 10 distinct
+// backends each) make buckets of about 67 entries (1.6 KB, which a commit
+// that changes one of them copies). Every bucket costs the persistent map
+// a node's share of some 180 bytes: at 2^16 buckets that was more than
+// the entries themselves for the 100,000 or so addresses of 100,000
+// services whose backends are shared, and a commit of one change copied
+// no fewer bytes (a smaller bucket, a deeper map).
+const addrBucketBits = 14
 
 // addrEntry is one address's counts in an addrIndex bucket.
 type addrEntry struct {
@@ -206,11 +211,11 @@ func compareMerge(old, ch []addrEntry, i, j int) int {
 // own: for 100,000 services × 10 backends that slice was 26 MB, and the
 // radix sort's scratch copy of it another 26 MB, both at once while a
 // restart loaded its state. The first walk counts the uses per bucket; the
-// second scatters them, by the high 8 bits of their bucket, into the one
-// array that becomes the index's; then each of those 256 groups, small
-// enough to stay in the cache, is ordered by the low 8 bits through a
+// second scatters them, by the high half of the bits of their bucket, into
+// the one array that becomes the index's; then each of those groups, small
+// enough to stay in the cache, is ordered by the low half through a
 // scratch array of the largest group's size. (One pass straight into
-// 2^16 buckets would scatter its writes so widely that it took longer
+// every bucket would scatter its writes so widely that it took longer
 // than the rest of a load.) It cuts the buckets from the one array.
 func buildAddrIndex(uses iter.Seq[addrEntry]) addrIndex {
 	const half = addrBucketBits / 2
