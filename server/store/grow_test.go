@@ -72,3 +72,27 @@ func TestTxnGrow(t *testing.T) {
 		t.Errorf("puts after Grow allocate %d bytes, no fewer than the %d without", grown, growing)
 	}
 }
+
+// TestNamesAllocs bounds what Txn.Names allocates over a big base, as a
+// SyncServices over 100,000 stored services of its owner calls it: the
+// names' slice as it grows, about 80 bytes a service. A set of every name
+// and a sorted copy of the base, as it once took, cost 190.
+func TestNamesAllocs(t *testing.T) {
+	const n = 20_000
+	base := snapshot(t, bigServices(n)...)
+	tx := base.Begin()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	names := tx.Names(validation.DefaultOwner)
+	runtime.ReadMemStats(&after)
+	if len(names) != n {
+		t.Fatalf("Names: %d names, want %d", len(names), n)
+	}
+	const budget = 100
+	per := float64(after.TotalAlloc-before.TotalAlloc) / n
+	if per > budget {
+		t.Errorf("Names allocates %.0f bytes per stored service, over the budget of %d", per, budget)
+	} else {
+		t.Logf("Names allocates %.0f bytes per stored service (budget %d)", per, budget)
+	}
+}
