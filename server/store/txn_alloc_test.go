@@ -96,3 +96,40 @@ func TestNamesAllocs(t *testing.T) {
 		t.Logf("Names allocates %.0f bytes per stored service (budget %d)", per, budget)
 	}
 }
+
+// TestAllSortsOnce checks that a snapshot sorts its services once for
+// every All, its own and its DataplaneState's (a full apply walks them
+// several times), and that the order is by name.
+func TestAllSortsOnce(t *testing.T) {
+	const n = 20_000
+	snap := snapshot(t, bigServices(n)...)
+	walk := func() (uint64, int) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		count, last := 0, ""
+		for name, svc := range snap.DataplaneState(nil).Set.All() {
+			if name <= last || svc.Name != name {
+				t.Fatalf("DataplaneState's All yields %s (%s) after %s", name, svc.Name, last)
+			}
+			count, last = count+1, name
+		}
+		last = ""
+		for name, e := range snap.All() {
+			if name <= last || e.Name() != name {
+				t.Fatalf("All yields %s (%s) after %s", name, e.Name(), last)
+			}
+			last = name
+		}
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc, count
+	}
+	first, count := walk()
+	if count != n {
+		t.Fatalf("All yields %d services, want %d", count, n)
+	}
+	again, _ := walk()
+	t.Logf("the first walks allocate %d bytes, the next %d", first, again)
+	if again > first/10 {
+		t.Errorf("walks of a snapshot walked before allocate %d bytes, over a tenth of the first's %d: the order is sorted again", again, first)
+	}
+}
