@@ -551,6 +551,12 @@ const wantBlock = 1024
 // any of it failed validation.
 func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse, error) {
 	a, want, index, owner := b.a, b.want, b.index, b.owner
+	// From here on only the mutation below holds the validated list, so
+	// that the list (~10 MB for 100,000 services: the specs and
+	// dataplane forms are the store's once put) can be collected while
+	// the reconciler applies and saves the change, once it has run the
+	// mutation for the last time. b.index stays, for applyRefusal.
+	b.want, b.block = nil, nil
 	if b.err != nil {
 		return nil, toStatus(b.err)
 	}
