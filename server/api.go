@@ -551,6 +551,12 @@ const wantBlock = 1024
 // any of it failed validation.
 func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse, error) {
 	a, want, index, owner := b.a, b.want, b.index, b.owner
+	// From here on only the mutation below holds the validated list, so
+	// that the list (~10 MB for 100,000 services: the specs and
+	// dataplane forms are the store's once put) can be collected while
+	// the reconciler applies and saves the change, once it has run the
+	// mutation for the last time. b.index stays, for applyRefusal.
+	b.want, b.block = nil, nil
 	if b.err != nil {
 		return nil, toStatus(b.err)
 	}
@@ -638,6 +644,11 @@ func (b *syncBuilder) commit(ctx context.Context) (*vipdv1.SyncServicesResponse,
 		if len(taken) > 0 {
 			return nil, refusal(status.New(codes.AlreadyExists, taken[0].desc), reasonOwnedByOther, taken)
 		}
+		claims := 0
+		for _, d := range changes {
+			claims += store.ClaimCount(d.dp)
+		}
+		tx.Grow(len(changes), claims)
 		if err := putAll(tx, changes, index); err != nil {
 			return nil, err
 		}

@@ -639,6 +639,14 @@ func (r *Reconciler) process(ctx context.Context, batch []*request) {
 	if len(staged) == 0 {
 		return
 	}
+	if len(staged) == 1 {
+		// A batch of one never runs its mutation again (only the
+		// changes of a failed merged apply are retried one by one,
+		// below): drop it, so that what it holds, such as a big
+		// SyncServices' validated list, can be collected while the
+		// change is applied and saved.
+		staged[0].mutate = nil
+	}
 	changed := tx.Changed()
 	nodeChanged := !node.Equal(&prev.node)
 	topologyChanged := topology != prev.topology

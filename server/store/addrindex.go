@@ -2,15 +2,21 @@ package store
 
 import (
 	"cmp"
+	"iter"
 	"slices"
 
 	"github.com/vipd/vipd/internal/pmap"
 )
 
-// addrBucketBits sets the number of buckets of an addrIndex: 2^16, so that
-// 1,100,000 addresses (100,000 services of one VIP and 10 backends each)
-// make buckets of about 17 entries.
-const addrBucketBits = 16
+// addrBucketBits sets the number of buckets of an addrIndex: 2^14, so that
+// 1,100,000 addresses (100,000 services of one VIP and 10 distinct
+// backends each) make buckets of about 67 entries (1.6 KB, which a commit
+// that changes one of them copies). Every bucket costs the persistent map
+// a node's share of some 180 bytes: at 2^16 buckets that was more than
+// the entries themselves for the 100,000 or so addresses of 100,000
+// services whose backends are shared, and a commit of one change copied
+// no fewer bytes (a smaller bucket, a deeper map).
+const addrBucketBits = 14
 
 // addrEntry is one address's counts in an addrIndex bucket.
 type addrEntry struct {
@@ -200,40 +206,59 @@ func compareMerge(old, ch []addrEntry, i, j int) int {
 }
 
 // buildAddrIndex returns the index of uses, one entry per use of an
-// address, to be summed per address (or already summed). It takes uses
-// over: their array is reordered and may become the index's. It orders
-// them by bucket without a map, by a radix sort of two 8-bit passes (one
-// pass straight into 2^16 buckets would scatter its writes so widely that
-// it took longer than the rest of a load), and cuts the buckets from one
-// array.
-func buildAddrIndex(uses []addrEntry) addrIndex {
+// address, to be summed per address (or already summed). It walks uses
+// twice, so that the uses of a whole state are never a slice of their
+// own: for 100,000 services × 10 backends that slice was 26 MB, and the
+// radix sort's scratch copy of it another 26 MB, both at once while a
+// restart loaded its state. The first walk counts the uses per bucket; the
+// second scatters them, by the high half of the bits of their bucket, into
+// the one array that becomes the index's; then each of those groups, small
+// enough to stay in the cache, is ordered by the low half through a
+// scratch array of the largest group's size. (One pass straight into
+// every bucket would scatter its writes so widely that it took longer
+// than the rest of a load.) It cuts the buckets from the one array.
+func buildAddrIndex(uses iter.Seq[addrEntry]) addrIndex {
 	const half = addrBucketBits / 2
 	var start [1<<addrBucketBits + 1]int32
-	var lo, hi [1<<half + 1]int32
-	for _, e := range uses {
+	var hi [1<<half + 1]int32
+	for e := range uses {
 		id := bucketOf(e.k)
 		start[id+1]++
-		lo[id&(1<<half-1)+1]++
 		hi[id>>half+1]++
 	}
 	for i := range 1 << addrBucketBits {
 		start[i+1] += start[i]
 	}
+	widest := int32(0)
 	for i := range 1 << half {
-		lo[i+1] += lo[i]
+		widest = max(widest, hi[i+1])
 		hi[i+1] += hi[i]
 	}
-	tmp := make([]addrEntry, len(uses))
-	for _, e := range uses {
-		id := bucketOf(e.k) & (1<<half - 1)
-		tmp[lo[id]] = e
-		lo[id]++
+	byBucket := make([]addrEntry, start[1<<addrBucketBits])
+	at := hi
+	for e := range uses {
+		g := bucketOf(e.k) >> half
+		byBucket[at[g]] = e
+		at[g]++
 	}
-	byBucket := uses
-	for _, e := range tmp {
-		id := bucketOf(e.k) >> half
-		byBucket[hi[id]] = e
-		hi[id]++
+	// Within group g, bucket g<<half|l starts at start[g<<half|l]: a
+	// counting sort by l, through tmp.
+	tmp := make([]addrEntry, widest)
+	for g := range int32(1 << half) {
+		group := byBucket[hi[g]:hi[g+1]]
+		if len(group) < 2 {
+			continue
+		}
+		var lo [1 << half]int32
+		for l := range int32(1 << half) {
+			lo[l] = start[g<<half|l] - hi[g]
+		}
+		for _, e := range group {
+			l := bucketOf(e.k) & (1<<half - 1)
+			tmp[lo[l]] = e
+			lo[l]++
+		}
+		copy(group, tmp[:len(group)])
 	}
 	// Sum each bucket's uses per address, writing the entries to the
 	// front of byBucket; end[id] is where bucket id's end up.

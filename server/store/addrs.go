@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 
@@ -395,14 +396,22 @@ func backendSet(bs []dataplane.Backend) func(netip.Addr) bool {
 	return func(a netip.Addr) bool { _, ok := set[a]; return ok }
 }
 
-// usesOf appends svc's uses of addresses to uses, for a snapshot being
-// built: buildAddrIndex then sums them into the snapshot's index.
-func usesOf(uses []addrEntry, svc *dataplane.Service) []addrEntry {
-	for _, a := range svc.VIPs {
-		uses = append(uses, addrEntry{keyOf(a), addrUse{vips: 1}})
+// usesOf yields the uses of addresses of the services of entries, one a
+// use, for a snapshot being built: buildAddrIndex then sums them into the
+// snapshot's index. It may be walked more than once.
+func usesOf(entries []*Entry) iter.Seq[addrEntry] {
+	return func(yield func(addrEntry) bool) {
+		for _, e := range entries {
+			for _, a := range e.Dataplane.VIPs {
+				if !yield(addrEntry{keyOf(a), addrUse{vips: 1}}) {
+					return
+				}
+			}
+			for i := range e.Dataplane.Backends {
+				if !yield(addrEntry{keyOf(e.Dataplane.Backends[i].IP), addrUse{backends: 1}}) {
+					return
+				}
+			}
+		}
 	}
-	for _, be := range svc.Backends {
-		uses = append(uses, addrEntry{keyOf(be.IP), addrUse{backends: 1}})
-	}
-	return uses
 }

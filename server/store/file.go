@@ -119,17 +119,22 @@ func (d *Dir) Close() error {
 // decodeEntry), so a state written by any earlier vipd loads.
 func (d *Dir) Load() (*Snapshot, error) {
 	s := Empty()
+	size := 0
 	data, err := os.ReadFile(d.Path())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		return nil, fmt.Errorf("read state file: %w", err)
 	default:
+		// data is not used past decode, so that its records (26 MB
+		// for 100,000 services × 10 backends) can be collected while
+		// decode builds the snapshot's indexes from the entries.
+		size = len(data)
 		if s, err = decode(data); err != nil {
 			return nil, fmt.Errorf("%s: %w: %w", d.Path(), ErrCorrupt, err)
 		}
 	}
-	s, err = d.j.open(filepath.Join(d.path, journalFileName), s, len(data))
+	s, err = d.j.open(filepath.Join(d.path, journalFileName), s, size)
 	if err != nil {
 		return nil, err
 	}
