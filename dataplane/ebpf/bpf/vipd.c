@@ -1412,7 +1412,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 	struct backend b;
 	union addr snat = {};
 	__be16 snat_port = 0;
-	__u32 now = now_sec(), id;
+	__u32 now = 0, id;
 	int hairpin, snatted = 0;
 
 	fk.src = p->src;
@@ -1423,6 +1423,10 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, const s
 	fk.dir = CT_DIR_FORWARD;
 
 	e = bpf_map_lookup_elem(&vipd_ct, &fk);
+	/* The clock only for a tracked tuple: a new flow's is read once, by
+	 * ct_create (FASTPATH.md 12). */
+	if (e)
+		now = now_sec();
 	if (e && reusable(p, e, now)) {
 		/* As they were before this packet, for snat_tw_client. */
 		__u8 seen = e->tcp_flags;
