@@ -40,6 +40,9 @@ type eventReader struct {
 	mu       sync.Mutex
 	closed   atomic.Bool
 	deadline atomic.Int64 // unix nanoseconds; 0: none
+
+	unmapOnce sync.Once
+	unmapErr  error
 }
 
 // Ring buffer record header bits (BPF_RINGBUF_* of linux/bpf.h).
@@ -168,20 +171,26 @@ func (r *eventReader) next(rec *ringbuf.Record) (bool, error) {
 }
 
 // Close interrupts a waiting ReadInto and, once it has returned, unmaps
-// the ring. Later calls do nothing.
+// the ring. Every call returns only after the ring is unmapped, whichever
+// call did it, and returns its error.
 func (r *eventReader) Close() error {
-	if r.closed.Swap(true) {
-		return nil
+	var werr error
+	if !r.closed.Swap(true) {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, werr = unix.Write(r.wake, one[:])
 	}
-	var one [8]byte
-	binary.NativeEndian.PutUint64(one[:], 1)
-	_, werr := unix.Write(r.wake, one[:])
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	err := errors.Join(werr, unix.Munmap(r.prod), unix.Munmap(r.cons), unix.Close(r.wake))
-	r.cons, r.prod, r.data = nil, nil, nil
-	if err != nil {
-		return fmt.Errorf("close flow event ring: %w", err)
+	r.unmapOnce.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		err := errors.Join(unix.Munmap(r.prod), unix.Munmap(r.cons), unix.Close(r.wake))
+		r.cons, r.prod, r.data = nil, nil, nil
+		if err != nil {
+			r.unmapErr = fmt.Errorf("close flow event ring: %w", err)
+		}
+	})
+	if werr != nil {
+		return errors.Join(fmt.Errorf("close flow event ring: wake the reader: %w", werr), r.unmapErr)
 	}
-	return nil
+	return r.unmapErr
 }
