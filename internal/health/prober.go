@@ -101,9 +101,9 @@ type Prober struct {
 
 	mu      sync.Mutex
 	targets map[key]*target
-	// configs caches each service's health_check, with defaults, by
-	// generation: decoding a stored spec costs a copy of every backend.
-	// Run's goroutine only.
+	// configs caches the health_check, with defaults, of each service
+	// that has one, by generation: decoding a stored spec costs a copy of
+	// every backend. Run's goroutine only.
 	configs map[string]config
 	// synced is the snapshot of the last sync: targets holds what it
 	// needs checked, and configs its services' health_checks. Run's
@@ -119,7 +119,7 @@ type Prober struct {
 
 type config struct {
 	generation uint64
-	hc         *vipdv1.HealthCheck // nil: no health_check
+	hc         *vipdv1.HealthCheck
 }
 
 type key struct {
@@ -273,14 +273,16 @@ func (p *Prober) syncChanged(prev, snap *store.Snapshot, names []string) {
 func (p *Prober) wantService(want map[key]spec, name string, e *store.Entry) {
 	c, ok := p.configs[name]
 	if !ok || c.generation != e.Generation() {
-		c = config{generation: e.Generation()}
-		if hc := e.HealthCheck(); hc != nil {
-			c.hc = validation.HealthDefaults(hc)
+		hc := e.HealthCheck()
+		if hc == nil {
+			// Only services with a health_check are cached: an entry for
+			// each of 100,000 services without one costs ~10 MB, and
+			// finding that a spec has none reads it without allocating.
+			delete(p.configs, name)
+			return
 		}
+		c = config{generation: e.Generation(), hc: validation.HealthDefaults(hc)}
 		p.configs[name] = c
-	}
-	if c.hc == nil {
-		return
 	}
 	svc := e.Dataplane
 	port, hasPort := probePort(c.hc, svc)

@@ -3,6 +3,7 @@ package health
 import (
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -317,5 +318,30 @@ func TestSyncFollowsChanges(t *testing.T) {
 			t.Errorf("%s: %d targets stopped and %d started (observer: %d gone, %d set), want %d and %d",
 				step.name, stopped, started, len(obs.deleted), len(obs.set), step.stopped, step.started)
 		}
+	}
+}
+
+// TestSyncUncheckedServicesAllocBudget: a full walk of services without a
+// health_check keeps nothing for them and allocates almost nothing: at
+// 100,000 services a cache entry each cost ~10 MB of vipd's heap.
+func TestSyncUncheckedServicesAllocBudget(t *testing.T) {
+	const n = 10_000
+	f := newFleet(t, n, n) // only service 0 is checked
+	p := newSyncProber()
+	for range f.snap.All() { // the snapshot's name order, built once and kept by the snapshot
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p.sync(f.snap)
+	runtime.ReadMemStats(&after)
+	if len(p.configs) != 1 {
+		t.Errorf("%d health_checks cached, want 1 (the one checked service's)", len(p.configs))
+	}
+	// The one checked service's target and cache entry, and slack for
+	// the runtime; an entry per service would be ~100 B each.
+	const budget = 8 // bytes per service
+	if per := float64(after.TotalAlloc-before.TotalAlloc) / n; per > budget {
+		t.Errorf("a full walk of %d services, 1 checked, allocates %.1f B per service; the budget is %d", n, per, budget)
 	}
 }
