@@ -45,8 +45,8 @@ func TestUpdateMergesChanges(t *testing.T) {
 	s.Update(one)
 	s.Update(two)
 	p := s.take()
-	if p.full || len(p.names) != 2 || p.st != two {
-		t.Fatalf("merged pending: full %v, names %v, newest %v", p.full, p.names, p.st == two)
+	if p.full || p.names != 2 || len(p.changed) != 2 || p.st != two {
+		t.Fatalf("merged pending: full %v, names %v, newest %v", p.full, p.changed, p.st == two)
 	}
 	s.follow(p)
 	if len(s.wanted) != 2 || s.wanted["a"].answer.LocalEndpoints != 2 || s.wanted["c"].answer.LocalEndpoints != 1 {
@@ -70,5 +70,42 @@ func TestUpdateMergesChanges(t *testing.T) {
 	s.follow(p)
 	if len(s.wanted) != 1 || s.wanted["c"].answer.LocalEndpoints != 0 {
 		t.Errorf("after a full take: %+v", s.wanted)
+	}
+}
+
+// TestUpdateFullWhenNamesOutnumberServices: changes pending that name more
+// services than the newest state has make the take full, a walk of the
+// state being cheaper than following them; Update keeps the Changed lists
+// it merges and allocates nothing for their names.
+func TestUpdateFullWhenNamesOutnumberServices(t *testing.T) {
+	s := New(hclog.NewNullLogger(), "")
+	s.take()
+	svcs := map[string]*dataplane.Service{"a": localSvc(30100), "b": localSvc(30101)}
+	changed := make([]string, 1000)
+	for i := range changed {
+		changed[i] = "a"
+	}
+	big := &dataplane.State{Changed: changed[:2], Services: svcs}
+	if allocs := testing.AllocsPerRun(100, func() {
+		s.Update(big)
+		s.take()
+	}); allocs > 1 {
+		t.Errorf("Update of %d changed names allocates %.0f times, want at most 1 (the list of lists)", len(big.Changed), allocs)
+	}
+	s.Update(&dataplane.State{Changed: []string{"a"}, Services: svcs})
+	s.Update(&dataplane.State{Changed: []string{"a"}, Services: svcs})
+	if p := s.take(); p.full || p.names != 2 {
+		t.Fatalf("two names of two services: full %v, %d names", p.full, p.names)
+	}
+	s.Update(&dataplane.State{Changed: []string{"a", "b"}, Services: svcs})
+	s.Update(&dataplane.State{Changed: []string{"a"}, Services: svcs})
+	p := s.take()
+	if !p.full || p.changed != nil {
+		t.Fatalf("three names of two services: full %v, changed %v", p.full, p.changed)
+	}
+	// One state alone may name more services than it has.
+	s.Update(&dataplane.State{Changed: changed, Services: map[string]*dataplane.Service{}})
+	if p := s.take(); !p.full {
+		t.Error("1,000 names of no service did not make the take full")
 	}
 }
