@@ -225,7 +225,9 @@ func (p *Prober) sync(snap *store.Snapshot) {
 		}
 	}
 	want := map[key]spec{}
-	for name, e := range snap.All() {
+	// In no particular order: the name order would cost a sort and, at
+	// 100,000 services, 2.4 MB kept by snap.
+	for name, e := range snap.Each() {
 		p.wantService(want, name, e)
 	}
 	for name := range p.configs {
