@@ -518,7 +518,9 @@ func (b *syncBuilder) add(in *vipdv1.Service) {
 		b.v = append(b.v, validation.Violation{Field: field + ".owner", Description: fmt.Sprintf("%q differs from the request's owner %q", in.Owner, b.owner)})
 		return
 	}
-	if in != nil && in.Owner == "" {
+	if in != nil {
+		// Given or not, the owner is the request's: one string for every
+		// service's dataplane form, not a decoded copy each.
 		in.Owner = b.owner
 	}
 	svc, dp, vs := validation.ServiceInPlace(in, b.a.limits, field)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -198,4 +199,37 @@ func TestSyncServicesStreamAllocBudget(t *testing.T) {
 		t.Fatalf("created %d services, want %d", len(resp.Created), syncAllocServices)
 	}
 	checkAllocBudget(t, "a stream", syncAllocServices, &before, &after, streamAllocBytesBudget, streamAllocObjectBudget)
+}
+
+// TestSyncServicesSharesTheOwner: services that repeat the request's owner
+// keep one owner string between them, not a decoded copy each (8 bytes a
+// service of the daemon's heap for as long as it is stored).
+func TestSyncServicesSharesTheOwner(t *testing.T) {
+	in := start(t, config{})
+	var chunks []*vipdv1.SyncServicesStreamRequest
+	for c := range 3 {
+		ch := chunkOf("")
+		for i := range 10 {
+			n := c*10 + i
+			svc := web(fmt.Sprintf("own/w%03d", n), fmt.Sprintf("198.19.0.%d", n+1), "198.18.0.1")
+			svc.Owner = "own"
+			ch.Services = append(ch.Services, svc)
+		}
+		chunks = append(chunks, ch)
+	}
+	chunks[0].Owner = "own"
+	if _, err := syncStream(t.Context(), in, chunks...); err != nil {
+		t.Fatal(err)
+	}
+	applied, _ := in.dp.Applied()
+	owners := map[*byte]int{}
+	for _, svc := range applied {
+		if svc.Owner != "own" {
+			t.Fatalf("%s has owner %q", svc.Name, svc.Owner)
+		}
+		owners[unsafe.StringData(svc.Owner)]++
+	}
+	if len(applied) != 30 || len(owners) != 1 {
+		t.Errorf("%d services keep %d owner strings, want 30 services and 1", len(applied), len(owners))
+	}
 }
