@@ -235,6 +235,9 @@ type recordDecoder struct {
 	ServiceDecoder
 	// enc and spec are fastEntry's buffers.
 	enc, spec []byte
+	// owner is the owner of the last service decoded, which the next one
+	// that has the same takes: services of one owner keep one string.
+	owner string
 }
 
 // ServiceDecoder decodes Service messages one after another into messages
@@ -274,6 +277,11 @@ func (d *recordDecoder) decode(rec []byte) (*Entry, error) {
 	}
 	gen := stored.Generation
 	stored.Generation = 0
+	if stored.Owner == d.owner {
+		stored.Owner = d.owner
+	} else {
+		d.owner = stored.Owner
+	}
 	dp, v := validation.ConvertService(stored, "service")
 	if len(v) > 0 {
 		return nil, fmt.Errorf("service %q does not convert: %w", stored.Name, v)

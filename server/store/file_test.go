@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	vipdv1 "github.com/vipd/vipd/proto/vipd/v1"
@@ -648,5 +649,37 @@ func TestLoadManyRecords(t *testing.T) {
 	mustBeCorrupt(t, "bad records", s, err)
 	if !strings.Contains(err.Error(), "record 2100:") {
 		t.Errorf("error %q does not name record 2100, the first bad one", err)
+	}
+}
+
+// TestLoadSharesOwners: services of one owner loaded from the state file
+// keep one owner string between them, not a decoded copy each.
+func TestLoadSharesOwners(t *testing.T) {
+	tx := store.Empty().Begin()
+	for i := range 40 {
+		s := svc(fmt.Sprintf("o%d/s%02d", i%2, i), fmt.Sprintf("10.96.0.%d", i+1), 2, tcp(80))
+		s.Owner = fmt.Sprintf("o%d", i%2)
+		if _, err := tx.Put(normalize(t, s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := store.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	save(t, d, tx.Commit())
+	got, err := d.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[*byte]bool{}
+	for _, e := range got.Each() {
+		owners[unsafe.StringData(e.Dataplane.Owner)] = true
+	}
+	// One block of records, one decoder: o0's services, then o1's, in
+	// name order.
+	if got.Len() != 40 || len(owners) != 2 {
+		t.Errorf("%d services of 2 owners keep %d owner strings", got.Len(), len(owners))
 	}
 }
