@@ -66,7 +66,7 @@ type applyPlan struct {
 // (auditFull), so that it writes only what is missing or wrong. After
 // step 6 the in-memory view takes the new state (commit), and what no
 // frontend uses any more is deleted (freeUnreferenced).
-func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) (err error) {
+func (p *programmer) apply(changes []change, prune bool) (err error) {
 	pl := p.allocateIDs(changes)
 	// New members count as references right away; should the apply fail,
 	// they are taken back (the IDs stay taken).

@@ -642,22 +642,19 @@ func TestChangesFor(t *testing.T) {
 	}
 	d := &Dataplane{prog: newStepProgrammer(), cfg: Config{MaglevTableSize: 251}}
 	a, b := svc("ns/a", "198.18.0.1", 1, "10.0.0.1"), svc("ns/b", "198.18.0.2", 1, "10.0.0.2")
-	changes, desired, err := d.changesFor(state(nil, a, b), true)
+	changes, err := d.changesFor(state(nil, a, b), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := view(changes), []string{"write 198.18.0.1:80/TCP", "write 198.18.0.2:80/TCP"}; !slices.Equal(got, want) {
 		t.Errorf("first full apply: %v, want %v", got, want)
 	}
-	if len(desired) != 2 {
-		t.Errorf("desired %v, want both frontends", desired)
-	}
 	d.prog.commit(d.prog.allocateIDs(changes))
 
 	// b gets another backend, c is new, a is unchanged but named.
 	b2 := svc("ns/b", "198.18.0.2", 2, "10.0.0.2", "10.0.0.3")
 	c := svc("ns/c", "198.18.0.3", 1, "10.0.0.4")
-	changes, _, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
+	changes, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -668,7 +665,7 @@ func TestChangesFor(t *testing.T) {
 
 	// a moves to another VIP; b is gone but not named: untouched.
 	a2 := svc("ns/a", "198.18.0.9", 2, "10.0.0.1")
-	changes, _, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
+	changes, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -677,7 +674,7 @@ func TestChangesFor(t *testing.T) {
 	}
 
 	// A full apply removes b too, and rewrites every frontend it keeps.
-	changes, _, err = d.changesFor(state(nil, a2, c), true)
+	changes, err = d.changesFor(state(nil, a2, c), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,10 +683,23 @@ func TestChangesFor(t *testing.T) {
 		t.Errorf("full apply: %v, want %v", got, want)
 	}
 
+	// c's VIP moves to a new service e in one incremental apply that names
+	// both (and e twice): e takes it over, nothing is removed.
+	d.prog.commit(d.prog.allocateIDs(changes))
+	c2 := svc("ns/c", "198.18.0.4", 2, "10.0.0.4")
+	e := svc("ns/e", "198.18.0.3", 1, "10.0.0.6")
+	changes, err = d.changesFor(state([]string{"ns/e", "ns/c", "ns/e"}, a2, c2, e), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.3:80/TCP", "write 198.18.0.4:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("a VIP moving between services: %v, want %v", got, want)
+	}
+
 	// A service the dataplane cannot program changes nothing.
 	bad := svc("ns/bad", "198.18.0.5", 1, "10.0.0.5")
 	bad.Ports[0].Protocol = dataplane.Protocol(99)
-	if _, _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
+	if _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
 		t.Errorf("a service with an unsupported protocol: %v, want an error wrapping ErrUnsupported", err)
 	}
 }

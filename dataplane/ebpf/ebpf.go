@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -346,7 +347,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	// rewrites every frontend.
 	nodeChanged := !d.node.Equal(&s.Node)
 	full := d.needFull || s.Changed == nil || nodeChanged
-	changes, desired, err := d.changesFor(s, full)
+	changes, err := d.changesFor(s, full)
 	if err != nil {
 		return err
 	}
@@ -357,7 +358,7 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 		d.needFull = true
 		return err
 	}
-	if err := d.prog.apply(changes, desired, full); err != nil {
+	if err := d.prog.apply(changes, full); err != nil {
 		d.needFull = true
 		if rerr := d.prog.rollback(); rerr != nil {
 			d.log.Error("roll back after a failed apply", "error", rerr)
@@ -394,12 +395,19 @@ func (d *Dataplane) Apply(ctx context.Context, s *dataplane.State) error {
 	return nil
 }
 
-// changesFor returns the frontends of s, by key, and the changes that
-// program them: on a full apply every frontend of s and a removal of every
-// other programmed one; else those of the services s.Changed names that
-// differ from what is programmed. It fails, changing nothing, on a service
-// the dataplane cannot program.
-func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feKey]*frontend, error) {
+// changesFor returns the changes that program s: on a full apply every
+// frontend of s and a removal of every other programmed one; else those of
+// the services s.Changed names that differ from what is programmed, and
+// removals of those they no longer have. It fails, changing nothing, on a
+// service the dataplane cannot program.
+//
+// A frontend key belongs to one service at most: the store refuses a
+// service that claims another's VIP, node port or external address
+// (server/store/addrs.go). So no set of every desired key is built (a
+// map of 100,000 frontends, 6 MB of garbage at each sync): only a key
+// that leaves its service is looked for among the others', in case it
+// moved.
+func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) {
 	names := s.Changed
 	if full {
 		names = make([]string, 0, s.Len()+len(d.prog.byService))
@@ -413,6 +421,14 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 		}
 	}
 	sort.Strings(names)
+	for i := 1; i < len(names); i++ {
+		if names[i] == names[i-1] {
+			// A service named twice is one service (s.Changed belongs to
+			// the caller: compact a copy).
+			names = slices.Compact(slices.Clone(names))
+			break
+		}
+	}
 	svcs := make([]*dataplane.Service, 0, len(names))
 	for _, name := range names {
 		if svc, ok := s.Get(name); ok {
@@ -421,28 +437,54 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, map[feK
 	}
 	rendered, err := d.render(svcs, &s.Node)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	desired := make(map[feKey]*frontend, len(names))
+	n := 0
 	for _, fes := range rendered {
-		for _, fe := range fes {
-			desired[fe.key] = fe
-		}
+		n += len(fes)
 	}
-	changes := make([]change, 0, len(desired))
+	changes := make([]change, 0, n)
+	// Removals: the programmed frontends of the named services that their
+	// service no longer has (svcs and rendered follow names' order), unless
+	// another service took them.
+	var gone map[feKey]bool
+	i := 0
 	for _, name := range names {
+		var fes []*frontend
+		if i < len(svcs) && svcs[i].Name == name {
+			fes = rendered[i]
+			i++
+		}
 		for _, k := range d.prog.byService[name] {
-			if _, ok := desired[k]; !ok {
-				changes = append(changes, change{key: k})
+			if !slices.ContainsFunc(fes, func(fe *frontend) bool { return fe.key == k }) {
+				if gone == nil {
+					gone = map[feKey]bool{}
+				}
+				gone[k] = true
 			}
 		}
 	}
-	for k, fe := range desired {
-		if old := d.prog.frontends[k]; full || old == nil || !old.fe.equal(fe) || old.fe.service != fe.service {
-			changes = append(changes, change{key: k, fe: fe})
+	if len(gone) > 0 {
+		for _, fes := range rendered {
+			for _, fe := range fes {
+				delete(gone, fe.key)
+			}
+		}
+		for k := range gone {
+			changes = append(changes, change{key: k})
 		}
 	}
-	return changes, desired, nil
+	for _, fes := range rendered {
+		for j, fe := range fes {
+			if slices.ContainsFunc(fes[:j], func(g *frontend) bool { return g.key == fe.key }) {
+				continue // a service's address listed twice: one frontend
+			}
+			if old := d.prog.frontends[fe.key]; full || old == nil || !old.fe.equal(fe) || old.fe.service != fe.service {
+				changes = append(changes, change{key: fe.key, fe: fe})
+			}
+		}
+	}
+	return changes, nil
 }
 
 // renderParallelMin is the fewest services render splits among
@@ -589,13 +631,11 @@ func (d *Dataplane) attach() error {
 // rollback rewrites the state of the last successful apply and prunes
 // whatever a failed one added.
 func (p *programmer) rollback() error {
-	desired := make(map[feKey]*frontend, len(p.frontends))
 	changes := make([]change, 0, len(p.frontends))
 	for k, pr := range p.frontends {
-		desired[k] = pr.fe
 		changes = append(changes, change{key: k, fe: pr.fe})
 	}
-	return p.apply(changes, desired, true)
+	return p.apply(changes, true)
 }
 
 // destroyStuckSockets destroys node-local UDP sockets that the socket hooks
