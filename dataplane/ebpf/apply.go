@@ -151,9 +151,6 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	if len(p.frontends) == 0 {
 		p.frontends = make(map[feKey]*programmed, nfe)
 	}
-	if len(p.revNatIDs) == 0 {
-		p.revNatIDs = make(map[feKey]uint32, nfe)
-	}
 	if len(p.byService) == 0 {
 		p.byService = make(map[string][]feKey, nfe)
 	}
@@ -175,11 +172,10 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 			}
 			continue
 		}
-		revNat, ok := p.revNatIDs[c.key]
+		revNat, ok := p.revNatOf(c.key)
 		if !ok {
 			revNat = p.nextRevNat
 			p.nextRevNat++
-			p.revNatIDs[c.key] = revNat
 		}
 		pr := &prs[0]
 		prs = prs[1:]
@@ -225,11 +221,16 @@ func (pl *applyPlan) writesEntries() bool {
 
 // takeBack drops the references allocateIDs counted for a failed apply.
 // The backends stay in the table (and their IDs taken), for a later full
-// apply to rewrite or prune.
+// apply to rewrite or prune; so do the reverse-NAT IDs it gave new
+// frontends (the maps may hold entries that name them).
 func (p *programmer) takeBack(pl *applyPlan) {
-	for _, pr := range pl.next {
-		if pr != nil {
-			p.unref(pr, nil)
+	for i, pr := range pl.next {
+		if pr == nil {
+			continue
+		}
+		p.unref(pr, nil)
+		if k := pl.changes[i].key; p.frontends[k] == nil {
+			p.revNatIDs[k] = pr.revNat
 		}
 	}
 }
@@ -605,9 +606,16 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 		if p.noDrain {
 			delete(p.revNatIDs, c.key)
 		} else {
-			p.draining[c.key] = old.revNat // its ID stays taken while it drains
+			// Its ID stays taken while it drains.
+			p.draining[c.key] = old.revNat
+			p.revNatIDs[c.key] = old.revNat
 		}
 	}
+	// A frontend programmed now has its reverse-NAT ID in p.frontends
+	// alone. The map is remade once most of it went (after the full apply
+	// of a restart, which programs every restored frontend): a Go map
+	// never shrinks.
+	moved := 0
 	for i, pr := range pl.next {
 		if pr == nil {
 			continue
@@ -640,6 +648,17 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
 		}
 		p.frontends[key] = pr
+		if _, ok := p.revNatIDs[key]; ok {
+			delete(p.revNatIDs, key)
+			moved++
+		}
+	}
+	if moved > 0 && len(p.revNatIDs) < moved {
+		ids := make(map[feKey]uint32, len(p.revNatIDs))
+		for k, id := range p.revNatIDs {
+			ids[k] = id
+		}
+		p.revNatIDs = ids
 	}
 	return dead, udpGone
 }

@@ -56,7 +56,7 @@ func srcRangeKeys(pr *programmed) []bpfSrcRangeKey {
 func (d *Dataplane) preSrcRanges(changes []change) error {
 	var errs []error
 	for _, c := range changes {
-		id, ok := d.prog.revNatIDs[c.key]
+		id, ok := d.prog.revNatOf(c.key)
 		if !ok || c.fe == nil || c.fe.flags&svcFlagSrcRanges == 0 {
 			continue
 		}
