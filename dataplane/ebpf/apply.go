@@ -152,7 +152,7 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 		p.frontends = make(map[feKey]*programmed, nfe)
 	}
 	if len(p.byService) == 0 {
-		p.byService = make(map[string][]feKey, nfe)
+		p.byService = make(map[string]feKey, nfe)
 	}
 	// An empty backend table is sized for the members (no more than the
 	// map holds), and remade smaller once the IDs are handed out (fit)
@@ -645,7 +645,7 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			if old != nil {
 				p.unindex(old.fe.service, key)
 			}
-			p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
+			p.index(pr.fe.service, key)
 		}
 		p.frontends[key] = pr
 		if _, ok := p.revNatIDs[key]; ok {

@@ -946,3 +946,41 @@ func TestQueueInlineMembers(t *testing.T) {
 	}
 	_ = s
 }
+
+// TestServiceIndex: keysOf yields every frontend index added of a service
+// and unindex did not remove, whichever of them goes first.
+func TestServiceIndex(t *testing.T) {
+	p := newStepProgrammer()
+	k := func(port uint16) feKey {
+		return feKey{addr: netip.MustParseAddr("198.18.0.1"), port: port, proto: ipprotoTCP}
+	}
+	keys := func(svc string) []uint16 {
+		var out []uint16
+		for key := range p.keysOf(svc) {
+			out = append(out, key.port)
+		}
+		slices.Sort(out)
+		return out
+	}
+	p.index("ns/a", k(1))
+	p.index("ns/a", k(2))
+	p.index("ns/a", k(3))
+	p.index("ns/b", k(4))
+	if got := keys("ns/a"); !slices.Equal(got, []uint16{1, 2, 3}) {
+		t.Errorf("ns/a: %v, want [1 2 3]", got)
+	}
+	p.unindex("ns/a", k(1))
+	p.unindex("ns/a", k(3))
+	p.unindex("ns/b", k(9))
+	if got := keys("ns/a"); !slices.Equal(got, []uint16{2}) {
+		t.Errorf("ns/a after removing 1 and 3: %v, want [2]", got)
+	}
+	if got := keys("ns/b"); !slices.Equal(got, []uint16{4}) {
+		t.Errorf("ns/b after removing a key it lacks: %v, want [4]", got)
+	}
+	p.unindex("ns/a", k(2))
+	p.unindex("ns/b", k(4))
+	if len(p.byService) != 0 || len(p.moreOf) != 0 || len(keys("ns/a")) != 0 {
+		t.Errorf("index after removing every key: %v, %v", p.byService, p.moreOf)
+	}
+}

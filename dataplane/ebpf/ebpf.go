@@ -455,7 +455,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) 
 			fes = rendered[i]
 			i++
 		}
-		for _, k := range d.prog.byService[name] {
+		for k := range d.prog.keysOf(name) {
 			if !slices.ContainsFunc(fes, func(fe *frontend) bool { return fe.key == k }) {
 				if gone == nil {
 					gone = map[feKey]bool{}

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -30,7 +31,12 @@ type programmer struct {
 	maglevMin uint32
 
 	frontends map[feKey]*programmed
-	byService map[string][]feKey
+	// byService has the key of one frontend of each service, and
+	// moreOf the keys of any others (index, unindex, keysOf): most
+	// services have one frontend, and a slice of one key each took an
+	// allocation of 32 bytes more (3.2 MB at 100,000 services).
+	byService map[string]feKey
+	moreOf    map[string][]feKey
 	// draining are deleted frontends whose draining master stays while
 	// flows use it, by reverse-NAT ID. noDrain deletes leaving frontends
 	// outright instead: when the maps are too full to keep them.
@@ -99,7 +105,8 @@ func newProgrammer(log hclog.Logger, maps *bpfMaps, innerSpec *ebpf.MapSpec, mag
 		maglevMin:   maglevMin,
 		frontends:   map[feKey]*programmed{},
 		draining:    map[feKey]uint32{},
-		byService:   map[string][]feKey{},
+		byService:   map[string]feKey{},
+		moreOf:      map[string][]feKey{},
 		revNatIDs:   map[feKey]uint32{},
 		backendIDs:  newBackendTable(),
 		nextRevNat:  1,
@@ -273,13 +280,50 @@ func (p *programmer) saveCounters() error {
 	return nil
 }
 
+// index adds key to the frontends of service.
+func (p *programmer) index(service string, key feKey) {
+	if _, ok := p.byService[service]; !ok {
+		p.byService[service] = key
+		return
+	}
+	p.moreOf[service] = append(p.moreOf[service], key)
+}
+
 // unindex removes key from the frontends of service.
 func (p *programmer) unindex(service string, key feKey) {
-	keys := slices.DeleteFunc(p.byService[service], func(k feKey) bool { return k == key })
-	if len(keys) == 0 {
-		delete(p.byService, service)
+	first, ok := p.byService[service]
+	if !ok {
+		return
+	}
+	more := p.moreOf[service]
+	if first == key {
+		if len(more) == 0 {
+			delete(p.byService, service)
+			return
+		}
+		p.byService[service], more = more[0], more[1:]
 	} else {
-		p.byService[service] = keys
+		more = slices.DeleteFunc(more, func(k feKey) bool { return k == key })
+	}
+	if len(more) == 0 {
+		delete(p.moreOf, service)
+	} else {
+		p.moreOf[service] = more
+	}
+}
+
+// keysOf yields the keys of the frontends of service.
+func (p *programmer) keysOf(service string) iter.Seq[feKey] {
+	return func(yield func(feKey) bool) {
+		first, ok := p.byService[service]
+		if !ok || !yield(first) {
+			return
+		}
+		for _, k := range p.moreOf[service] {
+			if !yield(k) {
+				return
+			}
+		}
 	}
 }
 
