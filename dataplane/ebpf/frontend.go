@@ -299,9 +299,11 @@ type frontend struct {
 	// slots are the backends that may take new connections, in slot order,
 	// each with its cumulative weight (exclusive end).
 	slots []slot
-	// srcRanges are the load-balancer source ranges of a frontend with
-	// svcFlagSrcRanges (vipd_src_ranges, written by syncSrcRanges).
-	srcRanges []netip.Prefix
+	// srcRanges points to the load-balancer source ranges of a frontend
+	// with svcFlagSrcRanges (vipd_src_ranges, written by syncSrcRanges):
+	// few have any, and a pointer, not a slice, keeps a frontend in the
+	// 128-byte size class (frontendSizeMax) rather than the 144-byte one.
+	srcRanges *[]netip.Prefix
 	// members are every backend of the VIP's family the service lists
 	// and that serves the frontend's port (dataplane.Backend.Serves),
 	// sorted by key, each with its member flags. A slice, not a map: a
@@ -419,8 +421,20 @@ func (f *frontend) equal(g *frontend) bool {
 		f.maglevM != g.maglevM || len(f.members) != len(g.members) {
 		return false
 	}
-	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members) && slices.Equal(f.srcRanges, g.srcRanges)
+	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members) && slices.Equal(f.ranges(), g.ranges())
 }
+
+// ranges returns f's load-balancer source ranges.
+func (f *frontend) ranges() []netip.Prefix {
+	if f.srcRanges == nil {
+		return nil
+	}
+	return *f.srcRanges
+}
+
+// frontendSizeMax is the most bytes a frontend takes: a Go size class
+// (TestApplyMemoryBudget checks it), for the 100,000 of a large sync.
+const frontendSizeMax = 128
 
 func protoNumber(p dataplane.Protocol) uint8 {
 	switch p {
@@ -661,7 +675,8 @@ func externalFrontendsOf(svc *dataplane.Service, maglevMin uint32, node *datapla
 				fe.flags |= flags
 				if len(t.ranges) > 0 {
 					fe.flags |= svcFlagSrcRanges
-					fe.srcRanges = t.ranges
+					ranges := t.ranges
+					fe.srcRanges = &ranges
 					if scope == scopeCluster && nodeInRanges(node, is6, t.ranges) {
 						fe.flags |= svcFlagNodeAllowed
 					}
