@@ -435,15 +435,11 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) 
 			svcs = append(svcs, svc)
 		}
 	}
-	rendered, err := d.render(svcs, &s.Node)
+	r, err := d.render(svcs, &s.Node)
 	if err != nil {
 		return nil, err
 	}
-	n := 0
-	for _, fes := range rendered {
-		n += len(fes)
-	}
-	changes := make([]change, 0, n)
+	changes := make([]change, 0, len(r.fes))
 	// Removals: the programmed frontends of the named services that their
 	// service no longer has (svcs and rendered follow names' order), unless
 	// another service took them.
@@ -452,7 +448,7 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) 
 	for _, name := range names {
 		var fes []*frontend
 		if i < len(svcs) && svcs[i].Name == name {
-			fes = rendered[i]
+			fes = r.of(i)
 			i++
 		}
 		for k := range d.prog.keysOf(name) {
@@ -465,16 +461,15 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) 
 		}
 	}
 	if len(gone) > 0 {
-		for _, fes := range rendered {
-			for _, fe := range fes {
-				delete(gone, fe.key)
-			}
+		for _, fe := range r.fes {
+			delete(gone, fe.key)
 		}
 		for k := range gone {
 			changes = append(changes, change{key: k})
 		}
 	}
-	for _, fes := range rendered {
+	for i := range svcs {
+		fes := r.of(i)
 		for j, fe := range fes {
 			if slices.ContainsFunc(fes[:j], func(g *frontend) bool { return g.key == fe.key }) {
 				continue // a service's address listed twice: one frontend
@@ -491,41 +486,82 @@ func (d *Dataplane) changesFor(s *dataplane.State, full bool) ([]change, error) 
 // goroutines: below it, one renders them faster than several start.
 const renderParallelMin = 4096
 
-// render returns the frontends of each of svcs, index for index. It fails
-// with the error of the first service the dataplane cannot program. A
-// large svcs is split among a few goroutines (services render
-// independently, and only read svcs and node).
-func (d *Dataplane) render(svcs []*dataplane.Service, node *dataplane.Node) ([][]*frontend, error) {
-	caps := d.Capabilities()
-	out := make([][]*frontend, len(svcs))
-	errs := make([]error, len(svcs))
-	// part renders svcs[lo:hi]; it stops at its first failure, which is
-	// the first one of its range.
-	part := func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			if errs[i] = caps.Check(svcs[i]); errs[i] != nil {
-				return
-			}
-			if out[i], errs[i] = serviceFrontends(svcs[i], d.cfg.MaglevTableSize, node); errs[i] != nil {
-				return
-			}
-		}
+// rendered is the frontends of a list of services, service after
+// service, in one slice (a slice each took 32 bytes and an allocation per
+// service, 3 MB of garbage at 100,000).
+type rendered struct {
+	fes  []*frontend
+	ends []int32 // the end in fes of each service's frontends
+}
+
+// of returns the frontends of service i.
+func (r *rendered) of(i int) []*frontend {
+	lo := int32(0)
+	if i > 0 {
+		lo = r.ends[i-1]
 	}
-	par := min(runtime.GOMAXPROCS(0), maxWriters, len(svcs)/renderParallelMin)
-	if par <= 1 {
-		part(0, len(svcs))
+	return r.fes[lo:r.ends[i]]
+}
+
+// render returns the frontends of each of svcs, in order. It fails with
+// the error of the first service the dataplane cannot program. A large
+// svcs is split among a few goroutines (services render independently,
+// and only read svcs and node).
+func (d *Dataplane) render(svcs []*dataplane.Service, node *dataplane.Node) (*rendered, error) {
+	caps := d.Capabilities()
+	par := max(1, min(runtime.GOMAXPROCS(0), maxWriters, len(svcs)/renderParallelMin))
+	per := (len(svcs) + par - 1) / par
+	parts := make([]rendered, par)
+	errs := make([]error, par)
+	// part renders svcs[lo:hi] into parts[p]; it stops at its first
+	// failure, which is the first one of its range.
+	part := func(p, lo, hi int) {
+		n := 0
+		for _, svc := range svcs[lo:hi] {
+			n += len(svc.VIPs) * len(svc.Ports)
+		}
+		r := rendered{fes: make([]*frontend, 0, n), ends: make([]int32, 0, hi-lo)}
+		for _, svc := range svcs[lo:hi] {
+			var err error
+			if err = caps.Check(svc); err == nil {
+				r.fes, err = appendServiceFrontends(r.fes, svc, d.cfg.MaglevTableSize, node)
+			}
+			if err != nil {
+				errs[p] = err
+				return
+			}
+			r.ends = append(r.ends, int32(len(r.fes)))
+		}
+		parts[p] = r
+	}
+	if par == 1 {
+		part(0, 0, len(svcs))
 	} else {
 		var wg sync.WaitGroup
-		per := (len(svcs) + par - 1) / par
 		for i := range par {
-			lo, hi := i*per, min((i+1)*per, len(svcs))
-			wg.Go(func() { part(lo, hi) })
+			lo, hi := min(i*per, len(svcs)), min((i+1)*per, len(svcs))
+			wg.Go(func() { part(i, lo, hi) })
 		}
 		wg.Wait()
 	}
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
+		}
+	}
+	if par == 1 {
+		return &parts[0], nil
+	}
+	n := 0
+	for _, r := range parts {
+		n += len(r.fes)
+	}
+	out := &rendered{fes: make([]*frontend, 0, n), ends: make([]int32, 0, len(svcs))}
+	for _, r := range parts {
+		base := int32(len(out.fes))
+		out.fes = append(out.fes, r.fes...)
+		for _, e := range r.ends {
+			out.ends = append(out.ends, base+e)
 		}
 	}
 	return out, nil

@@ -465,6 +465,11 @@ func protoName(p uint8) string {
 // port differs: rewriting an SCTP port means recomputing the CRC32c of the
 // whole packet, which this dataplane does not do.
 func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) {
+	return appendFrontendsOf(nil, svc, maglevMin)
+}
+
+// appendFrontendsOf is frontendsOf, appending the frontends to dst.
+func appendFrontendsOf(dst []*frontend, svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) {
 	var n4, n6 int
 	for i := range svc.Backends {
 		if svc.Backends[i].IP.Is6() {
@@ -476,7 +481,7 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 	// One allocation each for the frontends, their members and their slots
 	// (when they do not share identitySlots).
 	nfe := len(svc.VIPs) * len(svc.Ports)
-	out := make([]*frontend, 0, nfe)
+	out, base := slices.Grow(dst, nfe), len(dst)
 	fes := make([]frontend, nfe)
 	var nm int
 	for _, vip := range svc.VIPs {
@@ -493,7 +498,7 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 		for _, p := range svc.Ports {
 			// Per port: a backend may serve some ports of the service only.
 			eligible := eligibilityOf(svc, p, is6, svc.TrafficPolicy)
-			fe := &fes[len(out)]
+			fe := &fes[len(out)-base]
 			*fe = frontend{
 				key:     feKey{addr: vip, port: p.Port, proto: protoNumber(p.Protocol)},
 				service: svc.Name,
@@ -610,7 +615,13 @@ func (e eligibility) has(b *dataplane.Backend) bool { return b.State == e.state 
 // (frontendsOf) and, when it has external traffic, those of its node
 // ports, external IPs and load-balancer IPs (externalFrontendsOf).
 func serviceFrontends(svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
-	fes, err := frontendsOf(svc, maglevMin)
+	return appendServiceFrontends(nil, svc, maglevMin, node)
+}
+
+// appendServiceFrontends is serviceFrontends, appending the frontends to
+// dst.
+func appendServiceFrontends(dst []*frontend, svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
+	fes, err := appendFrontendsOf(dst, svc, maglevMin)
 	if err != nil || !svc.HasExternal() {
 		return fes, err
 	}
