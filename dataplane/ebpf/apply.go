@@ -182,15 +182,13 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 		pl.offs[i] = int32(off)
 		m, s := len(c.fe.members), len(c.fe.slots)
 		off += m + s
-		*pr = programmed{fe: c.fe, revNat: revNat, memberIDs: ids[:m:m]}
-		ids = ids[m:]
 		identity := c.fe.sharesIdentitySlots()
-		if identity {
-			pr.slotIDs = pr.memberIDs[:s:s]
-		} else {
-			pr.slotIDs = ids[:s:s]
-			ids = ids[s:]
+		n := m
+		if !identity {
+			n += s
 		}
+		*pr = programmed{fe: c.fe, revNat: revNat, ids: ids[:n:n]}
+		ids = ids[n:]
 		for j := range c.fe.members {
 			k := c.fe.members[j].key
 			ref, ok := p.backendIDs.get(k)
@@ -201,11 +199,11 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 			}
 			ref.refs++
 			p.backendIDs.put(k, ref)
-			pr.memberIDs[j] = ref.id
+			pr.ids[j] = ref.id
 		}
 		if !identity {
 			for j, sl := range c.fe.slots {
-				pr.slotIDs[j] = pr.memberIDs[sl.member]
+				pr.ids[m+j] = pr.ids[sl.member]
 			}
 		}
 		pl.next[i] = pr
@@ -292,7 +290,7 @@ func (p *programmer) leavingWrites(gone []change) writes {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
 		if !old.fe.inlineMembers() {
-			for _, id := range old.memberIDs {
+			for _, id := range old.memberIDs() {
 				leaving.deleteMember(old.revNat, id)
 			}
 		}
@@ -342,7 +340,7 @@ func (p *programmer) backendsToWrite(pl *applyPlan, au *audit, prune bool) iter.
 			if pr == nil {
 				continue
 			}
-			for j, id := range pr.memberIDs {
+			for j, id := range pr.memberIDs() {
 				if !pl.fresh.has(int(id)) || seen.has(int(id)) {
 					continue
 				}
@@ -443,7 +441,7 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 		old := p.frontends[c.key]
 		if old == nil {
 			if !pr.fe.inlineMembers() {
-				for j, id := range pr.memberIDs {
+				for j, id := range pr.memberIDs() {
 					if !au.memberOK.has(off + j) {
 						w.member(pr.revNat, id, uint32(pr.fe.members[j].flags))
 					}
@@ -467,9 +465,9 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 			switch {
 			case j >= 0 && (oldInline || i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags ||
 				prune && !au.memberOK.has(off+j)):
-				w.member(pr.revNat, pr.memberIDs[j], uint32(pr.fe.members[j].flags))
+				w.member(pr.revNat, pr.memberIDs()[j], uint32(pr.fe.members[j].flags))
 			case j < 0 && oldInline:
-				w.member(old.revNat, old.memberIDs[i], uint32(old.fe.members[i].flags))
+				w.member(old.revNat, old.memberIDs()[i], uint32(old.fe.members[i].flags))
 			}
 		})
 		if oldInline || prune && (!revNatOK || pr.fe.inlineMembers()) {
@@ -502,7 +500,7 @@ func (p *programmer) writeMaglevs(ch chunk, prune bool) error {
 // weights slot for slot.
 func sameMaglevTable(old, pr *programmed) bool {
 	return old != nil && old.fe.maglevM == pr.fe.maglevM && old.fe.flags&svcFlagMaglev != 0 &&
-		slices.Equal(old.slotIDs, pr.slotIDs) &&
+		slices.Equal(old.slotIDs(), pr.slotIDs()) &&
 		slices.EqualFunc(old.fe.slots, pr.fe.slots, func(a, b slot) bool { return a.weight == b.weight })
 }
 
@@ -516,9 +514,9 @@ func (p *programmer) queueSlots(w *writes, ch chunk, prune bool, au *audit) {
 			continue
 		}
 		old := p.frontends[c.key]
-		m := int(ch.offs[i]) + len(pr.memberIDs)
-		for j, id := range pr.slotIDs[:pr.fe.slotEntries()] {
-			if old == nil || prune || j >= old.fe.slotEntries() || old.slotIDs[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
+		m := int(ch.offs[i]) + len(pr.memberIDs())
+		for j, id := range pr.slotIDs()[:pr.fe.slotEntries()] {
+			if old == nil || prune || j >= old.fe.slotEntries() || old.slotIDs()[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
 				if !au.slotOK.has(m + j) {
 					w.slot(c.key, uint32(j+1), id, pr.fe.slots[j].cum)
 				}
@@ -569,9 +567,9 @@ func (p *programmer) queueStale(w *writes, ch chunk) {
 			walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
 				switch {
 				case j < 0:
-					w.deleteMember(old.revNat, old.memberIDs[i])
+					w.deleteMember(old.revNat, old.memberIDs()[i])
 				case inline:
-					w.deleteMember(pr.revNat, pr.memberIDs[j])
+					w.deleteMember(pr.revNat, pr.memberIDs()[j])
 				}
 			})
 		}
@@ -686,7 +684,7 @@ func (p *programmer) freeUnreferenced(dead *writes, au *audit) {
 // back the references of a failed apply) they stay in the table, for a
 // later full apply to rewrite or prune.
 func (p *programmer) unref(pr *programmed, dead *writes) {
-	for j, id := range pr.memberIDs {
+	for j, id := range pr.memberIDs() {
 		k := pr.fe.members[j].key
 		ref, ok := p.backendIDs.get(k)
 		if !ok || ref.id != id {

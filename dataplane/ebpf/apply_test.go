@@ -77,11 +77,11 @@ func TestAllocateIDs(t *testing.T) {
 		if got := []uint32{pl.next[0].revNat, pl.next[1].revNat}; !slices.Equal(got, []uint32{1, 2}) {
 			t.Errorf("reverse-NAT IDs %v, want [1 2]", got)
 		}
-		if got := [][]uint32{pl.next[0].memberIDs, pl.next[1].memberIDs}; !cmp.Equal(got, [][]uint32{{1, 2}, {2, 3}}) {
+		if got := [][]uint32{pl.next[0].memberIDs(), pl.next[1].memberIDs()}; !cmp.Equal(got, [][]uint32{{1, 2}, {2, 3}}) {
 			t.Errorf("member IDs %v, want [[1 2] [2 3]]", got)
 		}
-		if !slices.Equal(pl.next[0].slotIDs, pl.next[0].memberIDs) || !slices.Equal(pl.next[1].slotIDs, pl.next[1].memberIDs) {
-			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs, pl.next[1].slotIDs)
+		if !slices.Equal(pl.next[0].slotIDs(), pl.next[0].memberIDs()) || !slices.Equal(pl.next[1].slotIDs(), pl.next[1].memberIDs()) {
+			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs(), pl.next[1].slotIDs())
 		}
 		if got, want := newBackends(p, pl), map[uint32]bePacked{1: stepBE("10.0.0.1:8080"), 2: stepBE("10.0.0.2:8080"), 3: stepBE("10.0.0.3:8080")}; !maps.Equal(got, want) {
 			t.Errorf("new backends %v, want %v", got, want)
@@ -111,8 +111,8 @@ func TestAllocateIDs(t *testing.T) {
 		if pl.next[0].revNat != 7 || p.nextRevNat != 9 {
 			t.Errorf("reverse-NAT ID %d (next %d), want 7 kept (next 9)", pl.next[0].revNat, p.nextRevNat)
 		}
-		if !slices.Equal(pl.next[0].memberIDs, []uint32{6, 5}) {
-			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs)
+		if !slices.Equal(pl.next[0].memberIDs(), []uint32{6, 5}) {
+			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs())
 		}
 		if got := newBackends(p, pl); !maps.Equal(got, map[uint32]bePacked{6: stepBE("10.0.0.1:8080")}) {
 			t.Errorf("new backends %v, want only 10.0.0.1:8080", got)
@@ -131,8 +131,8 @@ func TestAllocateIDs(t *testing.T) {
 		delete(p.revNatIDs, a.key)
 		c := stepFE("ns/c", "198.18.0.3", 80, ipprotoTCP, "10.0.0.1:8080")
 		pl := p.allocateIDs([]change{{key: c.key, fe: c}})
-		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs, []uint32{3}) {
-			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs)
+		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs(), []uint32{3}) {
+			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs())
 		}
 	})
 
@@ -177,7 +177,7 @@ func TestChunkEnd(t *testing.T) {
 	pr := func(members, slots int) *programmed {
 		// Weighted: its slots are entries of their own (not dense).
 		fe := &frontend{flags: svcFlagWeighted, slots: make([]slot, slots), members: make([]member, members)}
-		return &programmed{fe: fe, memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
+		return &programmed{fe: fe, ids: make([]uint32, members+slots)}
 	}
 	// Entries each: 1 + slots + member entries (none while the members
 	// are inline in the reverse-NAT value, at most 16).
@@ -467,9 +467,9 @@ func TestSameMaglevTable(t *testing.T) {
 		fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, backends...)
 		fe.flags |= svcFlagMaglev
 		fe.maglevM = maglevM
-		pr := &programmed{fe: fe}
+		pr := &programmed{fe: fe, ids: make([]uint32, len(fe.members)+len(fe.slots))}
 		for i := range fe.slots {
-			pr.slotIDs = append(pr.slotIDs, uint32(i+1))
+			pr.slotIDs()[i] = uint32(i + 1)
 		}
 		return pr
 	}
@@ -733,7 +733,7 @@ func TestQueueDenseFrontend(t *testing.T) {
 		t.Errorf("dense frontend: slot entries %v written, %v deleted; want none", slots.svcKeys, stale.svcDeletes)
 	}
 	want := bpfSvcVal{Count: 3, RevNatId: 1}
-	copy(want.Slots[:], pl.next[0].slotIDs)
+	copy(want.Slots[:], pl.next[0].slotIDs())
 	if len(masters.svcVals) != 1 || masters.svcVals[0] != want || want.Slots[2] == 0 {
 		t.Errorf("dense frontend: masters %+v, want %+v with its 3 slots", masters.svcVals, want)
 	}
