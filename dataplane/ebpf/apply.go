@@ -66,7 +66,7 @@ type applyPlan struct {
 // (auditFull), so that it writes only what is missing or wrong. After
 // step 6 the in-memory view takes the new state (commit), and what no
 // frontend uses any more is deleted (freeUnreferenced).
-func (p *programmer) apply(changes []change, desiredAll map[feKey]*frontend, prune bool) (err error) {
+func (p *programmer) apply(changes []change, prune bool) (err error) {
 	pl := p.allocateIDs(changes)
 	// New members count as references right away; should the apply fail,
 	// they are taken back (the IDs stay taken).
@@ -151,11 +151,8 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 	if len(p.frontends) == 0 {
 		p.frontends = make(map[feKey]*programmed, nfe)
 	}
-	if len(p.revNatIDs) == 0 {
-		p.revNatIDs = make(map[feKey]uint32, nfe)
-	}
 	if len(p.byService) == 0 {
-		p.byService = make(map[string][]feKey, nfe)
+		p.byService = make(map[string]feKey, nfe)
 	}
 	// An empty backend table is sized for the members (no more than the
 	// map holds), and remade smaller once the IDs are handed out (fit)
@@ -175,26 +172,23 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 			}
 			continue
 		}
-		revNat, ok := p.revNatIDs[c.key]
+		revNat, ok := p.revNatOf(c.key)
 		if !ok {
 			revNat = p.nextRevNat
 			p.nextRevNat++
-			p.revNatIDs[c.key] = revNat
 		}
 		pr := &prs[0]
 		prs = prs[1:]
 		pl.offs[i] = int32(off)
 		m, s := len(c.fe.members), len(c.fe.slots)
 		off += m + s
-		*pr = programmed{fe: c.fe, revNat: revNat, memberIDs: ids[:m:m]}
-		ids = ids[m:]
 		identity := c.fe.sharesIdentitySlots()
-		if identity {
-			pr.slotIDs = pr.memberIDs[:s:s]
-		} else {
-			pr.slotIDs = ids[:s:s]
-			ids = ids[s:]
+		n := m
+		if !identity {
+			n += s
 		}
+		*pr = programmed{fe: c.fe, revNat: revNat, ids: ids[:n:n]}
+		ids = ids[n:]
 		for j := range c.fe.members {
 			k := c.fe.members[j].key
 			ref, ok := p.backendIDs.get(k)
@@ -205,11 +199,11 @@ func (p *programmer) allocateIDs(changes []change) *applyPlan {
 			}
 			ref.refs++
 			p.backendIDs.put(k, ref)
-			pr.memberIDs[j] = ref.id
+			pr.ids[j] = ref.id
 		}
 		if !identity {
 			for j, sl := range c.fe.slots {
-				pr.slotIDs[j] = pr.memberIDs[sl.member]
+				pr.ids[m+j] = pr.ids[sl.member]
 			}
 		}
 		pl.next[i] = pr
@@ -225,11 +219,16 @@ func (pl *applyPlan) writesEntries() bool {
 
 // takeBack drops the references allocateIDs counted for a failed apply.
 // The backends stay in the table (and their IDs taken), for a later full
-// apply to rewrite or prune.
+// apply to rewrite or prune; so do the reverse-NAT IDs it gave new
+// frontends (the maps may hold entries that name them).
 func (p *programmer) takeBack(pl *applyPlan) {
-	for _, pr := range pl.next {
-		if pr != nil {
-			p.unref(pr, nil)
+	for i, pr := range pl.next {
+		if pr == nil {
+			continue
+		}
+		p.unref(pr, nil)
+		if k := pl.changes[i].key; p.frontends[k] == nil {
+			p.revNatIDs[k] = pr.revNat
 		}
 	}
 }
@@ -291,7 +290,7 @@ func (p *programmer) leavingWrites(gone []change) writes {
 			leaving.deleteSlot(c.key, uint32(i+1))
 		}
 		if !old.fe.inlineMembers() {
-			for _, id := range old.memberIDs {
+			for _, id := range old.memberIDs() {
 				leaving.deleteMember(old.revNat, id)
 			}
 		}
@@ -341,7 +340,7 @@ func (p *programmer) backendsToWrite(pl *applyPlan, au *audit, prune bool) iter.
 			if pr == nil {
 				continue
 			}
-			for j, id := range pr.memberIDs {
+			for j, id := range pr.memberIDs() {
 				if !pl.fresh.has(int(id)) || seen.has(int(id)) {
 					continue
 				}
@@ -442,7 +441,7 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 		old := p.frontends[c.key]
 		if old == nil {
 			if !pr.fe.inlineMembers() {
-				for j, id := range pr.memberIDs {
+				for j, id := range pr.memberIDs() {
 					if !au.memberOK.has(off + j) {
 						w.member(pr.revNat, id, uint32(pr.fe.members[j].flags))
 					}
@@ -466,9 +465,9 @@ func (p *programmer) queueMembers(w *writes, ch chunk, prune bool, au *audit) {
 			switch {
 			case j >= 0 && (oldInline || i < 0 || old.fe.members[i].flags != pr.fe.members[j].flags ||
 				prune && !au.memberOK.has(off+j)):
-				w.member(pr.revNat, pr.memberIDs[j], uint32(pr.fe.members[j].flags))
+				w.member(pr.revNat, pr.memberIDs()[j], uint32(pr.fe.members[j].flags))
 			case j < 0 && oldInline:
-				w.member(old.revNat, old.memberIDs[i], uint32(old.fe.members[i].flags))
+				w.member(old.revNat, old.memberIDs()[i], uint32(old.fe.members[i].flags))
 			}
 		})
 		if oldInline || prune && (!revNatOK || pr.fe.inlineMembers()) {
@@ -501,7 +500,7 @@ func (p *programmer) writeMaglevs(ch chunk, prune bool) error {
 // weights slot for slot.
 func sameMaglevTable(old, pr *programmed) bool {
 	return old != nil && old.fe.maglevM == pr.fe.maglevM && old.fe.flags&svcFlagMaglev != 0 &&
-		slices.Equal(old.slotIDs, pr.slotIDs) &&
+		slices.Equal(old.slotIDs(), pr.slotIDs()) &&
 		slices.EqualFunc(old.fe.slots, pr.fe.slots, func(a, b slot) bool { return a.weight == b.weight })
 }
 
@@ -515,9 +514,9 @@ func (p *programmer) queueSlots(w *writes, ch chunk, prune bool, au *audit) {
 			continue
 		}
 		old := p.frontends[c.key]
-		m := int(ch.offs[i]) + len(pr.memberIDs)
-		for j, id := range pr.slotIDs[:pr.fe.slotEntries()] {
-			if old == nil || prune || j >= old.fe.slotEntries() || old.slotIDs[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
+		m := int(ch.offs[i]) + len(pr.memberIDs())
+		for j, id := range pr.slotIDs()[:pr.fe.slotEntries()] {
+			if old == nil || prune || j >= old.fe.slotEntries() || old.slotIDs()[j] != id || old.fe.slots[j].cum != pr.fe.slots[j].cum {
 				if !au.slotOK.has(m + j) {
 					w.slot(c.key, uint32(j+1), id, pr.fe.slots[j].cum)
 				}
@@ -568,9 +567,9 @@ func (p *programmer) queueStale(w *writes, ch chunk) {
 			walkMembers(old.fe.members, pr.fe.members, func(i, j int) {
 				switch {
 				case j < 0:
-					w.deleteMember(old.revNat, old.memberIDs[i])
+					w.deleteMember(old.revNat, old.memberIDs()[i])
 				case inline:
-					w.deleteMember(pr.revNat, pr.memberIDs[j])
+					w.deleteMember(pr.revNat, pr.memberIDs()[j])
 				}
 			})
 		}
@@ -605,9 +604,16 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 		if p.noDrain {
 			delete(p.revNatIDs, c.key)
 		} else {
-			p.draining[c.key] = old.revNat // its ID stays taken while it drains
+			// Its ID stays taken while it drains.
+			p.draining[c.key] = old.revNat
+			p.revNatIDs[c.key] = old.revNat
 		}
 	}
+	// A frontend programmed now has its reverse-NAT ID in p.frontends
+	// alone. The map is remade once most of it went (after the full apply
+	// of a restart, which programs every restored frontend): a Go map
+	// never shrinks.
+	moved := 0
 	for i, pr := range pl.next {
 		if pr == nil {
 			continue
@@ -637,9 +643,20 @@ func (p *programmer) commit(pl *applyPlan) (dead writes, udpGone []func()) {
 			if old != nil {
 				p.unindex(old.fe.service, key)
 			}
-			p.byService[pr.fe.service] = append(p.byService[pr.fe.service], key)
+			p.index(pr.fe.service, key)
 		}
 		p.frontends[key] = pr
+		if _, ok := p.revNatIDs[key]; ok {
+			delete(p.revNatIDs, key)
+			moved++
+		}
+	}
+	if moved > 0 && len(p.revNatIDs) < moved {
+		ids := make(map[feKey]uint32, len(p.revNatIDs))
+		for k, id := range p.revNatIDs {
+			ids[k] = id
+		}
+		p.revNatIDs = ids
 	}
 	return dead, udpGone
 }
@@ -667,7 +684,7 @@ func (p *programmer) freeUnreferenced(dead *writes, au *audit) {
 // back the references of a failed apply) they stay in the table, for a
 // later full apply to rewrite or prune.
 func (p *programmer) unref(pr *programmed, dead *writes) {
-	for j, id := range pr.memberIDs {
+	for j, id := range pr.memberIDs() {
 		k := pr.fe.members[j].key
 		ref, ok := p.backendIDs.get(k)
 		if !ok || ref.id != id {

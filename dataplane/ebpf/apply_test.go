@@ -77,11 +77,11 @@ func TestAllocateIDs(t *testing.T) {
 		if got := []uint32{pl.next[0].revNat, pl.next[1].revNat}; !slices.Equal(got, []uint32{1, 2}) {
 			t.Errorf("reverse-NAT IDs %v, want [1 2]", got)
 		}
-		if got := [][]uint32{pl.next[0].memberIDs, pl.next[1].memberIDs}; !cmp.Equal(got, [][]uint32{{1, 2}, {2, 3}}) {
+		if got := [][]uint32{pl.next[0].memberIDs(), pl.next[1].memberIDs()}; !cmp.Equal(got, [][]uint32{{1, 2}, {2, 3}}) {
 			t.Errorf("member IDs %v, want [[1 2] [2 3]]", got)
 		}
-		if !slices.Equal(pl.next[0].slotIDs, pl.next[0].memberIDs) || !slices.Equal(pl.next[1].slotIDs, pl.next[1].memberIDs) {
-			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs, pl.next[1].slotIDs)
+		if !slices.Equal(pl.next[0].slotIDs(), pl.next[0].memberIDs()) || !slices.Equal(pl.next[1].slotIDs(), pl.next[1].memberIDs()) {
+			t.Errorf("slot IDs %v %v do not follow the members", pl.next[0].slotIDs(), pl.next[1].slotIDs())
 		}
 		if got, want := newBackends(p, pl), map[uint32]bePacked{1: stepBE("10.0.0.1:8080"), 2: stepBE("10.0.0.2:8080"), 3: stepBE("10.0.0.3:8080")}; !maps.Equal(got, want) {
 			t.Errorf("new backends %v, want %v", got, want)
@@ -111,8 +111,8 @@ func TestAllocateIDs(t *testing.T) {
 		if pl.next[0].revNat != 7 || p.nextRevNat != 9 {
 			t.Errorf("reverse-NAT ID %d (next %d), want 7 kept (next 9)", pl.next[0].revNat, p.nextRevNat)
 		}
-		if !slices.Equal(pl.next[0].memberIDs, []uint32{6, 5}) {
-			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs)
+		if !slices.Equal(pl.next[0].memberIDs(), []uint32{6, 5}) {
+			t.Errorf("member IDs %v, want [6 5]: the restored backend keeps 5", pl.next[0].memberIDs())
 		}
 		if got := newBackends(p, pl); !maps.Equal(got, map[uint32]bePacked{6: stepBE("10.0.0.1:8080")}) {
 			t.Errorf("new backends %v, want only 10.0.0.1:8080", got)
@@ -131,8 +131,8 @@ func TestAllocateIDs(t *testing.T) {
 		delete(p.revNatIDs, a.key)
 		c := stepFE("ns/c", "198.18.0.3", 80, ipprotoTCP, "10.0.0.1:8080")
 		pl := p.allocateIDs([]change{{key: c.key, fe: c}})
-		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs, []uint32{3}) {
-			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs)
+		if pl.next[0].revNat != 2 || !slices.Equal(pl.next[0].memberIDs(), []uint32{3}) {
+			t.Errorf("reverse-NAT ID %d, member IDs %v; want 2 and [3], never a freed one", pl.next[0].revNat, pl.next[0].memberIDs())
 		}
 	})
 
@@ -177,7 +177,7 @@ func TestChunkEnd(t *testing.T) {
 	pr := func(members, slots int) *programmed {
 		// Weighted: its slots are entries of their own (not dense).
 		fe := &frontend{flags: svcFlagWeighted, slots: make([]slot, slots), members: make([]member, members)}
-		return &programmed{fe: fe, memberIDs: make([]uint32, members), slotIDs: make([]uint32, slots)}
+		return &programmed{fe: fe, ids: make([]uint32, members+slots)}
 	}
 	// Entries each: 1 + slots + member entries (none while the members
 	// are inline in the reverse-NAT value, at most 16).
@@ -467,9 +467,9 @@ func TestSameMaglevTable(t *testing.T) {
 		fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP, backends...)
 		fe.flags |= svcFlagMaglev
 		fe.maglevM = maglevM
-		pr := &programmed{fe: fe}
+		pr := &programmed{fe: fe, ids: make([]uint32, len(fe.members)+len(fe.slots))}
 		for i := range fe.slots {
-			pr.slotIDs = append(pr.slotIDs, uint32(i+1))
+			pr.slotIDs()[i] = uint32(i + 1)
 		}
 		return pr
 	}
@@ -642,22 +642,19 @@ func TestChangesFor(t *testing.T) {
 	}
 	d := &Dataplane{prog: newStepProgrammer(), cfg: Config{MaglevTableSize: 251}}
 	a, b := svc("ns/a", "198.18.0.1", 1, "10.0.0.1"), svc("ns/b", "198.18.0.2", 1, "10.0.0.2")
-	changes, desired, err := d.changesFor(state(nil, a, b), true)
+	changes, err := d.changesFor(state(nil, a, b), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := view(changes), []string{"write 198.18.0.1:80/TCP", "write 198.18.0.2:80/TCP"}; !slices.Equal(got, want) {
 		t.Errorf("first full apply: %v, want %v", got, want)
 	}
-	if len(desired) != 2 {
-		t.Errorf("desired %v, want both frontends", desired)
-	}
 	d.prog.commit(d.prog.allocateIDs(changes))
 
 	// b gets another backend, c is new, a is unchanged but named.
 	b2 := svc("ns/b", "198.18.0.2", 2, "10.0.0.2", "10.0.0.3")
 	c := svc("ns/c", "198.18.0.3", 1, "10.0.0.4")
-	changes, _, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
+	changes, err = d.changesFor(state([]string{"ns/a", "ns/b", "ns/c"}, a, b2, c), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -668,7 +665,7 @@ func TestChangesFor(t *testing.T) {
 
 	// a moves to another VIP; b is gone but not named: untouched.
 	a2 := svc("ns/a", "198.18.0.9", 2, "10.0.0.1")
-	changes, _, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
+	changes, err = d.changesFor(state([]string{"ns/a"}, a2, c), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -677,7 +674,7 @@ func TestChangesFor(t *testing.T) {
 	}
 
 	// A full apply removes b too, and rewrites every frontend it keeps.
-	changes, _, err = d.changesFor(state(nil, a2, c), true)
+	changes, err = d.changesFor(state(nil, a2, c), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,10 +683,23 @@ func TestChangesFor(t *testing.T) {
 		t.Errorf("full apply: %v, want %v", got, want)
 	}
 
+	// c's VIP moves to a new service e in one incremental apply that names
+	// both (and e twice): e takes it over, nothing is removed.
+	d.prog.commit(d.prog.allocateIDs(changes))
+	c2 := svc("ns/c", "198.18.0.4", 2, "10.0.0.4")
+	e := svc("ns/e", "198.18.0.3", 1, "10.0.0.6")
+	changes, err = d.changesFor(state([]string{"ns/e", "ns/c", "ns/e"}, a2, c2, e), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := view(changes), []string{"write 198.18.0.3:80/TCP", "write 198.18.0.4:80/TCP"}; !slices.Equal(got, want) {
+		t.Errorf("a VIP moving between services: %v, want %v", got, want)
+	}
+
 	// A service the dataplane cannot program changes nothing.
 	bad := svc("ns/bad", "198.18.0.5", 1, "10.0.0.5")
 	bad.Ports[0].Protocol = dataplane.Protocol(99)
-	if _, _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
+	if _, err := d.changesFor(state([]string{"ns/bad"}, bad), false); !errors.Is(err, dataplane.ErrUnsupported) {
 		t.Errorf("a service with an unsupported protocol: %v, want an error wrapping ErrUnsupported", err)
 	}
 }
@@ -723,7 +733,7 @@ func TestQueueDenseFrontend(t *testing.T) {
 		t.Errorf("dense frontend: slot entries %v written, %v deleted; want none", slots.svcKeys, stale.svcDeletes)
 	}
 	want := bpfSvcVal{Count: 3, RevNatId: 1}
-	copy(want.Slots[:], pl.next[0].slotIDs)
+	copy(want.Slots[:], pl.next[0].slotIDs())
 	if len(masters.svcVals) != 1 || masters.svcVals[0] != want || want.Slots[2] == 0 {
 		t.Errorf("dense frontend: masters %+v, want %+v with its 3 slots", masters.svcVals, want)
 	}
@@ -935,4 +945,42 @@ func TestQueueInlineMembers(t *testing.T) {
 		t.Errorf("unchanged frontend: step 2 %d writes, step 6 %d; want none", s2.members.len(), s2.stale.len())
 	}
 	_ = s
+}
+
+// TestServiceIndex: keysOf yields every frontend index added of a service
+// and unindex did not remove, whichever of them goes first.
+func TestServiceIndex(t *testing.T) {
+	p := newStepProgrammer()
+	k := func(port uint16) feKey {
+		return feKey{addr: netip.MustParseAddr("198.18.0.1"), port: port, proto: ipprotoTCP}
+	}
+	keys := func(svc string) []uint16 {
+		var out []uint16
+		for key := range p.keysOf(svc) {
+			out = append(out, key.port)
+		}
+		slices.Sort(out)
+		return out
+	}
+	p.index("ns/a", k(1))
+	p.index("ns/a", k(2))
+	p.index("ns/a", k(3))
+	p.index("ns/b", k(4))
+	if got := keys("ns/a"); !slices.Equal(got, []uint16{1, 2, 3}) {
+		t.Errorf("ns/a: %v, want [1 2 3]", got)
+	}
+	p.unindex("ns/a", k(1))
+	p.unindex("ns/a", k(3))
+	p.unindex("ns/b", k(9))
+	if got := keys("ns/a"); !slices.Equal(got, []uint16{2}) {
+		t.Errorf("ns/a after removing 1 and 3: %v, want [2]", got)
+	}
+	if got := keys("ns/b"); !slices.Equal(got, []uint16{4}) {
+		t.Errorf("ns/b after removing a key it lacks: %v, want [4]", got)
+	}
+	p.unindex("ns/a", k(2))
+	p.unindex("ns/b", k(4))
+	if len(p.byService) != 0 || len(p.moreOf) != 0 || len(keys("ns/a")) != 0 {
+		t.Errorf("index after removing every key: %v, %v", p.byService, p.moreOf)
+	}
 }

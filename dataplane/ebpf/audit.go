@@ -351,8 +351,8 @@ func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 		}
 	case int(sk.Slot) <= a.next[i].fe.slotEntries():
 		j := int(sk.Slot) - 1
-		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs[j], Weight: a.next[i].fe.slots[j].cum}) {
-			au.slotOK.set(int(a.offs[i]) + len(a.next[i].memberIDs) + j)
+		if sv == (bpfSvcVal{BackendId: a.next[i].slotIDs()[j], Weight: a.next[i].fe.slots[j].cum}) {
+			au.slotOK.set(int(a.offs[i]) + len(a.next[i].memberIDs()) + j)
 			au.ok[mapServices]++
 		} else {
 			au.wrong[mapServices]++
@@ -366,7 +366,7 @@ func (a *auditor) serviceEntry(sk bpfSvcKey, sv bpfSvcVal) {
 // desired frontend i, or -1. Most frontends have few members; the others
 // get an index as they are met.
 func (a *auditor) memberOf(i int, id uint32) int {
-	ids := a.next[i].memberIDs
+	ids := a.next[i].memberIDs()
 	if len(ids) <= 16 {
 		return slices.Index(ids, id)
 	}

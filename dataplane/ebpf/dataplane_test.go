@@ -1250,8 +1250,11 @@ func TestRenderFirstError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, fes := range out {
-		if len(fes) != 1 || fes[0].service != svcs[i].Name {
+	if len(out.ends) != len(svcs) {
+		t.Fatalf("%d services rendered, want %d", len(out.ends), len(svcs))
+	}
+	for i := range svcs {
+		if fes := out.of(i); len(fes) != 1 || fes[0].service != svcs[i].Name {
 			t.Fatalf("service %d rendered as %v", i, fes)
 		}
 	}

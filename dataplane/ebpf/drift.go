@@ -481,7 +481,7 @@ func (p *programmer) snapshotEntries() *entryCheck {
 		c.changes = append(c.changes, change{key: k, fe: pr.fe})
 		c.next = append(c.next, pr)
 		c.offs = append(c.offs, int32(c.nids))
-		c.nids += len(pr.memberIDs) + len(pr.slotIDs)
+		c.nids += len(pr.memberIDs()) + len(pr.slotIDs())
 	}
 	return c
 }

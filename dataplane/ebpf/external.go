@@ -40,8 +40,8 @@ func srcRangeKeys(pr *programmed) []bpfSrcRangeKey {
 	if pr == nil || pr.fe.flags&svcFlagSrcRanges == 0 {
 		return nil
 	}
-	keys := make([]bpfSrcRangeKey, 0, len(pr.fe.srcRanges))
-	for _, r := range pr.fe.srcRanges {
+	keys := make([]bpfSrcRangeKey, 0, len(pr.fe.ranges()))
+	for _, r := range pr.fe.ranges() {
 		keys = append(keys, srcRangeKeyOf(pr.revNat, r))
 	}
 	return keys
@@ -56,11 +56,11 @@ func srcRangeKeys(pr *programmed) []bpfSrcRangeKey {
 func (d *Dataplane) preSrcRanges(changes []change) error {
 	var errs []error
 	for _, c := range changes {
-		id, ok := d.prog.revNatIDs[c.key]
+		id, ok := d.prog.revNatOf(c.key)
 		if !ok || c.fe == nil || c.fe.flags&svcFlagSrcRanges == 0 {
 			continue
 		}
-		for _, r := range c.fe.srcRanges {
+		for _, r := range c.fe.ranges() {
 			k := srcRangeKeyOf(id, r)
 			if err := d.objs.VipdSrcRanges.Put(&k, uint8(1)); err != nil {
 				errs = append(errs, fmt.Errorf("write source range of %s: %w", c.key, mapErr(err)))

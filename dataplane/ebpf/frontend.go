@@ -299,9 +299,11 @@ type frontend struct {
 	// slots are the backends that may take new connections, in slot order,
 	// each with its cumulative weight (exclusive end).
 	slots []slot
-	// srcRanges are the load-balancer source ranges of a frontend with
-	// svcFlagSrcRanges (vipd_src_ranges, written by syncSrcRanges).
-	srcRanges []netip.Prefix
+	// srcRanges points to the load-balancer source ranges of a frontend
+	// with svcFlagSrcRanges (vipd_src_ranges, written by syncSrcRanges):
+	// few have any, and a pointer, not a slice, keeps a frontend in the
+	// 128-byte size class (frontendSizeMax) rather than the 144-byte one.
+	srcRanges *[]netip.Prefix
 	// members are every backend of the VIP's family the service lists
 	// and that serves the frontend's port (dataplane.Backend.Serves),
 	// sorted by key, each with its member flags. A slice, not a map: a
@@ -419,8 +421,20 @@ func (f *frontend) equal(g *frontend) bool {
 		f.maglevM != g.maglevM || len(f.members) != len(g.members) {
 		return false
 	}
-	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members) && slices.Equal(f.srcRanges, g.srcRanges)
+	return slices.Equal(f.slots, g.slots) && slices.Equal(f.members, g.members) && slices.Equal(f.ranges(), g.ranges())
 }
+
+// ranges returns f's load-balancer source ranges.
+func (f *frontend) ranges() []netip.Prefix {
+	if f.srcRanges == nil {
+		return nil
+	}
+	return *f.srcRanges
+}
+
+// frontendSizeMax is the most bytes a frontend takes: a Go size class
+// (TestApplyMemoryBudget checks it), for the 100,000 of a large sync.
+const frontendSizeMax = 128
 
 func protoNumber(p dataplane.Protocol) uint8 {
 	switch p {
@@ -451,6 +465,11 @@ func protoName(p uint8) string {
 // port differs: rewriting an SCTP port means recomputing the CRC32c of the
 // whole packet, which this dataplane does not do.
 func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) {
+	return appendFrontendsOf(nil, svc, maglevMin)
+}
+
+// appendFrontendsOf is frontendsOf, appending the frontends to dst.
+func appendFrontendsOf(dst []*frontend, svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) {
 	var n4, n6 int
 	for i := range svc.Backends {
 		if svc.Backends[i].IP.Is6() {
@@ -462,7 +481,7 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 	// One allocation each for the frontends, their members and their slots
 	// (when they do not share identitySlots).
 	nfe := len(svc.VIPs) * len(svc.Ports)
-	out := make([]*frontend, 0, nfe)
+	out, base := slices.Grow(dst, nfe), len(dst)
 	fes := make([]frontend, nfe)
 	var nm int
 	for _, vip := range svc.VIPs {
@@ -479,7 +498,7 @@ func frontendsOf(svc *dataplane.Service, maglevMin uint32) ([]*frontend, error) 
 		for _, p := range svc.Ports {
 			// Per port: a backend may serve some ports of the service only.
 			eligible := eligibilityOf(svc, p, is6, svc.TrafficPolicy)
-			fe := &fes[len(out)]
+			fe := &fes[len(out)-base]
 			*fe = frontend{
 				key:     feKey{addr: vip, port: p.Port, proto: protoNumber(p.Protocol)},
 				service: svc.Name,
@@ -596,7 +615,13 @@ func (e eligibility) has(b *dataplane.Backend) bool { return b.State == e.state 
 // (frontendsOf) and, when it has external traffic, those of its node
 // ports, external IPs and load-balancer IPs (externalFrontendsOf).
 func serviceFrontends(svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
-	fes, err := frontendsOf(svc, maglevMin)
+	return appendServiceFrontends(nil, svc, maglevMin, node)
+}
+
+// appendServiceFrontends is serviceFrontends, appending the frontends to
+// dst.
+func appendServiceFrontends(dst []*frontend, svc *dataplane.Service, maglevMin uint32, node *dataplane.Node) ([]*frontend, error) {
+	fes, err := appendFrontendsOf(dst, svc, maglevMin)
 	if err != nil || !svc.HasExternal() {
 		return fes, err
 	}
@@ -661,7 +686,8 @@ func externalFrontendsOf(svc *dataplane.Service, maglevMin uint32, node *datapla
 				fe.flags |= flags
 				if len(t.ranges) > 0 {
 					fe.flags |= svcFlagSrcRanges
-					fe.srcRanges = t.ranges
+					ranges := t.ranges
+					fe.srcRanges = &ranges
 					if scope == scopeCluster && nodeInRanges(node, is6, t.ranges) {
 						fe.flags |= svcFlagNodeAllowed
 					}

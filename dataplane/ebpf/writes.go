@@ -91,8 +91,8 @@ func revNatVal(k feKey, pr *programmed) bpfRevNat {
 		r.Members = revNatMembersMap
 		return r
 	}
-	r.Members = uint32(len(pr.memberIDs))
-	for j, id := range pr.memberIDs {
+	r.Members = uint32(len(pr.memberIDs()))
+	for j, id := range pr.memberIDs() {
 		r.MemberIds[j] = id
 		r.MemberFlags[j] = pr.fe.members[j].flags
 	}
@@ -120,12 +120,12 @@ func unionOf(k feKey, old, pr *programmed) memberUnion {
 		var id uint32
 		var flags uint8
 		if j >= 0 {
-			id, flags = pr.memberIDs[j], pr.fe.members[j].flags
+			id, flags = pr.memberIDs()[j], pr.fe.members[j].flags
 			if i < 0 || old.fe.members[i].flags != flags {
 				u.changed = true
 			}
 		} else {
-			id, flags = old.memberIDs[i], old.fe.members[i].flags
+			id, flags = old.memberIDs()[i], old.fe.members[i].flags
 			u.removed = true
 		}
 		if u.n < revNatInlineMembers {
@@ -165,7 +165,7 @@ func (w *writes) master(k feKey, pr *programmed) {
 // backend IDs when it is dense.
 func masterVal(pr *programmed) bpfSvcVal {
 	v := bpfSvcVal{
-		Count:           uint32(len(pr.slotIDs)),
+		Count:           uint32(len(pr.slotIDs())),
 		RevNatId:        pr.revNat,
 		Flags:           pr.fe.flags,
 		AffinityTimeout: pr.fe.timeout,
@@ -173,7 +173,7 @@ func masterVal(pr *programmed) bpfSvcVal {
 		MaglevSize:      pr.fe.maglevM,
 	}
 	if pr.fe.dense() {
-		copy(v.Slots[:], pr.slotIDs)
+		copy(v.Slots[:], pr.slotIDs())
 	}
 	return v
 }
