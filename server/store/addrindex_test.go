@@ -3,7 +3,6 @@ package store
 import (
 	"math/rand/v2"
 	"net/netip"
-	"runtime"
 	"slices"
 	"testing"
 
@@ -146,19 +145,10 @@ func TestAddrIndexWithManyAllocs(t *testing.T) {
 		changes[addrKey{0, uint64(i)}] = addrUse{backends: 1}
 	}
 	var x addrIndex
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	y := x.with(changes)
-	runtime.ReadMemStats(&after)
+	var y addrIndex
+	CheckBytesPer(t, "with", "change into an empty index", n, 120, func() { y = x.with(changes) })
 	if y.len() != n {
 		t.Fatalf("%d addresses, want %d", y.len(), n)
-	}
-	const budget = 120
-	perChange := float64(after.TotalAlloc-before.TotalAlloc) / n
-	if perChange > budget {
-		t.Errorf("with allocates %.0f bytes per change into an empty index, over the budget of %d", perChange, budget)
-	} else {
-		t.Logf("with allocates %.0f bytes per change into an empty index (budget %d)", perChange, budget)
 	}
 }
 
@@ -181,18 +171,9 @@ func TestBuildAddrIndexAllocs(t *testing.T) {
 		entries[i] = &Entry{Dataplane: dp}
 	}
 	uses := services * (1 + perService)
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	x := buildAddrIndex(usesOf(entries))
-	runtime.ReadMemStats(&after)
+	var x addrIndex
+	CheckBytesPer(t, "buildAddrIndex", "use", uses, 40, func() { x = buildAddrIndex(usesOf(entries)) })
 	if want := services + 32768; x.len() != want {
 		t.Fatalf("%d addresses, want %d", x.len(), want)
-	}
-	const budget = 40
-	perUse := float64(after.TotalAlloc-before.TotalAlloc) / float64(uses)
-	if perUse > budget {
-		t.Errorf("buildAddrIndex allocates %.0f bytes per use, over the budget of %d", perUse, budget)
-	} else {
-		t.Logf("buildAddrIndex allocates %.0f bytes per use (budget %d)", perUse, budget)
 	}
 }

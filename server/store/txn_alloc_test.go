@@ -81,19 +81,10 @@ func TestNamesAllocs(t *testing.T) {
 	const n = 20_000
 	base := snapshot(t, bigServices(n)...)
 	tx := base.Begin()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	names := tx.Names(validation.DefaultOwner)
-	runtime.ReadMemStats(&after)
+	var names []string
+	store.CheckBytesPer(t, "Names", "stored service", n, 100, func() { names = tx.Names(validation.DefaultOwner) })
 	if len(names) != n {
 		t.Fatalf("Names: %d names, want %d", len(names), n)
-	}
-	const budget = 100
-	per := float64(after.TotalAlloc-before.TotalAlloc) / n
-	if per > budget {
-		t.Errorf("Names allocates %.0f bytes per stored service, over the budget of %d", per, budget)
-	} else {
-		t.Logf("Names allocates %.0f bytes per stored service (budget %d)", per, budget)
 	}
 }
 
