@@ -247,7 +247,7 @@ var targets = []target{
 		s, ok := f["full/ebpf/100000/rss"]
 		r := f["full/ebpf/100000/restart-rss"]
 		return fmt.Sprintf("%.0f MB (sync), %.0f MB (restart)", s/1e6, r/1e6), max(s, r) <= 300e6, ok
-	}, "vipd's live heap at 100,000 × 10 is about 210 MB once synced (the server's dataplane form of 1,000,000 backends and 100,000 services, the store's encodings and indexes, the eBPF dataplane's ID tables), and Go's default GC pacing lets the heap grow to about twice the live heap between collections (`--gc-percent` and `--memory-limit` trade CPU for it). About 44 MiB of the RSS is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too: the `vipd_backends` array (28 MiB at the default 1.2 million slots; the kernel maps it whole) and the flow-event ring (8 MiB, mapped twice)."},
+	}, "vipd keeps about 200 MB of Go heap at 100,000 × 10 once synced: the server's dataplane form of 1,000,000 backends and 100,000 services (about 75 MB), the eBPF dataplane's tables (about 79 MB: the members, the backend table, the frontends and the service index) and the store's encodings and indexes (about 25 MB). The heap peaks at 250–270 MB: Go's GC pacing sets the next collection at twice the heap live at the last one, mid-sync, and the rest of the sync and the apply fill that (`--gc-percent` and `--memory-limit` trade CPU for it). Of the rest of the RSS, about 34 MiB is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too (the used part of the `vipd_backends` array, 26 MiB for 1,000,000 backends, and the 8 MiB flow-event ring), and the binary and the Go runtime take about 40 MB."},
 	{"full programming of 10,000 × 10, eBPF, no worse than before issue 18", "SyncServices ≤ 0.77 s, peak RSS ≤ 91 MiB", func(f map[string]float64) (string, bool, bool) {
 		s, ok := f["full/ebpf/10000/sync"]
 		r := f["full/ebpf/10000/rss"]
@@ -267,7 +267,7 @@ var targets = []target{
 const restartBound = "a restart reuses the programs the previous start pinned (no verifier run) and the pinned maps; what is left is the state file's decode (about 0.4 s at 100,000 × 10), reading the maps back, and a full apply that compares them with the restored state (0.7–0.9 s), on 2 vCPUs."
 
 // rss10kBound says what bounds the peak RSS of a 10,000 × 10 sync.
-const rss10kBound = "about 44 MiB of the peak is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too: the `vipd_backends` array, which vipd writes through a mapping and the kernel maps whole (28 MiB at the default 1.2 million slots, whatever the number of backends), and the flow-event ring (8 MiB, mapped twice); the rest, vipd's heap, runtime and binary, is about 70 MiB."
+const rss10kBound = "about 11 MiB of the peak is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too: the used part of the `vipd_backends` array (about 2.5 MiB for 100,000 backends: vipd maps the array only up to the highest backend ID it has written) and the 8 MiB flow-event ring; the rest is vipd's heap, runtime and binary."
 
 // report writes the whole Markdown report.
 func (b *bench) report(w io.Writer, quick bool, only []string, started time.Time) {
