@@ -108,9 +108,9 @@ func (p *programmer) backendLimit() uint32 {
 // usedOffset is the offset of bpfBackend.Used in a slot.
 const usedOffset = int64(unsafe.Offsetof(bpfBackend{}.Used))
 
-// putBackends writes vals[i] into the slot of ids[i], through b's mapping
-// of the backend map. An ID past the map fails with errMapFull; the slots
-// before it are written.
+// putBackends writes vals[i] into the slot of ids[i], through b's
+// mappings of the backend map (eachSlot). IDs past the map fail with
+// errMapFull, naming the lowest; every slot within the map is written.
 //
 // A free slot gets its address and port first and its used byte last, so
 // that a program that sees it used sees the rest too (on a CPU that keeps
@@ -123,16 +123,7 @@ func putBackends(b *backendSlots, ids []uint32, vals []bpfBackend) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	limit := b.m.MaxEntries()
-	mem, err := b.slots(ids)
-	if err != nil {
-		return err
-	}
-	for i, id := range ids {
-		if id >= limit {
-			return fmt.Errorf("%w: backend ID %d: the backend map has %d slots", errMapFull, id, limit)
-		}
-		slot := mem[int(id)*backendSize : int(id+1)*backendSize]
+	past, err := b.eachSlot(ids, func(i int, slot []byte) {
 		v := vals[i]
 		used := v.Used
 		free := slot[usedOffset] == 0
@@ -143,11 +134,17 @@ func putBackends(b *backendSlots, ids []uint32, vals []bpfBackend) error {
 		if free && used != 0 {
 			slot[usedOffset] = used
 		}
+	})
+	if err != nil {
+		return err
+	}
+	if len(past) > 0 {
+		return fmt.Errorf("%w: backend ID %d: the backend map has %d slots", errMapFull, past[0], b.m.MaxEntries())
 	}
 	return nil
 }
 
-// clearBackends zeroes the slots of ids (frees them), through b's mapping
+// clearBackends zeroes the slots of ids (frees them), through b's mappings
 // of the backend map, the used byte first (see putBackends). IDs past the
 // map have no slot to clear.
 func clearBackends(b *backendSlots, ids []uint32) error {
@@ -156,21 +153,12 @@ func clearBackends(b *backendSlots, ids []uint32) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	mem, err := b.slots(ids)
-	if err != nil {
-		return err
-	}
 	var zero [unsafe.Sizeof(bpfBackend{})]byte
-	limit := b.m.MaxEntries()
-	for _, id := range ids {
-		if id >= limit {
-			continue
-		}
-		slot := mem[int(id)*backendSize : int(id+1)*backendSize]
+	_, err := b.eachSlot(ids, func(_ int, slot []byte) {
 		slot[usedOffset] = 0
 		copy(slot, zero[:])
-	}
-	return nil
+	})
+	return err
 }
 
 // forEachBackend calls fn with every used slot of the backend map (ID and

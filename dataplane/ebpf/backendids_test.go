@@ -66,7 +66,6 @@ func TestBackendIDsRecycled(t *testing.T) {
 	const slots = 6 // IDs 1..5
 	m := newIDMaps(t, slots)
 	p := newProgrammer(hclog.NewNullLogger(), m, nil, 0)
-	t.Cleanup(func() { p.slots.close() })
 	fe := stepFE("ns/a", "198.18.0.1", 80, ipprotoTCP)
 	be := func(i int) string { return fmt.Sprintf("10.0.0.%d:8080", i) }
 	ids := func(bes ...string) []uint32 {
@@ -131,7 +130,6 @@ func TestBackendIDsRecycled(t *testing.T) {
 
 	// A restart reads which IDs are held from the map: the one left free
 	// (1) is next, and the slots keep their backends.
-	p.slots.close()
 	p = newProgrammer(hclog.NewNullLogger(), m, nil, 0)
 	if err := p.restore(); err != nil {
 		t.Fatalf("restore: %v", err)

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/vipd/vipd/dataplane"
 )
@@ -48,36 +47,28 @@ func bpfMapMappings(t *testing.T, before map[uintptr]int) map[uintptr]int {
 	return out
 }
 
-// wantMapped checks that b maps exactly size bytes of its map, and that
-// the process has no other mapping of a BPF map but those in before: the
-// whole map is never mapped, and the windows of whole-map reads are gone.
-func wantMapped(t *testing.T, b *backendSlots, before map[uintptr]int, size int) {
+// wantNothingMapped checks that the process has no mapping of a BPF map
+// but those in before: a write's mappings of the backend map are gone once
+// it returns, and so are the windows of whole-map reads.
+func wantNothingMapped(t *testing.T, before map[uintptr]int, after string) {
 	t.Helper()
-	if got := b.mapped(); got != size {
-		t.Fatalf("the backend map's mapping is %d bytes, want %d (of %d)", got, size, mapBytes(b.m))
-	}
-	want := map[uintptr]int{}
-	if size > 0 {
-		want[uintptr(unsafe.Pointer(unsafe.SliceData(b.mem)))] = size
-	}
-	if got := bpfMapMappings(t, before); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("BPF map mappings (start: bytes) %v, want %v: b's only", got, want)
+	if got := bpfMapMappings(t, before); len(got) != 0 {
+		t.Fatalf("after %s: BPF map mappings (start: bytes) %v left", after, got)
 	}
 }
 
-// TestBackendSlotsMapOnlyWhatIsUsed: the backend map is mapped up to the
-// highest ID written, grown as higher IDs come (issue 18: a mapping of
-// the whole map is resident whole); slots past the old mapping read and
-// write as any other; reading the whole map leaves nothing mapped; close
-// unmaps.
-func TestBackendSlotsMapOnlyWhatIsUsed(t *testing.T) {
+// TestBackendSlotsMapOnlyWhileWriting: a write maps only the pages of the
+// slots it writes, at most backendWindow slots' worth at a time, and
+// nothing of the backend map stays mapped after it (issue 18: a mapping
+// is resident whole, 23 MiB for a million backends); IDs in any order,
+// slots across page and window edges, read and write as through the map
+// syscalls; reading the whole map leaves nothing mapped either.
+func TestBackendSlotsMapOnlyWhileWriting(t *testing.T) {
 	const slots = 1 << 20 // 24 MiB, as a large default map
 	m := newIDMaps(t, slots).VipdBackends
-	whole := mapBytes(m)
 	before := bpfMapMappings(t, nil)
 	b := newBackendSlots(m)
-	t.Cleanup(func() { b.close() })
-	wantMapped(t, b, before, 0)
+	page := os.Getpagesize()
 
 	be := func(i int) bpfBackend {
 		ap := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 8080)
@@ -97,6 +88,7 @@ func TestBackendSlotsMapOnlyWhatIsUsed(t *testing.T) {
 		for i, id := range ids {
 			vals[i] = be(int(id))
 		}
+		b.largest = 0
 		if err := putBackends(b, ids, vals); err != nil {
 			t.Fatalf("put backends %v: %v", ids, err)
 		}
@@ -105,36 +97,48 @@ func TestBackendSlotsMapOnlyWhatIsUsed(t *testing.T) {
 				t.Fatalf("backend %d reads back as %+v through the syscall, want %+v", id, got, vals[i])
 			}
 		}
+		wantNothingMapped(t, before, fmt.Sprintf("writing backends %v", ids[:min(len(ids), 8)]))
 	}
 
 	put(1, 2, 3)
-	wantMapped(t, b, before, backendGrowMin)
-
-	// Past the mapping: it grows to hold the ID, by an eighth at least.
-	top := uint32(backendGrowMin/backendSize + 10)
-	put(top)
-	wantMapped(t, b, before, pageRound(backendGrowMin+backendGrowMin/8))
-	far := uint32(100_000)
-	put(far)
-	wantMapped(t, b, before, pageRound(int(far+1)*backendSize))
-	if b.mapped() >= whole/4 {
-		t.Fatalf("mapped %d of %d bytes for 100,000 slots of 1,048,576", b.mapped(), whole)
+	if b.largest != page {
+		t.Fatalf("writing 3 slots of one page mapped %d bytes, want one page (%d)", b.largest, page)
 	}
-	// The slots written before the growth kept their backends.
-	for _, id := range []uint32{1, 2, 3, top} {
-		if got, want := lookup(id), be(int(id)); got != want {
-			t.Fatalf("backend %d is %+v after the mapping grew, want %+v", id, got, want)
-		}
+	// A slot across a page edge (170 × 24 = 4080), IDs out of order and
+	// windows apart.
+	straddle := uint32(page / backendSize)
+	top, far := uint32(backendWindow+10), uint32(1_000_000)
+	put(far, straddle, top)
+	if b.largest > 2*page {
+		t.Fatalf("writing 3 scattered slots mapped %d bytes at once, want each run's pages only", b.largest)
+	}
+	// A first sync's dense run of IDs: a window at a time.
+	run := make([]uint32, 3*backendWindow)
+	for i := range run {
+		run[i] = uint32(300_000 + i)
+	}
+	put(run...)
+	if b.largest != backendWindow*backendSize {
+		t.Fatalf("writing %d consecutive slots mapped at most %d bytes at once, want the window, %d", len(run), b.largest, backendWindow*backendSize)
+	}
+	// Equal IDs: the last value wins, as with the syscall.
+	if err := putBackends(b, []uint32{7, 7}, []bpfBackend{be(1), be(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(7); got != be(2) {
+		t.Fatalf("backend 7 written twice in one call is %+v, want the second value %+v", got, be(2))
+	}
+	if err := clearBackends(b, []uint32{7}); err != nil {
+		t.Fatal(err)
 	}
 
-	// A slot another vipd wrote past the mapping (a restart's) is zeroed
-	// when freed: clearing grows the mapping too.
+	// A slot another vipd wrote (a restart's) is zeroed when freed.
 	stale := uint32(200_000)
 	v := be(int(stale))
 	if err := m.Put(stale, &v); err != nil {
 		t.Fatal(err)
 	}
-	if err := clearBackends(b, []uint32{2, stale}); err != nil {
+	if err := clearBackends(b, []uint32{stale, 2}); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []uint32{2, stale} {
@@ -142,9 +146,11 @@ func TestBackendSlotsMapOnlyWhatIsUsed(t *testing.T) {
 			t.Fatalf("freed backend %d is %+v, want zeroed", id, got)
 		}
 	}
-	wantMapped(t, b, before, pageRound(int(stale+1)*backendSize))
+	wantNothingMapped(t, before, "clearing backends")
 
-	// A whole-map read sees every used slot, and leaves only b's mapping.
+	// A whole-map read sees every used slot, and leaves nothing mapped.
+	want := append([]uint32{1, 3, straddle, top}, run...)
+	want = append(want, far)
 	var seen []uint32
 	if err := forEachBackend(m, func(id uint32, got bpfBackend) {
 		if got != be(int(id)) {
@@ -154,31 +160,32 @@ func TestBackendSlotsMapOnlyWhatIsUsed(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if want := []uint32{1, 3, top, far}; fmt.Sprint(seen) != fmt.Sprint(want) {
-		t.Fatalf("forEachBackend saw %v, want %v", seen, want)
+	if !slices.Equal(seen, want) {
+		t.Fatalf("forEachBackend saw %d backends, want %d: %v…", len(seen), len(want), seen[:min(len(seen), 10)])
 	}
-	wantMapped(t, b, before, pageRound(int(stale+1)*backendSize))
+	wantNothingMapped(t, before, "reading the whole map")
 
-	// An ID past the map is refused; the mapping stays.
-	if err := putBackends(b, []uint32{slots}, []bpfBackend{be(1)}); err == nil {
-		t.Fatal("wrote an ID past the map")
+	// IDs past the map are refused; those within it are written.
+	err := putBackends(b, []uint32{slots + 1, 9, slots}, []bpfBackend{be(1), be(9), be(1)})
+	if !errors.Is(err, errMapFull) || !strings.Contains(err.Error(), fmt.Sprint(slots)) {
+		t.Fatalf("writing IDs past the map: %v, want errMapFull naming ID %d", err, slots)
 	}
-	if err := b.close(); err != nil {
-		t.Fatal(err)
+	if got := lookup(9); got != be(9) {
+		t.Fatalf("backend 9, within the map, is %+v after a write that also named IDs past it, want %+v", got, be(9))
 	}
-	wantMapped(t, b, before, 0)
+	wantNothingMapped(t, before, "a refused write")
 }
 
-// TestProgRunBackendSlotsGrown: the programs read the slots written after
-// the mapping grew (a backend whose ID is past the first mapping).
-func TestProgRunBackendSlotsGrown(t *testing.T) {
+// TestProgRunBackendSlotsWindowed: the programs read the slots written
+// through a mapping at an offset into the map (a backend whose ID is past
+// the map's first page).
+func TestProgRunBackendSlotsWindowed(t *testing.T) {
 	r := newPREnv(t)
 	b := newBackendSlots(r.objs.VipdBackends)
-	t.Cleanup(func() { b.close() })
 	low := prBackend{id: 1, addr: prAP("198.18.1.6:8080")}
 	high := prBackend{id: r.objs.VipdBackends.MaxEntries() - 1, addr: prAP("198.18.1.7:8080")}
-	if int(high.id)*backendSize < backendGrowMin {
-		t.Fatalf("test setup: backend %d is within the first mapping", high.id)
+	if int(high.id)*backendSize < os.Getpagesize() {
+		t.Fatalf("test setup: backend %d is on the map's first page", high.id)
 	}
 	fe := prFrontend{vip: prVIP4For(prUDP), proto: prUDP, id: 1}
 	for _, be := range []prBackend{low, high} {
@@ -188,22 +195,19 @@ func TestProgRunBackendSlotsGrown(t *testing.T) {
 		}
 		r.setMember(fe, be.id, prMemberEligible)
 	}
-	if b.mapped() != mapBytes(r.objs.VipdBackends) {
-		t.Fatalf("mapped %d bytes, want all %d of this small map", b.mapped(), mapBytes(r.objs.VipdBackends))
-	}
 	r.setSlots(fe, high)
 	in := prUDPFrame(prClient4, fe.vip, []byte("q"))
 	ret, out := r.run(r.objs.VipdFromPod, in)
 	prWantVerdict(t, ret, prTCOK)
 	if got := prDecode(t, out).dstPort(); got != high.addr {
-		t.Fatalf("the packet went to %s, want %s (backend %d, written after the mapping grew)", got, high.addr, high.id)
+		t.Fatalf("the packet went to %s, want %s (backend %d, written through a mapping at an offset)", got, high.addr, high.id)
 	}
 }
 
-// TestDataplaneMapsOnlyWhatItUses: a Dataplane maps the backend map up to
-// the slots it wrote, a WatchFlows maps the flow event ring's data once,
-// and Close leaves nothing mapped (issue 18: both maps were mapped whole,
-// the ring's data twice, all resident).
+// TestDataplaneMapsOnlyWhatItUses: a Dataplane keeps nothing of the
+// backend map mapped after an apply, a WatchFlows maps the flow event
+// ring's data once, and Close leaves nothing mapped (issue 18: both maps
+// were mapped whole, the ring's data twice, all resident).
 func TestDataplaneMapsOnlyWhatItUses(t *testing.T) {
 	sizes := dpSmallMaps
 	sizes.Backends = 1 << 20
@@ -212,17 +216,16 @@ func TestDataplaneMapsOnlyWhatItUses(t *testing.T) {
 	before := bpfMapMappings(t, nil)
 	dp := e.open(nil)
 	e.apply(dpState(1, nil, a))
-	slots := uintptr(unsafe.Pointer(unsafe.SliceData(dp.prog.slots.mem)))
-	if got, want := bpfMapMappings(t, before), map[uintptr]int{slots: backendGrowMin}; !maps.Equal(got, want) {
-		t.Fatalf("after an apply of one backend: BPF map mappings %v, want %v (the backend map's first %d bytes of %d)",
-			got, want, backendGrowMin, mapBytes(dp.objs.VipdBackends))
+	wantNothingMapped(t, before, "an apply of one backend")
+	if dp.prog.slots.largest != os.Getpagesize() {
+		t.Fatalf("an apply of one backend mapped %d bytes of the backend map at once, want one page", dp.prog.slots.largest)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- dp.WatchFlows(ctx, func(dataplane.FlowEvent) {}, func(uint64) {}) }()
 	page := os.Getpagesize()
-	want := []int{page, backendGrowMin, page + int(dp.objs.VipdEvents.MaxEntries())}
+	want := []int{page, page + int(dp.objs.VipdEvents.MaxEntries())}
 	var got []int
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if got = slices.Sorted(maps.Values(bpfMapMappings(t, before))); slices.Equal(got, want) {
@@ -234,7 +237,7 @@ func TestDataplaneMapsOnlyWhatItUses(t *testing.T) {
 		t.Errorf("WatchFlows: %v", err)
 	}
 	if !slices.Equal(got, want) {
-		t.Fatalf("while WatchFlows runs: BPF map mappings of %v bytes, want %v: the ring's consumer page, the backend map's first slots, the ring's producer page and data once", got, want)
+		t.Fatalf("while WatchFlows runs: BPF map mappings of %v bytes, want %v: the ring's consumer page, the ring's producer page and data once", got, want)
 	}
 
 	e.close()

@@ -717,7 +717,7 @@ func (d *Dataplane) Close() error {
 	d.ext.stop()
 	d.wg.Wait()
 	d.watchers.Wait()
-	return errors.Join(d.prog.slots.close(), d.objs.Close())
+	return d.objs.Close()
 }
 
 // Supported reports, with an error naming what is missing, whether the

@@ -41,7 +41,6 @@ func testRecycledBackendID(t *testing.T, spill bool) {
 		r.setSlots(fe, others...)
 		r.deleteMember(fe, oldID)
 		slots := newBackendSlots(r.objs.VipdBackends)
-		defer slots.close()
 		if err := clearBackends(slots, []uint32{oldID}); err != nil {
 			t.Fatalf("free backend %d: %v", oldID, err)
 		}
