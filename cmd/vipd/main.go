@@ -181,7 +181,7 @@ func runCommand() *cobra.Command {
 	f.IntVar(&cfg.FlowBuffer, "flow-buffer", flowhub.DefaultBuffer, "events buffered per WatchFlows subscriber (at least 1); a slower subscriber loses events and is told how many")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", metrics.DefaultAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-addr; no authentication, so keep that address on loopback")
-	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0 keeps GOGC's setting, default 100; negative turns it off, which needs a memory limit)")
+	f.IntVar(&cfg.Memory.GCPercent, "gc-percent", 0, "Go GC target (GOGC): heap growth in percent of the live heap before a collection; lower trades CPU for memory (0: vipd's default of 50, or GOGC's setting when that is set; negative turns it off, which needs a memory limit)")
 	f.StringVar(&memoryLimit, "memory-limit", "0", "soft limit on the Go runtime's memory (GOMEMLIMIT), in bytes or with KiB, MiB or GiB: the GC works harder near it and never fails on it (0 keeps GOMEMLIMIT's setting)")
 	f.StringVar(&cfg.ServicesDir, "services-dir", "", "apply every *.yaml, *.yml and *.json file in this directory (the format of vipctl apply -f), each as owner file:<name>, and watch it; SIGHUP rescans it")
 	f.StringSliceVar(&cfg.NodePortAddresses, "nodeport-addresses", nil, "serve node ports only on the node's addresses within these CIDRs (repeatable); unset: every address of the node but loopback and IPv6 link-local")

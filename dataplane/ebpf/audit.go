@@ -437,15 +437,40 @@ const usedV6 = 1 << 63 // never a v4Key: those have 48 bits
 const maxUsedSlice = 16 << 20
 
 // usedBackends are the backends referenced after an apply, which
-// backendEntry needs: by ID in byID while the ID counter is not far beyond
-// them (IDs are below nextBackend, and freed ones are recycled), else in
-// sorted.
+// backendEntry needs. Read in place (usedIn), they are the backend table's
+// IPv4 ones, by ID in its key4 and refs4, and its IPv6 ones in sorted.
+// Copied (usedOf), they are by ID in byID while the ID counter is not far
+// beyond them (IDs are below nextBackend, and freed ones are recycled),
+// else in sorted.
 type usedBackends struct {
 	n int // how many
+	// table is the backend table read in place, or nil.
+	table *backendTable
 	// byID holds each by ID (key+1; 0: not used), when kept so; then
 	// sorted holds only IDs past its end, sorted by ID.
 	byID   []uint64
 	sorted []usedBackend
+}
+
+// usedIn returns the backends of t that are referenced, read in place
+// rather than copied as usedOf does (8 MB for a million backends, at the
+// end of a sync or restart, when the heap peaks): t must not change while
+// they are used.
+func usedIn(t *backendTable) *usedBackends {
+	u := &usedBackends{table: t}
+	for id, refs := range t.refs4 {
+		if refs > 0 && t.key4[id] != 0 {
+			u.n++
+		}
+	}
+	for _, ref := range t.v6 {
+		if ref.refs > 0 {
+			u.n++
+			u.sorted = append(u.sorted, usedBackend{id: ref.id, key: usedV6})
+		}
+	}
+	slices.SortFunc(u.sorted, func(x, y usedBackend) int { return cmp.Compare(x.id, y.id) })
+	return u
 }
 
 // usedOf collects the backends of t that are referenced, next being the
@@ -480,6 +505,10 @@ func usedOf(t *backendTable, next uint32) *usedBackends {
 // key returns the key recorded for backend id, and whether the backend is
 // referenced after the apply.
 func (u *usedBackends) key(id uint32) (uint64, bool) {
+	if t := u.table; t != nil && int(id) < len(t.key4) && t.key4[id] != 0 {
+		// An IPv4 backend's ID: no IPv6 one has it.
+		return t.key4[id] - 1, t.refs4[id] > 0
+	}
 	if int(id) < len(u.byID) {
 		k := u.byID[id]
 		return k - 1, k != 0
@@ -495,7 +524,8 @@ func (u *usedBackends) key(id uint32) (uint64, bool) {
 // backend table, unless the auditor was given them.
 func (a *auditor) countUsed() {
 	if a.used == nil {
-		a.used = usedOf(&a.p.backendIDs, a.p.nextBackend)
+		// The apply holds its lock, and the audit only reads the table.
+		a.used = usedIn(&a.p.backendIDs)
 	}
 	a.au.used = a.used.n
 }

@@ -97,3 +97,51 @@ func TestBackendTableMatchesMap(t *testing.T) {
 		check(-2)
 	}
 }
+
+// TestUsedInMatchesUsedOf: the referenced backends read in place from the
+// backend table (usedIn, an audit's) say the same of every ID as their
+// copy (usedOf, a drift check's), IPv4 and IPv6 backends mixed, with and
+// without references, and IDs freed.
+func TestUsedInMatchesUsedOf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	tab := newBackendTable()
+	keys := map[uint32]bePacked{}
+	for id := uint32(1); id < 3000; id++ {
+		if rng.IntN(5) == 0 {
+			continue // a free ID
+		}
+		var k bePacked
+		if rng.IntN(6) == 0 {
+			k = beKey{addr: netip.AddrFrom16([16]byte{0xfd, 14: byte(id >> 8), 15: byte(id)}), port: 80}.packed()
+		} else {
+			k = beKey{addr: netip.AddrFrom4([4]byte{10, 1, byte(id >> 8), byte(id)}), port: 8080}.packed()
+		}
+		tab.put(k, backendRef{id: id, refs: int32(rng.IntN(3))})
+		keys[id] = k
+	}
+	// Some freed after being held.
+	for id, k := range keys {
+		if rng.IntN(10) == 0 {
+			tab.del(k)
+			delete(keys, id)
+		}
+	}
+	in, of := usedIn(&tab), usedOf(&tab, 3000)
+	if in.n != of.n {
+		t.Fatalf("usedIn counts %d referenced backends, usedOf %d", in.n, of.n)
+	}
+	used := 0
+	for id := uint32(0); id < 3100; id++ {
+		kIn, okIn := in.key(id)
+		kOf, okOf := of.key(id)
+		if okIn != okOf || (okIn && kIn != kOf) {
+			t.Fatalf("backend %d: usedIn says %#x %v, usedOf %#x %v", id, kIn, okIn, kOf, okOf)
+		}
+		if okIn {
+			used++
+		}
+	}
+	if used != in.n || used == 0 || used == len(keys) {
+		t.Fatalf("%d IDs referenced of %d held, counted %d: want some, not all", used, len(keys), in.n)
+	}
+}

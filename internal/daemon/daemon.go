@@ -117,9 +117,10 @@ type Config struct {
 	Reload <-chan os.Signal
 }
 
-// Memory tunes the Go garbage collector for the daemon. The zero value
-// leaves the runtime's own settings (the GOGC and GOMEMLIMIT environment
-// variables) alone.
+// Memory tunes the Go garbage collector for the daemon. A zero GCPercent
+// is DefaultGCPercent, unless the GOGC environment variable is set, which
+// the runtime then follows; a zero Limit leaves the runtime's own (the
+// GOMEMLIMIT environment variable) alone.
 //
 // The trade-off: the collector lets the heap grow to GCPercent percent
 // above the live heap before it runs again, so peak memory during a big
@@ -159,15 +160,37 @@ func ParseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
+// DefaultGCPercent is the GC target vipd runs with when neither
+// Memory.GCPercent nor GOGC sets one: half of Go's default of 100. Nearly
+// all of vipd's heap is long-lived state (the services, their dataplane
+// form, the dataplane's tables), so the collector rarely finds much to
+// free, and at 100 it lets the heap reach twice that state before it
+// runs: at 100,000 services with 10 backends, a sync or a restart peaked
+// 30–40 MB higher than at 50, for a few percent more of a sync's time.
+const DefaultGCPercent = 50
+
+// gcPercent is the GC target m sets: GCPercent, else DefaultGCPercent
+// unless getenv says GOGC is set (zero: leave the runtime's).
+func (m Memory) gcPercent(getenv func(string) string) int {
+	switch {
+	case m.GCPercent != 0:
+		return m.GCPercent
+	case getenv("GOGC") != "":
+		return 0
+	}
+	return DefaultGCPercent
+}
+
 // apply sets the runtime's knobs that m configures.
 func (m Memory) apply(log hclog.Logger) {
-	if m.GCPercent != 0 {
-		debug.SetGCPercent(m.GCPercent)
+	pct := m.gcPercent(os.Getenv)
+	if pct != 0 {
+		debug.SetGCPercent(pct)
 	}
 	if m.Limit > 0 {
 		debug.SetMemoryLimit(m.Limit)
 	}
-	log.Debug("go runtime memory", "gc_percent", m.GCPercent, "limit", debug.SetMemoryLimit(-1))
+	log.Debug("go runtime memory", "gc_percent", pct, "limit", debug.SetMemoryLimit(-1))
 }
 
 // Dataplane names accepted by Config.Dataplane.
