@@ -238,7 +238,7 @@ var targets = []target{
 	{"full programming of 100,000 × 10, eBPF, SyncServices", "≤ 2 s", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["full/ebpf/100000/sync"]
 		return fmtSec(v), v <= 2, ok
-	}, "vipd writes the 1,000,000 backends through the mapping of the `vipd_backends` array (no system call per entry), so the kernel's part is the batch updates of the 1.1 million `vipd_services` entries (the frontends and their slots) and of the reverse-NAT values, about 0.2 s. The rest is vipd's, on 2 vCPUs shared with the client that sends the chunks: validating, storing and rendering 1,000,000 backends, the state file's save (fdatasync) and the GC (about a fifth of the CPU of the sync); the target sits within the spread of the runs."},
+	}, "vipd writes the 1,000,000 backends through mappings of the `vipd_backends` array, 768 KiB of it at a time (no system call per entry), so the kernel's part is the batch updates of the 1.1 million `vipd_services` entries (the frontends and their slots) and of the reverse-NAT values, about 0.2 s. The rest is vipd's, on 2 vCPUs shared with the client that sends the chunks: validating, storing and rendering 1,000,000 backends, the state file's save (fdatasync) and the GC (about a fifth of the CPU of the sync, at vipd's GC target of 50)."},
 	{"vipd restart to ready, 100,000 × 10, eBPF", "≤ 2 s", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["full/ebpf/100000/restart"]
 		return fmtSec(v), v <= 2, ok
@@ -247,7 +247,7 @@ var targets = []target{
 		s, ok := f["full/ebpf/100000/rss"]
 		r := f["full/ebpf/100000/restart-rss"]
 		return fmt.Sprintf("%.0f MB (sync), %.0f MB (restart)", s/1e6, r/1e6), max(s, r) <= 300e6, ok
-	}, "vipd keeps about 200 MB of Go heap at 100,000 × 10 once synced: the server's dataplane form of 1,000,000 backends and 100,000 services (about 75 MB), the eBPF dataplane's tables (about 79 MB: the members, the backend table, the frontends and the service index) and the store's encodings and indexes (about 25 MB). The heap peaks at 250–270 MB: Go's GC pacing sets the next collection at twice the heap live at the last one, mid-sync, and the rest of the sync and the apply fill that (`--gc-percent` and `--memory-limit` trade CPU for it). Of the rest of the RSS, about 34 MiB is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too (the used part of the `vipd_backends` array, 26 MiB for 1,000,000 backends, and the 8 MiB flow-event ring), and the binary and the Go runtime take about 40 MB."},
+	}, "vipd keeps about 195 MB of Go heap at 100,000 × 10 once synced: the server's dataplane form of 1,000,000 backends and 100,000 services (about 75 MB), the eBPF dataplane's tables (about 75 MB: the members, the backend table, the frontends and the service index) and the store's encodings and indexes (about 25 MB). The heap peaks near 1.3× that: vipd runs the GC at a target of 50 (Go's default of 100 let it reach twice the heap live at the last collection, 30–40 MB more), and a restart collects once between loading the state file and programming the kernel, so that the load's garbage is gone before the apply adds its own. Of the rest of the RSS, 8 MiB is the flow-event ring, kernel memory that vipd maps to read it (the BPF map memory column counts it too; the `vipd_backends` array is mapped only while vipd writes it, 768 KiB at a time), and the binary and the Go runtime take about 30 MB."},
 	{"full programming of 10,000 × 10, eBPF, no worse than before issue 18", "SyncServices ≤ 0.77 s, peak RSS ≤ 91 MiB", func(f map[string]float64) (string, bool, bool) {
 		s, ok := f["full/ebpf/10000/sync"]
 		r := f["full/ebpf/10000/rss"]
@@ -267,7 +267,7 @@ var targets = []target{
 const restartBound = "a restart reuses the programs the previous start pinned (no verifier run) and the pinned maps; what is left is the state file's decode (about 0.4 s at 100,000 × 10), reading the maps back, and a full apply that compares them with the restored state (0.7–0.9 s), on 2 vCPUs."
 
 // rss10kBound says what bounds the peak RSS of a 10,000 × 10 sync.
-const rss10kBound = "about 11 MiB of the peak is kernel memory of two BPF maps that vipd maps, which the BPF map memory column counts too: the used part of the `vipd_backends` array (about 2.5 MiB for 100,000 backends: vipd maps the array only up to the highest backend ID it has written) and the 8 MiB flow-event ring; the rest is vipd's heap, runtime and binary."
+const rss10kBound = "8 MiB of the peak is the flow-event ring, kernel memory that vipd maps to read it, which the BPF map memory column counts too (the `vipd_backends` array is mapped only while vipd writes it, at most 768 KiB at a time); the rest is vipd's heap, runtime and binary."
 
 // report writes the whole Markdown report.
 func (b *bench) report(w io.Writer, quick bool, only []string, started time.Time) {
