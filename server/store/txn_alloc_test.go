@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/vipd/vipd/dataplane"
@@ -122,5 +123,32 @@ func TestAllSortsOnce(t *testing.T) {
 	t.Logf("the first walks allocate %d bytes, the next %d", first, again)
 	if again > first/10 {
 		t.Errorf("walks of a snapshot walked before allocate %d bytes, over a tenth of the first's %d: the order is sorted again", again, first)
+	}
+}
+
+// TestChangedAllocatesOnce checks that Changed lists the touched names,
+// sorted, in one allocation of exactly their number (collected step by
+// step from the map, the list of a sync of 100,000 services left several
+// times its size as garbage).
+func TestChangedAllocatesOnce(t *testing.T) {
+	const n = 5_000
+	svcs := bigServices(n)
+	tx := snapshot(t).Begin()
+	for _, s := range svcs {
+		dp, v := validation.ConvertService(s, "service")
+		if len(v) > 0 {
+			t.Fatal(v)
+		}
+		if _, err := tx.Put(s, dp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	changed := tx.Changed()
+	runtime.ReadMemStats(&after)
+	if allocs := after.Mallocs - before.Mallocs; allocs != 1 || len(changed) != n || cap(changed) != n || !slices.IsSorted(changed) {
+		t.Fatalf("Changed: %d allocations, %d names (room for %d), sorted %v; want 1 allocation of exactly %d sorted names",
+			allocs, len(changed), cap(changed), slices.IsSorted(changed), n)
 	}
 }
