@@ -93,6 +93,22 @@ func Payload(old, next *Ruleset, full bool, existing map[Family]ExistingChains) 
 // existing is what ParseSave found in that table.
 func tableDiff(old, next *Ruleset, f Family, t Table, full bool, existing []string) (rewrite, del []string) {
 	oldT, newT := old.table(f, t), next.table(f, t)
+	if !full && old != nil && next != nil && next.delta != nil && next.delta.from == old.id {
+		// Only the chains the delta names can differ.
+		for name := range next.delta.chains[f][t] {
+			rules, ok := newT[name]
+			o, had := oldT[name]
+			switch {
+			case ok && (!had || !slices.Equal(o, rules)):
+				rewrite = append(rewrite, name)
+			case !ok && had && strings.HasPrefix(name, ChainPrefix):
+				del = append(del, name)
+			}
+		}
+		slices.Sort(rewrite)
+		slices.Sort(del)
+		return rewrite, del
+	}
 	for name, rules := range newT {
 		if o, ok := oldT[name]; full || !ok || !slices.Equal(o, rules) {
 			rewrite = append(rewrite, name)

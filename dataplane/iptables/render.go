@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/vipd/vipd/dataplane"
 )
@@ -219,27 +220,50 @@ func Hooks(f Family) []HookRule {
 // *Ruleset has no chains. A Ruleset is never modified after Render returns.
 type Ruleset struct {
 	chains [2]map[Table]map[string][]string
-	// services keeps what each service rendered to, for the next Render to
-	// reuse while the *Service is the same (immutable) value.
-	services map[*dataplane.Service]*[2]serviceRules
+	// services keeps, by name, what each service rendered to, for the next
+	// Render to reuse while the *Service is the same (immutable) value.
+	services map[string]renderedService
 	// tries keeps each family's tries, for the next Render to reuse while
 	// their entries are the same.
 	tries [2][len(trieKinds)]*renderedTrie
 	// external is the node's external interfaces that services were
 	// rendered for: their EXT chains and drops name them.
 	external []string
+	// nodePorts is the Node.NodePortAddresses the roots were rendered
+	// for, and maxLeafRules the tries' Options.MaxLeafRules.
+	nodePorts    []netip.Addr
+	maxLeafRules int
+	// id tells Rulesets apart for delta.
+	id uint64
+	// delta, when not nil, lists the only chains that may differ from
+	// the Ruleset whose id is delta.from (see renderChanges).
+	delta *rulesetDelta
 }
+
+// renderedService is a service and what it rendered to.
+type renderedService struct {
+	svc   *dataplane.Service
+	rules *[2]serviceRules
+}
+
+// rulesetIDs numbers Rulesets.
+var rulesetIDs atomic.Uint64
 
 // renderedTrie is a trie as Render built it: the entries it was built from,
 // in the order Render collected them, and the chains they became.
+//
+// A trie that renderChanges patched has neither entries nor chains (its
+// chains are only in the Ruleset): a later Render builds it again.
 type renderedTrie struct {
 	entries []trieEntry
 	k       int
 	chains  map[string][]string
 	// sorted is what buildTrie got for a dedup kind: entries sorted by
-	// address, one per address. It is never modified: the next Render
-	// patches a copy (sortedUnique).
+	// address, one per address, and refs how many entries each stands for
+	// (how many services have the address). Neither is ever modified: the
+	// next Render patches copies (sortedUnique, renderChanges).
 	sorted []trieEntry
+	refs   []int32
 }
 
 // trieKind describes one of the prefix tries of a family.
@@ -254,6 +278,11 @@ type trieKind struct {
 	// match spells the match of an inner chain's prefix; nil means
 	// "-d <prefix>".
 	match func(netip.Prefix) string
+}
+
+// trieNamePrefix names the inner chains of the kind's trie in family f.
+func (kind trieKind) trieNamePrefix(f Family) string {
+	return kind.namePrefix + strings.TrimPrefix(f.String(), "ipv")
 }
 
 // Indexes of trieKinds.
@@ -312,7 +341,11 @@ func (r *Ruleset) add(f Family, t Table, chain string, rules ...string) {
 // saves work: the chains of every service that is the same *Service value as
 // in prev (the dataplane contract makes a *Service immutable) are reused
 // rather than rendered again, as they do not depend on opts; and so is each
-// trie whose entries and MaxLeafRules are unchanged.
+// trie whose entries and MaxLeafRules are unchanged. When s.Changed is set,
+// Render takes it at its word (as dataplane.State defines it, relative to
+// the State that prev was rendered from) and, where renderChanges can,
+// renders only the services it names, in time that grows with the change
+// rather than with the services; the result is the same.
 //
 // Render fails, wrapping dataplane.ErrUnsupported, when a service asks for
 // something Capabilities does not list, and on bad options.
@@ -323,23 +356,29 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 	}
 	caps := Capabilities()
 	external := s.Node.ExternalInterfaces()
-	r := &Ruleset{services: make(map[*dataplane.Service]*[2]serviceRules, s.Len()), external: external}
+	if r, ok, err := renderChanges(s, opts, prev, external); ok || err != nil {
+		return r, err
+	}
+	r := &Ruleset{services: make(map[string]renderedService, s.Len()), external: external,
+		nodePorts: slices.Clone(s.Node.NodePortAddresses), maxLeafRules: opts.MaxLeafRules, id: rulesetIDs.Add(1)}
 	rendered := make([]*[2]serviceRules, 0, s.Len())
 	var size [2]int
 	var entries [2][len(trieKinds)]int
-	for _, svc := range s.All() { // in name order
+	for name, svc := range s.All() { // in name order
 		if err := caps.Check(svc); err != nil {
 			return nil, err
 		}
 		var sr *[2]serviceRules
 		// Only the external half of a service depends on the Node.
 		if prev != nil && (!svc.HasExternal() || slices.Equal(prev.external, external)) {
-			sr = prev.services[svc]
+			if old := prev.services[name]; old.svc == svc {
+				sr = old.rules
+			}
 		}
 		if sr == nil {
 			sr = &[2]serviceRules{renderService(svc, IPv4, external), renderService(svc, IPv6, external)}
 		}
-		r.services[svc] = sr
+		r.services[name] = renderedService{svc, sr}
 		rendered = append(rendered, sr)
 		for _, f := range families {
 			size[f] += len(sr[f].chains)
@@ -366,16 +405,16 @@ func Render(s *dataplane.State, opts Options, prev *Ruleset) (*Ruleset, error) {
 				old = prev.tries[f][k]
 			}
 			t := old
-			if old == nil || old.k != opts.MaxLeafRules || !slices.Equal(old.entries, collected[k]) {
+			if old == nil || old.chains == nil || old.k != opts.MaxLeafRules || !slices.Equal(old.entries, collected[k]) {
 				var es, sorted []trieEntry
+				var refs []int32
 				if kind.dedup {
-					es = sortedUnique(old, collected[k])
+					es, refs = sortedUnique(old, collected[k])
 					sorted = es
 				} else {
 					es = slices.Clone(collected[k])
 				}
-				digit := strings.TrimPrefix(f.String(), "ipv")
-				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.namePrefix+digit, es, opts.MaxLeafRules, kind.match), sorted}
+				t = &renderedTrie{collected[k], opts.MaxLeafRules, buildTrie(kind.root, kind.trieNamePrefix(f), es, opts.MaxLeafRules, kind.match), sorted, refs}
 			}
 			r.tries[f][k] = t
 			maps.Copy(r.chains[f][kind.table], t.chains)
