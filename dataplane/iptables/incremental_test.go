@@ -20,9 +20,10 @@ import (
 // (which diffs only the chains renderChanges touched) is the one a diff of
 // every chain gives. The changes are mostly what renderChanges handles
 // (backends that move, come and go, in both families, with affinity and
-// with addresses that services share) and some that it leaves to the rest
-// of Render (services and VIPs that come and go, ports that lose their
-// last backend); small leaf sizes make the tries split and merge.
+// with addresses that services share, external services among them) and
+// some that it leaves to the rest of Render (services and VIPs that come
+// and go, ports that lose their last backend, the node's network); small
+// leaf sizes make the tries split and merge.
 func TestRenderChangesMatchesFullRender(t *testing.T) {
 	for _, opts := range []Options{{}, {MaxLeafRules: 1}, {MaxLeafRules: 2}, {MaxLeafRules: 5}} {
 		t.Run(fmt.Sprint(opts.MaxLeafRules), func(t *testing.T) {
@@ -52,6 +53,16 @@ func TestRenderChangesMatchesFullRender(t *testing.T) {
 				if i%7 == 0 {
 					svc.Affinity = affinity
 				}
+				if i%5 == 0 { // external, some under LOCAL with node-local backends
+					svc.Ports = []dataplane.Port{nodePort(svc.Ports[0], uint16(30000+i))}
+					svc.LoadBalancerIPs = addrs(fmt.Sprintf("192.168.2.%d", i+1))
+					if i%10 == 0 {
+						svc.ExternalTrafficPolicy = dataplane.TrafficPolicyLocal
+						for j := range svc.Backends {
+							svc.Backends[j].NodeLocal = j%2 == 0
+						}
+					}
+				}
 				return svc
 			}
 			svcs := map[string]*dataplane.Service{}
@@ -63,7 +74,7 @@ func TestRenderChangesMatchesFullRender(t *testing.T) {
 				svc := mk(i, bs)
 				svcs[svc.Name] = svc
 			}
-			s := &dataplane.State{Generation: 1, Services: maps.Clone(svcs)}
+			s := &dataplane.State{Generation: 1, Services: maps.Clone(svcs), Node: testNode()}
 			prev := mustRender(t, s, opts)
 			took := changeRenders.Load()
 			for step := range 400 {
@@ -87,7 +98,12 @@ func TestRenderChangesMatchesFullRender(t *testing.T) {
 					}
 					changed = append(changed, name)
 				}
-				s = &dataplane.State{Generation: uint64(step + 2), Services: maps.Clone(svcs), Changed: changed}
+				node := testNode()
+				if step/50%2 == 1 { // another node: other node-port addresses and uplink
+					node.NodePortAddresses = addrs("192.168.1.6")
+					node.Interfaces[0].Name = "eth1"
+				}
+				s = &dataplane.State{Generation: uint64(step + 2), Services: maps.Clone(svcs), Changed: changed, Node: node}
 				got, err := Render(s, opts, prev)
 				if err != nil {
 					t.Fatal(err)
