@@ -62,7 +62,7 @@ func benchOneBackendAdded(b *testing.B, s *dataplane.State) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	next := &dataplane.State{Generation: 2, Services: maps.Clone(s.Services), Node: s.Node}
+	next := &dataplane.State{Generation: 2, Services: maps.Clone(s.Services), Node: s.Node, Changed: []string{"svc-05000"}}
 	changed := *s.Services["svc-05000"]
 	changed.Backends = append(changed.Backends[:len(changed.Backends):len(changed.Backends)], ready("10.200.0.1"))
 	next.Services[changed.Name] = &changed
@@ -163,9 +163,23 @@ func BenchmarkSyncBackendsSwapped(b *testing.B) {
 
 // withBackends is s with service name's backends replaced by backends.
 func withBackends(s *dataplane.State, name string, backends []dataplane.Backend) *dataplane.State {
-	next := &dataplane.State{Generation: s.Generation + 1, Services: maps.Clone(s.Services), Node: s.Node}
+	next := &dataplane.State{Generation: s.Generation + 1, Services: maps.Clone(s.Services), Node: s.Node,
+		Changed: append(slices.Clone(s.Changed), name)}
 	changed := *s.Services[name]
 	changed.Backends = backends
 	next.Services[name] = &changed
 	return next
+}
+
+// BenchmarkSyncMove is benchApply after one backend of one service of
+// 10,000 moved to another address: the programming benchmark's change.
+func BenchmarkSyncMove(b *testing.B) {
+	s := benchState(10000, 5)
+	old, err := Render(s, Options{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	moved := slices.Clone(s.Services["svc-05000"].Backends)
+	moved[0] = ready("10.200.0.1")
+	benchApply(b, old, withBackends(s, "svc-05000", moved))
 }

@@ -63,8 +63,14 @@
 // A partial sync's restore still costs time in proportion to the whole
 // table it writes to: the commit of any rule makes nf_tables validate every
 // rule reachable from the table's hooked builtin chains, once per hook
-// (PREROUTING and OUTPUT both reach every service). At 10,000 services with
-// 5 backends each that is about 90 ms of a one-backend move's nat commit,
-// most of the move; Render and Payload reuse what they can so as to add
-// little to it.
+// (PREROUTING and OUTPUT both reach every service). That walk is bound by
+// memory reads, so the rules are kept small and laid out for it: a DNAT
+// rule matches its protocol with -p alone (dnatRule) and names no service
+// (its chain's first rule does, addChoice), and a bulk load writes the
+// rules in the order the walk reads them (walkOrder). At 10,000 services
+// with 5 backends each the walk is about 60 ms of a one-backend move's nat
+// commit (about 95 ms without those three), most of the move. Render
+// renders only the services that State.Changed names (renderChanges) and
+// Payload diffs only the chains that touched, so vipd's own part of such a
+// move is under a millisecond.
 package iptables

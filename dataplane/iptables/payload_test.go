@@ -1,8 +1,12 @@
 package iptables
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
+	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -66,5 +70,64 @@ func TestFailureContext(t *testing.T) {
 	}
 	if got := FailureContext(payload, "permission denied"); got != "" {
 		t.Errorf("no line: %q", got)
+	}
+}
+
+// TestBulkPayloadInWalkOrder checks that a bulk load writes the rules of
+// its chains in the order nf_tables walks them (walkOrder): the dispatch
+// trie first, each service's chain right after the trie chain that jumps
+// to it, so in the order of the services' VIPs (not of the chains' names),
+// and the hairpin trie after VIPD-POSTROUTING; and that it writes the same
+// lines as ever, only in another order.
+func TestBulkPayloadInWalkOrder(t *testing.T) {
+	rs := mustRender(t, withServices(baseServices(bulkChains+200)), Options{})
+	section := string(Payload(nil, rs, true, nil)[IPv4].sections[0])
+	var chains []string // in the order of their first rule
+	for line := range strings.Lines(section) {
+		if rest, ok := strings.CutPrefix(line, "-A "); ok {
+			if name, _, _ := strings.Cut(rest, " "); len(chains) == 0 || chains[len(chains)-1] != name {
+				if slices.Contains(chains, name) {
+					t.Fatalf("the rules of %s are not together", name)
+				}
+				chains = append(chains, name)
+			}
+		}
+	}
+	if chains[0] != chainServices {
+		t.Errorf("first chain written %s, want %s", chains[0], chainServices)
+	}
+	vipOf := map[string]netip.Addr{}
+	for _, svc := range baseServices(bulkChains + 200) {
+		vipOf[hashName("VIPD-SVC-", portKey(svc, svc.Ports[0], IPv4))] = svc.VIPs[0]
+	}
+	var vips []netip.Addr
+	for _, name := range chains {
+		if vip, ok := vipOf[name]; ok {
+			vips = append(vips, vip)
+		}
+	}
+	if len(vips) != bulkChains+200 || !slices.IsSortedFunc(vips, netip.Addr.Compare) {
+		t.Errorf("services' chains written for %d VIPs, sorted %v; want all %d, in VIP order", len(vips), slices.IsSortedFunc(vips, netip.Addr.Compare), bulkChains+200)
+	}
+	if i, j := slices.Index(chains, chainPostrouting), slices.Index(chains, chainHairpin); i < 0 || j != i+1 {
+		t.Errorf("%s written at %d, %s at %d: want it right after", chainPostrouting, i, chainHairpin, j)
+	}
+	// The same lines as in chain name order.
+	var want bytes.Buffer
+	rewrite := rs.Chains(IPv4, NAT)
+	for _, name := range rewrite {
+		want.WriteString(":" + name + " - [0:0]\n")
+		for _, rule := range rs.Rules(IPv4, NAT, name) {
+			want.WriteString("-A " + name + " " + rule + "\n")
+		}
+	}
+	sortedLines := func(s string) []string {
+		lines := slices.Collect(strings.Lines(s))
+		slices.Sort(lines)
+		return lines
+	}
+	got := strings.TrimSuffix(strings.TrimPrefix(section, "*nat\n"), "COMMIT\n")
+	if diff := cmp.Diff(sortedLines(want.String()), sortedLines(got)); diff != "" {
+		t.Errorf("lines differ from those in name order (-want +got):\n%s", diff)
 	}
 }

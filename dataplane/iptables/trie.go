@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sort"
 	"strings"
 	"sync/atomic"
 )
@@ -34,41 +35,77 @@ type trieEntry struct {
 // buildTrie sorts entries in place.
 func buildTrie(root, namePrefix string, entries []trieEntry, k int, match func(netip.Prefix) string) map[string][]string {
 	chains := map[string][]string{}
-	if match == nil {
-		match = func(p netip.Prefix) string { return "-d " + p.String() + " " }
-	}
 	// Stable: rules for one address keep the order they were rendered in.
 	// Sorted already (sortedUnique) is the common case of a partial sync.
 	if !slices.IsSortedFunc(entries, compareAddr) {
 		slices.SortStableFunc(entries, compareAddr)
 	}
-	var node func(name string, bits int, es []trieEntry)
-	node = func(name string, bits int, es []trieEntry) {
-		leaf := len(es) <= k || bits == es[0].addr.BitLen()
-		rules := []string{}
-		for len(es) > 0 {
-			j := 1
-			for !leaf && j < len(es) && nibble(es[j].addr, bits/4) == nibble(es[0].addr, bits/4) {
-				j++
-			}
-			if j == 1 {
-				// In an inner chain, a chain for one rule would only cost a jump.
-				rules = append(rules, es[0].rule)
-				es = es[1:]
-				continue
-			}
-			// Sorted, so the first and last entries bound the group's prefix.
-			l := 4 * commonNibbles(es[0].addr, es[j-1].addr)
-			p := netip.PrefixFrom(es[0].addr, l).Masked()
-			child := trieChainName(namePrefix, p)
-			rules = append(rules, match(p)+"-j "+child)
-			node(child, l, es[:j])
-			es = es[j:]
-		}
-		chains[name] = rules
-	}
-	node(root, 0, entries)
+	trieShape{namePrefix, k, match}.build(chains, root, 0, entries)
 	return chains
+}
+
+// trieShape is how buildTrie lays a trie out: the names of its inner
+// chains, their most leaf rules, and the match of an inner chain's prefix
+// (nil: "-d <prefix> ").
+type trieShape struct {
+	namePrefix string
+	k          int
+	match      func(netip.Prefix) string
+}
+
+// build adds to chains the chain name, whose entries es share their first
+// bits bits, and the chains below it.
+func (t trieShape) build(chains map[string][]string, name string, bits int, es []trieEntry) {
+	chains[name] = t.node(bits, es, func(child string, l int, ces []trieEntry) { t.build(chains, child, l, ces) })
+}
+
+// leaf reports whether the chain that holds es, which share their first
+// bits bits, holds them as leaf rules.
+func (t trieShape) leaf(bits int, es []trieEntry) bool {
+	return len(es) <= t.k || bits == es[0].addr.BitLen()
+}
+
+// node returns the rules of the chain that holds es (sorted, sharing their
+// first bits bits), and calls child with the name, prefix length and
+// entries of each chain it jumps to, in order.
+func (t trieShape) node(bits int, es []trieEntry, child func(name string, bits int, es []trieEntry)) []string {
+	rules := []string{}
+	if t.leaf(bits, es) {
+		for _, e := range es {
+			rules = append(rules, e.rule)
+		}
+		return rules
+	}
+	for len(es) > 0 {
+		j := groupEnd(bits, es)
+		if j == 1 {
+			// In an inner chain, a chain for one rule would only cost a jump.
+			rules = append(rules, es[0].rule)
+			es = es[1:]
+			continue
+		}
+		// Sorted, so the first and last entries bound the group's prefix.
+		l := 4 * commonNibbles(es[0].addr, es[j-1].addr)
+		p := netip.PrefixFrom(es[0].addr, l).Masked()
+		name := trieChainName(t.namePrefix, p)
+		if t.match == nil {
+			rules = append(rules, "-d "+p.String()+" -j "+name)
+		} else {
+			rules = append(rules, t.match(p)+"-j "+name)
+		}
+		if child != nil {
+			child(name, l, es[:j])
+		}
+		es = es[j:]
+	}
+	return rules
+}
+
+// groupEnd is how many entries of es (sorted, sharing their first bits
+// bits) share the next nibble with the first.
+func groupEnd(bits int, es []trieEntry) int {
+	n := nibble(es[0].addr, bits/4)
+	return sort.Search(len(es), func(i int) bool { return nibble(es[i].addr, bits/4) > n })
 }
 
 func compareAddr(a, b trieEntry) int { return a.addr.Compare(b.addr) }
@@ -82,14 +119,16 @@ const maxPatchedEntries = 64
 var fullSorts atomic.Int64
 
 // sortedUnique returns collected sorted by address with one entry per
-// address (entries for one address are equal), for a dedup trie. old, the
-// trie of an earlier Render or nil, only saves work: where collected differs
-// from old.entries in one short run (a partial sync changes few services,
-// and collected is in service order), it patches a copy of old.sorted with
-// the addresses that run adds and removes, instead of sorting tens of
-// thousands of entries again. The result is the same either way.
-func sortedUnique(old *renderedTrie, collected []trieEntry) []trieEntry {
-	if old != nil && old.sorted != nil {
+// address (entries for one address are equal), for a dedup trie, and how
+// many entries of collected each stands for. old, the trie of an earlier
+// Render or nil, only saves work: where collected differs from old.entries
+// in one short run (a partial sync changes few services, and collected is
+// in service order), it patches copies of old.sorted and old.refs with the
+// entries that run adds and removes, instead of sorting tens of thousands
+// of entries again. The result is the same either way.
+func sortedUnique(old *renderedTrie, collected []trieEntry) ([]trieEntry, []int32) {
+	// A trie that renderChanges patched has no entries to compare with.
+	if old != nil && old.sorted != nil && old.chains != nil {
 		o, n := old.entries, collected
 		p := 0
 		for p < len(o) && p < len(n) && o[p] == n[p] {
@@ -101,28 +140,52 @@ func sortedUnique(old *renderedTrie, collected []trieEntry) []trieEntry {
 		}
 		removed, added := o[p:len(o)-s], n[p:len(n)-s]
 		if len(removed)+len(added) <= maxPatchedEntries {
-			es := slices.Clone(old.sorted)
-			for _, e := range removed {
-				// Another service may still have the address.
-				if slices.ContainsFunc(n, func(x trieEntry) bool { return x.addr == e.addr }) {
-					continue
-				}
-				if i, ok := slices.BinarySearchFunc(es, e, compareAddr); ok {
-					es = slices.Delete(es, i, i+1)
-				}
-			}
-			for _, e := range added {
-				if i, ok := slices.BinarySearchFunc(es, e, compareAddr); !ok {
-					es = slices.Insert(es, i, e)
-				}
-			}
-			return es
+			es, refs, _ := patchSorted(old.sorted, old.refs, removed, added)
+			return es, refs
 		}
 	}
 	fullSorts.Add(1)
 	es := slices.Clone(collected)
 	slices.SortFunc(es, compareAddr)
-	return slices.CompactFunc(es, func(a, b trieEntry) bool { return a.addr == b.addr })
+	unique, refs := es[:0], []int32(nil)
+	for _, e := range es {
+		if len(unique) > 0 && unique[len(unique)-1].addr == e.addr {
+			refs[len(refs)-1]++
+			continue
+		}
+		unique, refs = append(unique, e), append(refs, 1)
+	}
+	return unique, refs
+}
+
+// patchSorted returns copies of sorted and refs (as sortedUnique returns
+// them) with the entries removed taken out and those added put in, and the
+// addresses that this took out of sorted or put into it, sorted.
+func patchSorted(sorted []trieEntry, refs []int32, removed, added []trieEntry) ([]trieEntry, []int32, []netip.Addr) {
+	es, rs := slices.Clone(sorted), slices.Clone(refs)
+	var dirty []netip.Addr
+	for _, e := range removed {
+		i, ok := slices.BinarySearchFunc(es, e, compareAddr)
+		if !ok {
+			continue
+		}
+		// Another service may still have the address.
+		if rs[i]--; rs[i] == 0 {
+			es, rs = slices.Delete(es, i, i+1), slices.Delete(rs, i, i+1)
+			dirty = append(dirty, e.addr)
+		}
+	}
+	for _, e := range added {
+		i, ok := slices.BinarySearchFunc(es, e, compareAddr)
+		if ok {
+			rs[i]++
+			continue
+		}
+		es, rs = slices.Insert(es, i, e), slices.Insert(rs, i, 1)
+		dirty = append(dirty, e.addr)
+	}
+	slices.SortFunc(dirty, netip.Addr.Compare)
+	return es, rs, slices.Compact(dirty)
 }
 
 // nibble is the i-th 4-bit digit of a, most significant first.
