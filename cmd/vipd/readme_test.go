@@ -19,7 +19,7 @@ var documentedDefaults = map[string]struct{ value, readme string }{
 	"socket-mode":  {"", "`0600`, or `0660` with `--socket-group`"},
 	"socket-group": {"", "vipd's group"},
 	"cgroup-path":  {"", "root of a cgroup2 mount at /run/vipd/cgroupv2 (mounted if absent)"},
-	"gc-percent":   {"0", "GOGC"},
+	"gc-percent":   {"0", "50 (GOGC if set)"},
 	"memory-limit": {"0", "GOMEMLIMIT"},
 	"node-name":    {"", "the host name, in lower case"},
 }
