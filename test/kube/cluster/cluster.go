@@ -109,6 +109,9 @@ type Cluster struct {
 	Etcd, APIServer, ControllerManager *Process
 	etcdURL                            string
 	apiserverStopped, etcdStopped      bool
+	// apiserverRestarts are when StartAPIServer started the apiserver
+	// again.
+	apiserverRestarts []time.Time
 }
 
 // Start starts etcd, the apiserver and the controller manager, waits until
@@ -277,8 +280,13 @@ func (c *Cluster) Check() error {
 // storage, without waiting for it to be ready (see WaitReady).
 func (c *Cluster) StartAPIServer() error {
 	c.apiserverStopped = false
+	c.apiserverRestarts = append(c.apiserverRestarts, time.Now())
 	return c.APIServer.Start()
 }
+
+// APIServerRestarts returns when StartAPIServer started the apiserver
+// again, in order.
+func (c *Cluster) APIServerRestarts() []time.Time { return c.apiserverRestarts }
 
 // StopAPIServer stops the apiserver; etcd and the controller manager keep
 // running (the controller manager retries, as in a cluster).
