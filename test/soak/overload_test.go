@@ -127,7 +127,9 @@ func testOverloadUpserts(t *testing.T, dp string) {
 	traffic := StartTraffic(e.Pod("c1").NS, TrafficConfig{Workers: 2, Pause: 10 * time.Millisecond},
 		Target{Addr: ap(VIP(1), 80), Backends: []string{"be1", "be2"}})
 	defer traffic.Stop()
-	probes := startProber(e, 100*time.Millisecond)
+	// 10,000 upserts can take under a second: probe often enough that
+	// the stop's 10 probes at least fall within them.
+	probes := startProber(e, 20*time.Millisecond)
 	defer probes.stop(t, dp)
 
 	// The last upsert of each service, by index: client c makes calls
