@@ -4,7 +4,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 
 	"github.com/vipd/vipd/dataplane"
 )
@@ -17,10 +16,6 @@ const maxChangedServices = 256
 // maxDirtyAddresses is the most addresses whose hairpin entries may come
 // or go in one renderChanges.
 const maxDirtyAddresses = 1024
-
-// changeRenders counts the Renders that took renderChanges' path, for
-// tests.
-var changeRenders atomic.Int64
 
 // rulesetDelta says that a Ruleset differs from the Ruleset whose id is
 // from only in the chains it names, per family and table: each of those
@@ -163,7 +158,6 @@ func renderChanges(s *dataplane.State, opts Options, prev *Ruleset, external []s
 		}
 		r.tries[f][hairpinTrie] = &renderedTrie{k: opts.MaxLeafRules, sorted: sorted, refs: refs}
 	}
-	changeRenders.Add(1)
 	return r, true, nil
 }
 
