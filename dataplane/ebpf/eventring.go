@@ -25,8 +25,8 @@ import (
 // ringbuf.Reader keeps 16 MiB resident in vipd and eventReader 8 MiB. A
 // record that wraps is copied in two parts instead.
 //
-// One goroutine reads (ReadInto, SetDeadline); Close may be called from
-// any, and interrupts a waiting ReadInto.
+// One goroutine reads (TryRead, Wait, Pause); Close may be called from
+// any, and interrupts a Wait or Pause.
 type eventReader struct {
 	fd   int    // the ring's, not owned
 	wake int    // eventfd, readable once Close has begun
@@ -35,11 +35,10 @@ type eventReader struct {
 	data []byte
 	mask uintptr
 
-	// mu is held by ReadInto, and by Close to unmap: never while the
-	// other uses the mapping.
-	mu       sync.Mutex
-	closed   atomic.Bool
-	deadline atomic.Int64 // unix nanoseconds; 0: none
+	// mu is held by the reader's calls, and by Close to unmap: never
+	// while the other uses the mapping.
+	mu     sync.Mutex
+	closed atomic.Bool
 
 	unmapOnce sync.Once
 	unmapErr  error
@@ -81,45 +80,65 @@ func newEventReader(m *ebpf.Map) (*eventReader, error) {
 	return r, nil
 }
 
-// SetDeadline makes ReadInto return os.ErrDeadlineExceeded once t has
-// passed and the ring is empty; the zero time waits for ever.
-func (r *eventReader) SetDeadline(t time.Time) {
-	if t.IsZero() {
-		r.deadline.Store(0)
-		return
-	}
-	r.deadline.Store(t.UnixNano())
-}
-
-// ReadInto reads the next record into rec.RawSample (reusing its array),
-// waiting for one until the deadline. It returns os.ErrDeadlineExceeded
-// when a wait ended at the deadline with the ring empty (as ringbuf.Reader
-// does, the wait is in whole milliseconds, rounded down), and an error
+// TryRead reads the next record into rec.RawSample (reusing its array),
+// without waiting: false when the ring holds none. It returns an error
 // wrapping os.ErrClosed once Close has begun.
-func (r *eventReader) ReadInto(rec *ringbuf.Record) error {
+func (r *eventReader) TryRead(rec *ringbuf.Record) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for timedOut := false; ; {
+	if r.data == nil || r.closed.Load() {
+		return false, fmt.Errorf("flow event ring: %w", os.ErrClosed)
+	}
+	return r.next(rec)
+}
+
+// Wait returns when the ring holds a record that TryRead has not read, or
+// at until (the zero time: never), whichever is first; an error wrapping
+// os.ErrClosed once Close has begun. The kernel makes the ring readable
+// when a record is committed, and wakes a waiting Wait only when the BPF
+// program asks for it: with adaptive notification (no flags), when the
+// record is the first one unread.
+func (r *eventReader) Wait(until time.Time) error {
+	return r.wait(until, true)
+}
+
+// Pause returns at until, or with an error wrapping os.ErrClosed once Close
+// has begun, whatever the ring holds meanwhile: it lets records gather.
+func (r *eventReader) Pause(until time.Time) error {
+	return r.wait(until, false)
+}
+
+// wait polls the close eventfd, and the ring if ring, until t. A wait is
+// whole milliseconds, rounded up: it never ends before t.
+func (r *eventReader) wait(t time.Time, ring bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fds := []unix.PollFd{{Fd: int32(r.wake), Events: unix.POLLIN}, {Fd: int32(r.fd), Events: unix.POLLIN}}
+	if !ring {
+		fds = fds[:1]
+	}
+	for {
 		if r.data == nil || r.closed.Load() {
 			return fmt.Errorf("flow event ring: %w", os.ErrClosed)
 		}
-		ok, err := r.next(rec)
-		if ok || err != nil {
-			return err
-		}
-		if timedOut {
-			return os.ErrDeadlineExceeded
-		}
 		timeout := -1
-		if d := r.deadline.Load(); d != 0 {
-			timeout = int(max(time.Until(time.Unix(0, d)).Milliseconds(), 0))
+		if !t.IsZero() {
+			left := time.Until(t)
+			if left <= 0 {
+				return nil
+			}
+			timeout = int((left + time.Millisecond - 1) / time.Millisecond)
 		}
-		fds := []unix.PollFd{{Fd: int32(r.fd), Events: unix.POLLIN}, {Fd: int32(r.wake), Events: unix.POLLIN}}
 		n, err := unix.Poll(fds, timeout)
-		if err != nil && !errors.Is(err, unix.EINTR) {
+		switch {
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
 			return fmt.Errorf("flow event ring: poll: %w", err)
+		case n > 0 && fds[0].Revents != 0:
+			return fmt.Errorf("flow event ring: %w", os.ErrClosed)
+		case n > 0 || timeout >= 0:
+			return nil
 		}
-		timedOut = err == nil && n == 0 && timeout >= 0
 	}
 }
 
@@ -170,7 +189,7 @@ func (r *eventReader) next(rec *ringbuf.Record) (bool, error) {
 	}
 }
 
-// Close interrupts a waiting ReadInto and, once it has returned, unmaps
+// Close interrupts a Wait or Pause and, once it has returned, unmaps
 // the ring. Every call returns only after the ring is unmapped, whichever
 // call did it, and returns its error.
 func (r *eventReader) Close() error {

@@ -103,20 +103,26 @@ func TestEventReaderRecords(t *testing.T) {
 				t.Fatalf("run the writer: %v", err)
 			}
 		}
-		rd.SetDeadline(time.Now().Add(time.Second))
 		for i := range perLap {
-			if err := rd.ReadInto(&rec); err != nil {
-				t.Fatalf("lap %d: read record %d: %v", lap, seq+i, err)
+			ok, err := rd.TryRead(&rec)
+			if err != nil || !ok {
+				t.Fatalf("lap %d: read record %d: %v, %v", lap, seq+i, ok, err)
 			}
 			if want := frame(seq + i)[14:]; !bytes.Equal(rec.RawSample, want) {
 				t.Fatalf("lap %d: record %d is %x, want %x", lap, seq+i, rec.RawSample, want)
 			}
 		}
 		seq += perLap
-		// Empty now: the deadline ends the wait.
-		rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
-		if err := rd.ReadInto(&rec); !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("lap %d: read of an empty ring: %v, want os.ErrDeadlineExceeded", lap, err)
+		// Empty now: nothing to read, and a Wait ends at its time.
+		if ok, err := rd.TryRead(&rec); ok || err != nil {
+			t.Fatalf("lap %d: read of an empty ring: %v, %v, want nothing", lap, ok, err)
+		}
+		began := time.Now()
+		if err := rd.Wait(began.Add(10 * time.Millisecond)); err != nil {
+			t.Fatalf("lap %d: wait on an empty ring: %v", lap, err)
+		}
+		if waited := time.Since(began); waited < 10*time.Millisecond {
+			t.Fatalf("lap %d: a wait of 10ms on an empty ring ended after %v", lap, waited)
 		}
 	}
 
@@ -126,14 +132,17 @@ func TestEventReaderRecords(t *testing.T) {
 	if got := bpfMapMappings(t, before); len(got) != 0 {
 		t.Fatalf("mappings %v left after Close", got)
 	}
-	if err := rd.ReadInto(&rec); !errors.Is(err, os.ErrClosed) {
+	if _, err := rd.TryRead(&rec); !errors.Is(err, os.ErrClosed) {
 		t.Fatalf("read after Close: %v, want os.ErrClosed", err)
+	}
+	if err := rd.Wait(time.Time{}); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("wait after Close: %v, want os.ErrClosed", err)
 	}
 }
 
-// TestEventReaderCloseInterrupts: Close ends a ReadInto that waits with no
-// deadline, with os.ErrClosed, and a record written meanwhile wakes a
-// waiting ReadInto.
+// TestEventReaderCloseInterrupts: a record written meanwhile ends a Wait
+// with no end, and Close ends one, and a Pause, with os.ErrClosed. A Pause
+// does not end for a record.
 func TestEventReaderCloseInterrupts(t *testing.T) {
 	ring := newTestRing(t, uint32(os.Getpagesize()))
 	prog := ringWriter(t, ring)
@@ -144,10 +153,7 @@ func TestEventReaderCloseInterrupts(t *testing.T) {
 	defer rd.Close()
 
 	got := make(chan error, 1)
-	go func() {
-		var rec ringbuf.Record
-		got <- rd.ReadInto(&rec)
-	}()
+	go func() { got <- rd.Wait(time.Time{}) }()
 	time.Sleep(50 * time.Millisecond)
 	if _, _, err := prRun(prog, make([]byte, 64), 0); err != nil {
 		t.Fatal(err)
@@ -155,26 +161,39 @@ func TestEventReaderCloseInterrupts(t *testing.T) {
 	select {
 	case err := <-got:
 		if err != nil {
-			t.Fatalf("read woken by a record: %v", err)
+			t.Fatalf("wait woken by a record: %v", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("a record did not wake ReadInto")
+		t.Fatal("a record did not wake Wait")
 	}
 
-	go func() {
-		var rec ringbuf.Record
-		got <- rd.ReadInto(&rec)
-	}()
+	// The record is still unread: a Pause runs to its end regardless.
+	began := time.Now()
+	if err := rd.Pause(began.Add(30 * time.Millisecond)); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if paused := time.Since(began); paused < 30*time.Millisecond {
+		t.Fatalf("a pause of 30ms ended after %v", paused)
+	}
+	var rec ringbuf.Record
+	if ok, err := rd.TryRead(&rec); !ok || err != nil {
+		t.Fatalf("read the record: %v, %v", ok, err)
+	}
+
+	go func() { got <- rd.Wait(time.Time{}) }()
+	go func() { got <- rd.Pause(time.Now().Add(time.Hour)) }()
 	time.Sleep(50 * time.Millisecond)
 	if err := rd.Close(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if !errors.Is(err, os.ErrClosed) {
-			t.Fatalf("read interrupted by Close: %v, want os.ErrClosed", err)
+	for range 2 {
+		select {
+		case err := <-got:
+			if !errors.Is(err, os.ErrClosed) {
+				t.Fatalf("wait interrupted by Close: %v, want os.ErrClosed", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not interrupt Wait and Pause")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not interrupt ReadInto")
 	}
 }

@@ -42,10 +42,13 @@ const (
 	// counter and the collector's timeouts: at once when the ring runs
 	// empty, and at least this often while it does not.
 	flowPollInterval = 100 * time.Millisecond
-	// flowReadInterval is how often the reader looks into the ring when
-	// the BPF programs did not wake it: they wake it only when the unread
-	// events cross a multiple of 512 (FLOW_WAKEUP_BYTES in bpf/vipd.c), so
-	// at low rates this bounds an event's delay.
+	// flowReadInterval is how long the reader lets events gather after
+	// a look into the ring that found some, so that a busy ring costs a
+	// wakeup per interval rather than per event. An idle reader sleeps
+	// until the programs wake it: they ask for a wakeup when a record is
+	// the first one unread (adaptive notification, bpf/vipd.c), which
+	// happens once per look while events come, and never while the
+	// reader lags.
 	flowReadInterval = 2 * time.Millisecond
 	// flowGCQueue is how many collector rounds may wait for the reader;
 	// the flows of rounds that find the queue full are reported lost.
@@ -138,7 +141,7 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 		case <-done:
 			return
 		}
-		rd.Close() // interrupts ReadInto
+		rd.Close() // interrupts Wait and Pause
 	}()
 
 	poll := func() error {
@@ -169,50 +172,65 @@ func (d *Dataplane) WatchFlows(ctx context.Context, emit func(dataplane.FlowEven
 	var (
 		rec ringbuf.Record
 		ev  bpfFlowEvent
-		n   int
 	)
-	nextPoll := time.Now().Add(flowPollInterval)
-	// readDeadline is the sooner of the next look into the ring and the
-	// next poll.
-	readDeadline := func() time.Time {
-		if t := time.Now().Add(flowReadInterval); t.Before(nextPoll) {
-			return t
+	closedErr := func(err error) error {
+		if errors.Is(err, os.ErrClosed) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return errClosed
 		}
-		return nextPoll
+		return fmt.Errorf("read flow event ring: %w", err)
 	}
-	rd.SetDeadline(readDeadline())
+	nextPoll := time.Now().Add(flowPollInterval)
 	for {
-		err := rd.ReadInto(&rec)
-		switch {
-		case err == nil:
+		// Read what the ring holds, polling when due even if it never
+		// runs empty.
+		read := 0
+		for {
+			ok, err := rd.TryRead(&rec)
+			if err != nil {
+				return closedErr(err)
+			}
+			if !ok {
+				break
+			}
 			if decodeFlowEvent(rec.RawSample, &ev) && ev.TimeNs >= start {
 				if fe, ok := d.flowEvent(&ev); ok {
 					emit(fe)
 				}
 			}
-			// A busy ring never runs empty: look at the clock now and then.
-			if n++; n%256 != 0 || time.Now().Before(nextPoll) {
-				continue
+			if read++; read%256 == 0 && !time.Now().Before(nextPoll) {
+				if err := poll(); err != nil {
+					return err
+				}
+				nextPoll = time.Now().Add(flowPollInterval)
 			}
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// The ring was read up to its end; poll only when due.
-			if time.Now().Before(nextPoll) {
-				rd.SetDeadline(readDeadline())
-				continue
-			}
-		case errors.Is(err, os.ErrClosed), errors.Is(err, ringbuf.ErrClosed):
-			if err := ctx.Err(); err != nil {
+		}
+		if !time.Now().Before(nextPoll) {
+			if err := poll(); err != nil {
 				return err
 			}
-			return errClosed
-		default:
-			return fmt.Errorf("read flow event ring: %w", err)
+			nextPoll = time.Now().Add(flowPollInterval)
 		}
-		if err := poll(); err != nil {
-			return err
+		var err error
+		if read > 0 {
+			// Events are coming: let the next ones gather for
+			// flowReadInterval rather than be woken for each.
+			until := time.Now().Add(flowReadInterval)
+			if nextPoll.Before(until) {
+				until = nextPoll
+			}
+			err = rd.Pause(until)
+		} else {
+			// None came since the last look: sleep until the next one
+			// (the programs wake a reader that has read the ring to its
+			// end) or the next poll.
+			err = rd.Wait(nextPoll)
 		}
-		nextPoll = time.Now().Add(flowPollInterval)
-		rd.SetDeadline(readDeadline())
+		if err != nil {
+			return closedErr(err)
+		}
 	}
 }
 

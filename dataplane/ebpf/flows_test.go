@@ -400,6 +400,51 @@ func TestFlowsList(t *testing.T) {
 	}
 }
 
+// TestFlowsIdleReaderWakes: a reader that found the ring empty sleeps
+// until the next event (the programs ask the kernel to wake it), rather
+// than finding the event at its next timed look: after an idle spell
+// longer than flowPollInterval, a connection's NEW event reaches emit
+// within a few milliseconds of the connection's answer.
+func TestFlowsIdleReaderWakes(t *testing.T) {
+	const rounds, prompt = 10, 25 * time.Millisecond
+	e := newDPEnv(t, []string{"client", "be1"}, dpSmallMaps)
+	dp := e.open(nil)
+	e.apply(dpState(1, nil, e.service("test/idle", dpVIPA, dataplane.TCP, dpReady("be1"))))
+	w := flWatchFlows(t, dp, nil)
+	var delays []time.Duration
+	for i := range rounds {
+		time.Sleep(flowPollInterval + 50*time.Millisecond)
+		r, err := e.request(dpVIPA, dpReplyTimeout)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		answered := time.Now()
+		for {
+			evs, _ := w.snapshot()
+			if slices.ContainsFunc(evs, func(ev dataplane.FlowEvent) bool {
+				return ev.Type == dataplane.FlowNew && ev.Flow.Client.Port() == r.Local.Port()
+			}) {
+				break
+			}
+			if time.Since(answered) > 5*time.Second {
+				t.Fatalf("request %d: no NEW event after 5s", i)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		delays = append(delays, time.Since(answered))
+	}
+	late := 0
+	for _, d := range delays {
+		if d > prompt {
+			late++
+		}
+	}
+	// Found by a look every flowPollInterval, three in four would be late.
+	if late > 2 {
+		t.Errorf("%d of %d NEW events reached emit later than %v after an idle spell: %v", late, rounds, prompt, delays)
+	}
+}
+
 // TestFlowsIdleTCPTimesOut: an open TCP connection that stays idle past
 // its lifetime is closed by the collector as a timeout, in the state it
 // was in (ESTABLISHED).

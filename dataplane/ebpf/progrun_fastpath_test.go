@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vipd/vipd/dataplane"
 	"golang.org/x/sys/unix"
@@ -110,9 +111,12 @@ func TestProgRunFastPathReplyIsNoNewFlow(t *testing.T) {
 	}
 }
 
-// Flow events wake the ring's reader once per FLOW_WAKEUP_BYTES of unread
-// events, not once per event: the reader's epoll, edge-triggered, sees one
-// wakeup for the 600 NEW events of 600 flows nobody reads.
+// Flow events wake the ring's reader only when it has read the ring to its
+// end (adaptive notification), not once per event: the reader's epoll,
+// edge-triggered, sees one wakeup for the 300 NEW events of 300 flows while
+// nobody reads them, and one more for the next 300 after it read them all.
+// (Waking only when the unread events cross a multiple of 512, as before,
+// woke it for neither.)
 func TestProgRunFastPathEventWakeups(t *testing.T) {
 	r := newPREnv(t)
 	r.addService(prFrontend{vip: prVIP4, proto: prTCP, id: 1}, prBackends4...)
@@ -125,6 +129,11 @@ func TestProgRunFastPathEventWakeups(t *testing.T) {
 	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, r.objs.VipdEvents.FD(), &ev); err != nil {
 		t.Fatalf("epoll add ring: %v", err)
 	}
+	rd, err := newEventReader(r.objs.VipdEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
 	wakeups := 0
 	harvest := func(timeout int) {
 		evs := make([]unix.EpollEvent, 1)
@@ -140,16 +149,38 @@ func TestProgRunFastPathEventWakeups(t *testing.T) {
 			return
 		}
 	}
-	const flows = 600 // 512 records cross the first multiple of 64 KiB
-	for i := range flows {
-		ret, _ := r.run(r.objs.VipdFromPod, prTCPFrame(prbClient(i), prVIP4, 1000, 0, prSYN, nil))
-		prWantVerdict(t, ret, prTCOK)
+	const flows = 300
+	client := 0
+	sendNew := func() {
+		for range flows {
+			ret, _ := r.run(r.objs.VipdFromPod, prTCPFrame(prbClient(client), prVIP4, 1000, 0, prSYN, nil))
+			prWantVerdict(t, ret, prTCOK)
+			client++
+			harvest(0)
+		}
+		time.Sleep(20 * time.Millisecond) // a wakeup is an irq_work
 		harvest(0)
 	}
-	time.Sleep(20 * time.Millisecond) // a wakeup is an irq_work
-	harvest(0)
+	sendNew()
 	if wakeups != 1 {
-		t.Errorf("%d wakeups of the event reader for %d events, want 1", wakeups, flows)
+		t.Errorf("%d wakeups of the event reader for %d events nobody read, want 1", wakeups, flows)
+	}
+	var rec ringbuf.Record
+	for read := 0; ; read++ {
+		ok, err := rd.TryRead(&rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			if read != flows {
+				t.Fatalf("read %d events, want %d", read, flows)
+			}
+			break
+		}
+	}
+	sendNew()
+	if wakeups != 2 {
+		t.Errorf("%d wakeups of the event reader for %d more events after it read all, want 2 in all", wakeups, flows)
 	}
 }
 

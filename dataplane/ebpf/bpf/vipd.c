@@ -614,14 +614,6 @@ static __always_inline void ct_account(const struct config *cfg, struct __sk_buf
 }
 
 /*
- * FLOW_WAKEUP_BYTES: the reader is woken each time the unread event data
- * crosses a multiple of it (512 records of 128 bytes, header included): a
- * power of two, so that the test is a shift.
- */
-#define FLOW_WAKEUP_BYTES 65536
-#define FLOW_RECORD_BYTES ((sizeof(struct flow_event) + 8 + 7) & ~7) /* BPF_RINGBUF_HDR_SZ, 8-byte aligned */
-
-/*
  * send_flow_event sends an event of the flow whose forward entry (fk, fwd) and
  * reply entry rev (NULL when unknown) are given. An event that does not fit
  * the ring is counted, never waited for: the packet goes on regardless.
@@ -660,22 +652,17 @@ static __always_inline void send_flow_event(__u8 type, __u8 reason, const struct
 	ev->pad[2] = 0;
 	ev->backend_id = fwd->backend_id;
 	/*
-	 * Wake the reader only when this record takes the unread data across
-	 * a multiple of FLOW_WAKEUP_BYTES: once per 512 events at most,
-	 * however far the reader lags (or when there is none). A wakeup is an
-	 * irq_work, a self-IPI: about 1 us in a VM, more than all the rest of
-	 * a new flow's work (FASTPATH.md). Waking on every event past the
-	 * threshold, as before, paid it per event whenever the reader was
-	 * behind. A crossing missed because another CPU reserved in between
-	 * is caught at the next one, or by the reader's own look into the
-	 * ring every flowReadInterval (dataplane/ebpf/flows.go).
+	 * Adaptive notification (no flags): the kernel wakes the reader only
+	 * when this record is the first one unread, that is when the reader
+	 * had read the ring to its end. A wakeup is an irq_work, a self-IPI,
+	 * costly in a VM (FASTPATH.md, items 1 and 15), so it must not come
+	 * per event: a reader that finds events lets the next ones gather for
+	 * flowReadInterval before it looks again (dataplane/ebpf/flows.go),
+	 * which makes it one wakeup per look while events come, none while
+	 * the reader lags or there is none (a killed vipd), and an idle
+	 * reader sleeps without a timer until the next event.
 	 */
-	{
-		__u64 avail = bpf_ringbuf_query(&vipd_events, BPF_RB_AVAIL_DATA);
-
-		bpf_ringbuf_submit(ev, avail / FLOW_WAKEUP_BYTES != (avail - FLOW_RECORD_BYTES) / FLOW_WAKEUP_BYTES ?
-					       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
-	}
+	bpf_ringbuf_submit(ev, 0);
 }
 
 /*
