@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"time"
 
@@ -324,6 +325,16 @@ func (b *bench) reference(ctx context.Context) (res refCase) {
 	return res
 }
 
+// cpuPerConn is the machine's CPU time per connection at rate connections
+// per second, in nanoseconds: every CPU busy, as the generator keeps them
+// (the machine is CPU-bound at these rates).
+func cpuPerConn(rate float64) float64 {
+	if rate <= 0 {
+		return 0
+	}
+	return float64(runtime.NumCPU()) * 1e9 / rate
+}
+
 // perConn renders the median BPF time and runs per connection of samples
 // taken over rs.
 func perConn(samples []bpfstats.Sample, rs []load.Result) (string, float64) {
@@ -416,6 +427,7 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 			if x.bpf != nil {
 				b.figure("data/stateless/tcp/direct", r.med/refDirect)
 				b.figure("data/stateless/bpfns", bpfNS)
+				b.figure("data/stateless/cpuns", cpuPerConn(r.med))
 			}
 			tcp.add("–", x.name, r.format(fmtRate), "–", ratio(r.med, refDirect), "–", "–", bpf, lat, fmt.Sprint(failed), "–")
 			notes(tcp, x.name, "–", x.rs)
@@ -459,6 +471,11 @@ func (b *bench) dataSection(ctx context.Context) ([]*table, error) {
 			if c.bpfVIP != nil {
 				b.figure(fmt.Sprintf("data/%s/%d/bpfns", kind, n), nsV)
 				b.figure(fmt.Sprintf("data/%s/%d/bpfns-nonvip", kind, n), nsD)
+			}
+			b.figure(fmt.Sprintf("data/%s/%d/cpuns", kind, n), cpuPerConn(v.med))
+			b.figure(fmt.Sprintf("data/%s/%d/cpuns-nonvip", kind, n), cpuPerConn(d.med))
+			if len(c.vipdCPU) > 0 {
+				b.figure(fmt.Sprintf("data/%s/%d/vipdcpu", kind, n), spreadOf(c.vipdCPU).med)
 			}
 			v50, v99, vf := pooled(c.tcpVIP)
 			d50, d99, df := pooled(c.tcpDirect)
