@@ -39,8 +39,8 @@ var errClosed = errors.New("ebpf dataplane: closed")
 
 const (
 	// flowPollInterval is how often the event reader checks the drop
-	// counter and the collector's timeouts: at once when the ring runs
-	// empty, and at least this often while it does not.
+	// counter and the collector's timeouts, whether the ring is busy or
+	// empty: an idle reader wakes this often, and for events.
 	flowPollInterval = 100 * time.Millisecond
 	// flowReadInterval is how long the reader lets events gather after
 	// a look into the ring that found some, so that a busy ring costs a
