@@ -16,7 +16,18 @@ type fullRun struct {
 	sync, restart       time.Duration
 	syncRSS, restartRSS int64
 	mapMem              int64
+	// idleCPU is the share of one CPU the restarted vipd used while
+	// nothing happened (fullIdleWait after ready, for fullIdleSpan).
+	idleCPU float64
 }
+
+// fullIdleWait and fullIdleSpan place the idle CPU measurement after a
+// restart: past the start's own work, long enough for vipd's periodic
+// checks to show.
+const (
+	fullIdleWait = time.Second
+	fullIdleSpan = 5 * time.Second
+)
 
 // fullProgramming runs vipd with dataplane dp on an empty node, syncs n
 // services × 10 backends, restarts it, and measures both.
@@ -72,8 +83,30 @@ func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run full
 	if int(st.GetServices()) != n {
 		return run, fmt.Errorf("restarted vipd has %d services, want %d", st.GetServices(), n)
 	}
-	run.restartRSS, err = d.peakRSS()
-	return run, err
+	if run.restartRSS, err = d.peakRSS(); err != nil {
+		return run, err
+	}
+	select {
+	case <-ctx.Done():
+		return run, ctx.Err()
+	case <-time.After(fullIdleWait):
+	}
+	cpu0, err := d.cpuTime()
+	if err != nil {
+		return run, err
+	}
+	began := time.Now()
+	select {
+	case <-ctx.Done():
+		return run, ctx.Err()
+	case <-time.After(fullIdleSpan):
+	}
+	cpu1, err := d.cpuTime()
+	if err != nil {
+		return run, err
+	}
+	run.idleCPU = (cpu1 - cpu0).Seconds() / time.Since(began).Seconds()
+	return run, nil
 }
 
 // fullSection measures full programming for both dataplanes.
@@ -82,9 +115,10 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 		title: "2. Full programming",
 		intro: fmt.Sprintf("From an empty node to N services × 10 backends: one %s (until it returns: applied and saved), "+
 			"then a restart of vipd on the same state dir (SIGTERM, start, until GetStatus says ready: the restored state applied over what the kernel kept). "+
-			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock). "+
-			"Median (min–max) of %d runs.", b.fullSyncName(), b.cfg.fullRuns),
-		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory"},
+			"RSS is vipd's peak resident memory (VmHWM) during each; BPF map memory is what the kernel charges for vipd's maps (fdinfo memlock); "+
+			"idle CPU is the share of one CPU the restarted vipd used from %s to %s after it was ready, with nothing changing and no traffic (its periodic checks, the flow-event reader). "+
+			"Median (min–max) of %d runs.", b.fullSyncName(), fullIdleWait, fullIdleWait+fullIdleSpan, b.cfg.fullRuns),
+		header: []string{"N × 10", "dataplane", "SyncServices", "peak RSS", "restart to ready", "peak RSS (restart)", "BPF map memory", "idle CPU"},
 	}
 	var firstErr error
 	for _, n := range b.cfg.fullSizes {
@@ -122,6 +156,7 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 			b.figure(fmt.Sprintf("full/%s/%d/rss", dp, n), col(func(r fullRun) float64 { return float64(r.syncRSS) }).med)
 			b.figure(fmt.Sprintf("full/%s/%d/restart", dp, n), col(func(r fullRun) float64 { return r.restart.Seconds() }).med)
 			b.figure(fmt.Sprintf("full/%s/%d/restart-rss", dp, n), col(func(r fullRun) float64 { return float64(r.restartRSS) }).med)
+			b.figure(fmt.Sprintf("full/%s/%d/idle-cpu", dp, n), col(func(r fullRun) float64 { return r.idleCPU }).med)
 			mapMem := "–"
 			if dp == "ebpf" {
 				mapMem = col(func(r fullRun) float64 { return float64(r.mapMem) }).format(fmtMiB)
@@ -131,7 +166,8 @@ func (b *bench) fullSection(ctx context.Context) (*table, error) {
 				col(func(r fullRun) float64 { return float64(r.syncRSS) }).format(fmtMiB),
 				col(func(r fullRun) float64 { return r.restart.Seconds() }).format(fmtSec),
 				col(func(r fullRun) float64 { return float64(r.restartRSS) }).format(fmtMiB),
-				mapMem)
+				mapMem,
+				col(func(r fullRun) float64 { return r.idleCPU }).format(fmtPercent))
 		}
 	}
 	return t, firstErr

@@ -114,6 +114,9 @@ func fmtRate(v float64) string { return count(int(v + 0.5)) }
 
 func fmtMiB(b float64) string { return fmt.Sprintf("%.0f MiB", b/(1<<20)) }
 
+// fmtPercent renders a share of one CPU (or any fraction) as a percentage.
+func fmtPercent(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+
 func fmtGbit(bytesPerSec float64) string { return fmt.Sprintf("%.2f Gbit/s", bytesPerSec*8/1e9) }
 
 // ratio renders a/b as "0.97×", or "–" when b is zero.
