@@ -227,7 +227,7 @@ var targets = []target{
 	{"non-VIP pod traffic with vipd eBPF loaded, 10,000 services, vs direct", "≥ 0.99×", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["data/ebpf/10000/tcp/nonvip"]
 		return fmt.Sprintf("%.2f× (BPF %.0f ns per connection)", v, f["data/ebpf/10000/bpfns-nonvip"]), v >= 0.99, ok
-	}, "vipd's tc programs run on every packet of the pods' veths, VIP or not (the BPF time per connection of the \"direct beside vipd eBPF\" row); the comparison is with the same namespaces' direct runs before vipd was loaded, a minute earlier, so on a shared machine differences of a few percent are within its drift (see the min–max).", nonVIPBound},
+	}, "the tc programs of vipd run on every packet of the pods' veths, VIP or not (the BPF time per connection of the \"direct beside vipd eBPF\" row); the comparison is with the same namespaces' direct runs before vipd was loaded, a minute earlier, so on a shared machine differences of a few percent are within its drift (see the min–max).", nonVIPBound},
 	{"BPF time per VIP connection, 10,000 services, eBPF", "≤ 3 µs", func(f map[string]float64) (string, bool, bool) {
 		v, ok := f["data/ebpf/10000/bpfns"]
 		got := fmt.Sprintf("%.2f µs", v/1000)
@@ -350,7 +350,7 @@ func (b *bench) report(w io.Writer, quick bool, only []string, started time.Time
 			bound := t.bound
 			if t.measuredBound != nil {
 				if m := t.measuredBound(b.figures); m != "" {
-					bound = m + " " + bound
+					bound = m + " " + strings.ToUpper(bound[:1]) + bound[1:]
 				}
 			}
 			missed = append(missed, fmt.Sprintf("- **%s**: %s", t.what, bound))
