@@ -86,23 +86,18 @@ func (b *bench) fullProgramming(ctx context.Context, dp string, n int) (run full
 	if run.restartRSS, err = d.peakRSS(); err != nil {
 		return run, err
 	}
-	select {
-	case <-ctx.Done():
-		return run, ctx.Err()
-	case <-time.After(fullIdleWait):
-	}
+	time.Sleep(fullIdleWait)
 	cpu0, err := d.cpuTime()
 	if err != nil {
 		return run, err
 	}
 	began := time.Now()
-	select {
-	case <-ctx.Done():
-		return run, ctx.Err()
-	case <-time.After(fullIdleSpan):
-	}
+	time.Sleep(fullIdleSpan)
 	cpu1, err := d.cpuTime()
 	if err != nil {
+		return run, err
+	}
+	if err := ctx.Err(); err != nil {
 		return run, err
 	}
 	run.idleCPU = (cpu1 - cpu0).Seconds() / time.Since(began).Seconds()
