@@ -125,8 +125,8 @@ func TestRenderChangesMatchesFullRender(t *testing.T) {
 				}
 				prev = got
 			}
-			if n := incremental; n < 150 {
-				t.Errorf("renderChanges rendered %d of 400 steps, want 150 at least", n)
+			if incremental < 150 {
+				t.Errorf("renderChanges rendered %d of 400 steps, want 150 at least", incremental)
 			}
 		})
 	}
